@@ -1,0 +1,200 @@
+"""Wire models of CONTRACT.md, version 1.
+
+Strict about the envelope (types are not coerced: ``"3"`` is not a shard id), lenient about
+``arguments`` (any JSON value, judged later by the pipeline) and about unknown keys (ignored).
+These models do no I/O and import nothing from the worker: a shard author reads only this package.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
+
+SCHEMA_VERSION = 1
+
+#: Routing/tool names a shard may use for this tool (the alias stays the alias in the result).
+TOOL_NAMES = ("create_long_term_memory", "remember_this_fact")
+ToolName = Literal["create_long_term_memory", "remember_this_fact"]
+
+#: AMQP ``type`` property of each message kind.
+EVENT_TYPE = "tool_call.v1"
+RESULT_TYPE = "tool_result.v1"
+NOTIFICATION_TYPE = "notification.v1"
+
+#: A body larger than this is dead-lettered as ``schema`` without being parsed.
+MAX_BODY_BYTES = 256 * 1024
+MAX_GUILD_MEMBERS = 1000
+
+DiscordId = Annotated[StrictStr, Field(pattern=r"^[0-9]{17,20}$", description="Discord snowflake")]
+
+
+def _reject_bool_and_float(value: Any) -> Any:
+    # ``Literal[1]`` alone compares by equality, so JSON ``true`` and ``1.0`` would pass as version 1.
+    if isinstance(value, bool | float):
+        raise ValueError("schema_version must be the integer 1")
+    return value
+
+
+def _reject_number(value: Any) -> Any:
+    # ``AwareDatetime`` alone accepts a Unix timestamp number; the contract asks for RFC 3339 text.
+    if isinstance(value, int | float):
+        raise ValueError("must be an RFC 3339 date-time string")
+    return value
+
+
+InboundSchemaVersion = Annotated[Literal[1], BeforeValidator(_reject_bool_and_float)]
+Rfc3339 = Annotated[AwareDatetime, BeforeValidator(_reject_number)]
+
+Status = Literal[
+    "memory_saved_successfully",
+    "memory_save_failed_invalid_args",
+    "memory_save_failed_invalid_content",
+    "memory_save_failed_disabled",
+    "memory_save_failed_limit_exceeded",
+    "memory_save_failed_ambiguous_user",
+    "memory_save_failed_user_not_found",
+    "memory_save_failed_privacy_restricted",
+    "memory_save_failed_internal_error",
+    "memory_save_failed_db_error",
+]
+
+DeadLetterKind = Literal["malformed", "schema", "transient_exhausted", "internal"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ReplyVia(_Model):
+    """Deliver the notice through this webhook (an alter persona) instead of the channel."""
+
+    webhook_disc_id: StrictStr
+    username: StrictStr
+    avatar_url: StrictStr | None = None
+
+
+class Participant(_Model):
+    """One of the conversation's tool-target references."""
+
+    target_id: StrictStr
+    display_label: StrictStr
+    aliases: list[StrictStr] = Field(default_factory=list)
+    is_bridge: StrictBool = False
+
+
+class GuildMember(_Model):
+    """A guild member the shard knows; the worker's only view of the guild."""
+
+    user_disc_id: DiscordId
+    username: StrictStr
+    global_name: StrictStr | None = None
+    nickname: StrictStr | None = None
+    is_bot: StrictBool = False
+
+
+class EventContext(_Model):
+    guild_disc_id: DiscordId | None = None
+    channel_disc_id: DiscordId
+    thread_id: DiscordId | None = None
+    triggering_user_disc_id: DiscordId | None = None
+    bot_user_disc_id: DiscordId
+    persona_id: StrictInt
+    reply_via: ReplyVia | None = None
+    participants: list[Participant] = Field(default_factory=list)
+    guild_members: list[GuildMember] = Field(default_factory=list, max_length=MAX_GUILD_MEMBERS)
+
+
+class ToolCallEvent(_Model):
+    """Shard -> worker: the model called ``create_long_term_memory`` (or its alias)."""
+
+    schema_version: InboundSchemaVersion
+    event_id: UUID
+    tool_call_id: StrictStr
+    tool_name: ToolName
+    issued_at: Rfc3339
+    shard_id: Annotated[StrictInt, Field(ge=0)]
+    #: The model's arguments, verbatim and untrusted: any JSON value (``null`` when absent).
+    arguments: Any = None
+    context: EventContext
+
+
+class ToolResult(_Model):
+    """Worker -> shard: exactly one logical result per event (may be re-emitted with ``replayed``)."""
+
+    schema_version: Literal[1] = 1
+    event_id: UUID
+    tool_call_id: StrictStr
+    tool_name: StrictStr
+    success: StrictBool
+    status: Status
+    message: StrictStr | None
+    error: StrictStr | None
+    data: dict[str, Any]
+    processed_at: datetime
+    replayed: StrictBool = False
+
+
+class Notice(_Model):
+    kind: Literal["server_memory", "personal_memory"]
+    title: StrictStr
+    description: StrictStr
+    footer: StrictStr
+    accent_color: StrictStr = "#2ECC71"
+    full_content: StrictStr
+    expandable: StrictBool
+
+
+class Notification(_Model):
+    """Worker -> shard, after a successful save only."""
+
+    schema_version: Literal[1] = 1
+    event_id: UUID
+    guild_disc_id: StrictStr | None
+    channel_disc_id: StrictStr
+    thread_id: StrictStr | None
+    reply_via: ReplyVia | None
+    notice: Notice
+
+
+class ServerStateInvalidation(_Model):
+    """Redis: drop the cached server state after a server-wide save."""
+
+    schema_version: Literal[1] = 1
+    event_id: UUID
+    kind: Literal["tomori_state"] = "tomori_state"
+    server_disc_id: StrictStr
+
+
+class UserInvalidation(_Model):
+    """Redis: drop the cached user after a personal save (the target's Discord id)."""
+
+    schema_version: Literal[1] = 1
+    event_id: UUID
+    kind: Literal["user"] = "user"
+    user_disc_id: StrictStr
+
+
+CacheInvalidation = Annotated[ServerStateInvalidation | UserInvalidation, Field(discriminator="kind")]
+
+
+class DeadLetterHeaders(_Model):
+    """Headers the worker adds to a message it moves to ``ltm.create_memory.dlq``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    error: StrictStr = Field(alias="x-ltm-error", description="one line, human readable")
+    error_kind: DeadLetterKind = Field(alias="x-ltm-error-kind")
+    attempts: Annotated[StrictInt, Field(ge=1)] = Field(alias="x-ltm-attempts")
+    failed_at: AwareDatetime = Field(alias="x-ltm-failed-at", description="RFC 3339")

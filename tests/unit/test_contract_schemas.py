@@ -1,0 +1,355 @@
+"""The wire models against CONTRACT.md, and the committed JSON Schema files against the models."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.models import (
+    CacheInvalidation,
+    DeadLetterHeaders,
+    Notification,
+    ServerStateInvalidation,
+    ToolCallEvent,
+    ToolResult,
+    UserInvalidation,
+)
+from contracts.schemas import REGENERATE_COMMAND, json_schemas, main, stale_files, write_files
+
+# The example body of CONTRACT.md "Tool-call event", comments removed and `{ ... }` filled in.
+CONTRACT_EVENT: dict[str, Any] = {
+    "schema_version": 1,
+    "event_id": "6f1c1a9e-3b0e-4a53-9a55-6a4f0f0b9a11",
+    "tool_call_id": "call_8731",
+    "tool_name": "create_long_term_memory",
+    "issued_at": "2026-12-02T08:00:00Z",
+    "shard_id": 3,
+    "arguments": {"memory_content": "{user} likes dogs", "memory_scope": "server_wide"},
+    "context": {
+        "guild_disc_id": "1150000000000000001",
+        "channel_disc_id": "1150000000000000100",
+        "thread_id": None,
+        "triggering_user_disc_id": "1150000000000000200",
+        "bot_user_disc_id": "1150000000000000999",
+        "persona_id": 7,
+        "reply_via": None,
+        "participants": [
+            {
+                "target_id": "1150000000000000201",
+                "display_label": "Master Sparrow",
+                "aliases": ["Sparrow", "sparrow_ow", "Master Sparrow"],
+                "is_bridge": False,
+            },
+            {
+                "target_id": "@alice:matrix.org",
+                "display_label": "Alice",
+                "aliases": ["Alice"],
+                "is_bridge": True,
+            },
+        ],
+        "guild_members": [
+            {
+                "user_disc_id": "1150000000000000201",
+                "username": "sparrow_ow",
+                "global_name": "Sparrow",
+                "nickname": None,
+                "is_bot": False,
+            }
+        ],
+    },
+}
+
+EVENT_ID = "6f1c1a9e-3b0e-4a53-9a55-6a4f0f0b9a11"
+
+Validate = Callable[[dict[str, Any]], ToolCallEvent]
+
+
+def _from_json(body: dict[str, Any]) -> ToolCallEvent:
+    return ToolCallEvent.model_validate_json(json.dumps(body))
+
+
+def _from_python(body: dict[str, Any]) -> ToolCallEvent:
+    return ToolCallEvent.model_validate(body)
+
+
+# The consumer may validate the raw bytes or a dict parsed by orjson: both must be equally strict.
+validators = pytest.mark.parametrize("validate", [_from_json, _from_python], ids=["json", "python"])
+
+
+def event(**changes: Any) -> dict[str, Any]:
+    body = copy.deepcopy(CONTRACT_EVENT)
+    body.update(changes)
+    return body
+
+
+# --- the committed schema files ---------------------------------------------------------------------
+
+
+def test_committed_schema_files_match_the_models() -> None:
+    stale = stale_files()
+    assert not stale, (
+        f"contracts/schemas/ is out of date for {', '.join(stale)}: run `{REGENERATE_COMMAND}` and commit"
+    )
+
+
+def test_check_mode_passes_on_the_committed_files() -> None:
+    assert main(["--check"]) == 0
+
+
+def test_every_contract_message_has_a_schema_with_id_title_and_description() -> None:
+    schemas = json_schemas()
+
+    assert set(schemas) == {
+        "tool_call_event.v1.json",
+        "tool_result.v1.json",
+        "notification.v1.json",
+        "cache_invalidation.v1.json",
+        "dead_letter_headers.v1.json",
+    }
+    for name, schema in schemas.items():
+        assert schema["$id"].endswith(name.removesuffix(".json")), name
+        assert schema["title"], name
+        assert schema["description"], name
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schemas["tool_call_event.v1.json"]["description"].startswith("Shard -> worker")
+    assert set(schemas["cache_invalidation.v1.json"]["discriminator"]["mapping"]) == {"tomori_state", "user"}
+    assert "x-ltm-error-kind" in schemas["dead_letter_headers.v1.json"]["properties"]
+
+
+def test_outbound_schemas_require_every_field_the_worker_writes() -> None:
+    result = json_schemas()["tool_result.v1.json"]
+    assert set(result["required"]) == set(result["properties"])
+
+
+def test_check_names_missing_changed_and_extra_files(tmp_path: Path) -> None:
+    assert stale_files(tmp_path) == sorted(json_schemas())
+
+    write_files(tmp_path)
+    assert stale_files(tmp_path) == []
+
+    (tmp_path / "notification.v1.json").write_text("{}\n", encoding="utf-8")
+    (tmp_path / "old.v0.json").write_text("{}\n", encoding="utf-8")
+    assert stale_files(tmp_path) == ["notification.v1.json", "old.v0.json"]
+
+    write_files(tmp_path)
+    assert stale_files(tmp_path) == []
+    assert not (tmp_path / "old.v0.json").exists()
+
+
+def test_files_are_pretty_sorted_and_newline_terminated(tmp_path: Path) -> None:
+    write_files(tmp_path)
+    text = (tmp_path / "tool_call_event.v1.json").read_text(encoding="utf-8")
+
+    assert text.endswith("}\n")
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# --- the tool-call event ----------------------------------------------------------------------------
+
+
+@validators
+def test_the_contract_example_validates(validate: Validate) -> None:
+    parsed = validate(CONTRACT_EVENT)
+
+    assert str(parsed.event_id) == EVENT_ID
+    assert parsed.shard_id == 3
+    assert parsed.context.guild_disc_id == "1150000000000000001"
+    assert parsed.context.participants[1].is_bridge
+    assert parsed.context.guild_members[0].username == "sparrow_ow"
+    assert parsed.arguments == CONTRACT_EVENT["arguments"]
+
+
+@validators
+def test_the_alias_tool_name_is_accepted(validate: Validate) -> None:
+    assert validate(event(tool_name="remember_this_fact")).tool_name == "remember_this_fact"
+
+
+@validators
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"shard_id": "3"}, id="string shard_id"),
+        pytest.param({"shard_id": -1}, id="negative shard_id"),
+        pytest.param({"shard_id": 3.0}, id="float shard_id"),
+        pytest.param({"shard_id": True}, id="boolean shard_id"),
+        pytest.param({"event_id": "not-a-uuid"}, id="non-UUID event_id"),
+        pytest.param({"event_id": 42}, id="numeric event_id"),
+        pytest.param({"schema_version": 2}, id="unknown schema_version"),
+        pytest.param({"schema_version": "1"}, id="string schema_version"),
+        pytest.param({"schema_version": True}, id="boolean schema_version"),
+        pytest.param({"schema_version": 1.0}, id="float schema_version"),
+        pytest.param({"tool_name": "forget_everything"}, id="unknown tool_name"),
+        pytest.param({"tool_call_id": 8731}, id="numeric tool_call_id"),
+        pytest.param({"issued_at": 1796198400}, id="numeric issued_at"),
+        pytest.param({"issued_at": "2026-12-02T08:00:00"}, id="issued_at without offset"),
+        pytest.param({"context": None}, id="null context"),
+        pytest.param({"context": []}, id="array context"),
+    ],
+)
+def test_a_broken_envelope_is_rejected(validate: Validate, changes: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        validate(event(**changes))
+
+
+@validators
+@pytest.mark.parametrize(
+    "field", ["schema_version", "event_id", "tool_call_id", "tool_name", "issued_at", "shard_id", "context"]
+)
+def test_a_missing_envelope_field_is_rejected(validate: Validate, field: str) -> None:
+    body = event()
+    del body[field]
+    with pytest.raises(ValidationError):
+        validate(body)
+
+
+@validators
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("channel_disc_id", "1234"),
+        ("channel_disc_id", 1150000000000000100),
+        ("bot_user_disc_id", "115000000000000099x"),
+        ("guild_disc_id", "1150000000000000001\n"),
+        ("persona_id", "7"),
+    ],
+)
+def test_ill_typed_context_ids_are_rejected(validate: Validate, field: str, value: Any) -> None:
+    body = event()
+    body["context"][field] = value
+    with pytest.raises(ValidationError):
+        validate(body)
+
+
+@validators
+def test_more_than_1000_guild_members_are_rejected(validate: Validate) -> None:
+    body = event()
+    member = body["context"]["guild_members"][0]
+    body["context"]["guild_members"] = [member] * 1001
+    with pytest.raises(ValidationError):
+        validate(body)
+
+
+@validators
+def test_unknown_keys_are_ignored(validate: Validate) -> None:
+    body = event(future_field={"x": 1}, priority="high")
+    body["context"]["locale"] = "ja"
+
+    assert validate(body) == validate(CONTRACT_EVENT)
+
+
+@validators
+@pytest.mark.parametrize(
+    "arguments",
+    [{"memory_content": "x"}, {}, ["a", 1], "a string", None, 3, 2.5, True],
+    ids=["object", "empty object", "array", "string", "null", "integer", "float", "boolean"],
+)
+def test_arguments_of_any_json_type_are_accepted(validate: Validate, arguments: Any) -> None:
+    assert validate(event(arguments=arguments)).arguments == arguments
+
+
+@validators
+def test_missing_arguments_read_as_null(validate: Validate) -> None:
+    body = event()
+    del body["arguments"]
+    assert validate(body).arguments is None
+
+
+@validators
+def test_a_dm_event_has_no_guild(validate: Validate) -> None:
+    body = event()
+    body["context"]["guild_disc_id"] = None
+    body["context"]["participants"] = []
+    body["context"]["guild_members"] = []
+    assert validate(body).context.guild_disc_id is None
+
+
+# --- outbound messages ------------------------------------------------------------------------------
+
+
+def test_a_result_serialises_with_every_contract_field() -> None:
+    result = ToolResult(
+        event_id=EVENT_ID,
+        tool_call_id="call_8731",
+        tool_name="remember_this_fact",
+        success=True,
+        status="memory_saved_successfully",
+        message="Memory saved successfully",
+        error=None,
+        data={"status": "memory_saved_successfully", "scope": "server_wide", "memory_id": 123},
+        processed_at="2026-12-02T08:00:00.120Z",
+    )
+    dumped = json.loads(result.model_dump_json())
+
+    assert set(dumped) == set(json_schemas()["tool_result.v1.json"]["properties"])
+    assert dumped["schema_version"] == 1
+    assert dumped["event_id"] == EVENT_ID
+    assert dumped["replayed"] is False
+
+
+def test_a_notification_carries_the_notice() -> None:
+    notification = Notification.model_validate(
+        {
+            "event_id": EVENT_ID,
+            "guild_disc_id": "1150000000000000001",
+            "channel_disc_id": "1150000000000000100",
+            "thread_id": None,
+            "reply_via": None,
+            "notice": {
+                "kind": "server_memory",
+                "title": "🧠 Tomori Learned Something New!",
+                "description": "d",
+                "footer": "f",
+                "full_content": "c",
+                "expandable": False,
+            },
+        }
+    )
+    assert notification.notice.accent_color == "#2ECC71"
+    assert json.loads(notification.model_dump_json())["schema_version"] == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            {"schema_version": 1, "event_id": EVENT_ID, "kind": "tomori_state", "server_disc_id": "1"},
+            ServerStateInvalidation,
+        ),
+        ({"schema_version": 1, "event_id": EVENT_ID, "kind": "user", "user_disc_id": "2"}, UserInvalidation),
+    ],
+)
+def test_cache_invalidation_is_discriminated_by_kind(message: dict[str, Any], expected: type[Any]) -> None:
+    adapter: TypeAdapter[ServerStateInvalidation | UserInvalidation] = TypeAdapter(CacheInvalidation)
+
+    parsed = adapter.validate_json(json.dumps(message))
+
+    assert isinstance(parsed, expected)
+    assert json.loads(adapter.dump_json(parsed)) == message
+
+
+def test_cache_invalidation_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValidationError):
+        TypeAdapter(CacheInvalidation).validate_python({"event_id": EVENT_ID, "kind": "guild"})
+
+
+def test_dead_letter_headers_use_the_x_ltm_names() -> None:
+    headers = DeadLetterHeaders.model_validate(
+        {
+            "x-ltm-error": "body is not JSON",
+            "x-ltm-error-kind": "malformed",
+            "x-ltm-attempts": 1,
+            "x-ltm-failed-at": "2026-12-02T08:00:00Z",
+        }
+    )
+    assert set(headers.model_dump(by_alias=True)) == {
+        "x-ltm-error",
+        "x-ltm-error-kind",
+        "x-ltm-attempts",
+        "x-ltm-failed-at",
+    }
