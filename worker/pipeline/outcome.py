@@ -1,0 +1,225 @@
+"""What one event ends as: a status with its sentence and data, and the outputs of a save.
+
+Every sentence here is the original bot's, verbatim (reference section 1.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from contracts.models import (
+    Notification,
+    ServerStateInvalidation,
+    ToolCallEvent,
+    ToolResult,
+    UserInvalidation,
+)
+
+SAVED = "memory_saved_successfully"
+INVALID_ARGS = "memory_save_failed_invalid_args"
+INVALID_CONTENT = "memory_save_failed_invalid_content"
+DISABLED = "memory_save_failed_disabled"
+LIMIT_EXCEEDED = "memory_save_failed_limit_exceeded"
+AMBIGUOUS_USER = "memory_save_failed_ambiguous_user"
+USER_NOT_FOUND = "memory_save_failed_user_not_found"
+PRIVACY_RESTRICTED = "memory_save_failed_privacy_restricted"
+INTERNAL_ERROR = "memory_save_failed_internal_error"
+DB_ERROR = "memory_save_failed_db_error"
+
+SERVER_WIDE = "server_wide"
+TARGET_USER = "target_user"
+
+SAVED_MESSAGE = "Memory saved successfully"
+
+Invalidation = ServerStateInvalidation | UserInvalidation
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The decision for one event: the result's status, sentence and data, plus a save's side outputs."""
+
+    status: str
+    error: str | None
+    data: dict[str, Any]
+    memory_id: int | None = None
+    scope: str | None = None
+    notification: Notification | None = None
+    invalidation: Invalidation | None = field(default=None)
+
+    @property
+    def success(self) -> bool:
+        return self.status == SAVED
+
+    def result(self, event: ToolCallEvent, processed_at: datetime, *, replayed: bool = False) -> ToolResult:
+        """The tool result message of CONTRACT.md for this outcome."""
+        return self.result_for(
+            event.event_id, event.tool_call_id, event.tool_name, processed_at, replayed=replayed
+        )
+
+    def result_for(
+        self,
+        event_id: UUID,
+        tool_call_id: str,
+        tool_name: str,
+        processed_at: datetime,
+        *,
+        replayed: bool = False,
+    ) -> ToolResult:
+        """The tool result for an event known only by its ids (a dead letter whose envelope is broken)."""
+        return ToolResult(
+            event_id=event_id,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            success=self.success,
+            status=self.status,
+            message=SAVED_MESSAGE if self.success else None,
+            error=self.error,
+            data=self.data,
+            processed_at=processed_at,
+            replayed=replayed,
+        )
+
+
+def failure(status: str, error: str, reason: str | None = None, **data: Any) -> Outcome:
+    """A failed outcome; ``data.reason`` defaults to the error sentence, as most original branches do."""
+    return Outcome(status=status, error=error, data={"status": status, **data, "reason": reason or error})
+
+
+# Step 1 and 4: arguments
+def invalid_arguments(sentence: str) -> Outcome:
+    return failure(INVALID_ARGS, sentence)
+
+
+CONTENT_MISSING = "The 'memory_content' argument was missing, empty, or not a string"
+TARGET_MISSING = "The 'target_user' argument is required when 'memory_scope' is 'target_user'."
+
+
+def content_missing() -> Outcome:
+    return failure(INVALID_ARGS, CONTENT_MISSING)
+
+
+def target_missing() -> Outcome:
+    return failure(INVALID_ARGS, TARGET_MISSING, scope=TARGET_USER)
+
+
+# Step 2
+def disabled() -> Outcome:
+    return failure(
+        DISABLED,
+        "Self-teaching is disabled for this server",
+        "Self-teaching functionality is disabled for this server",
+    )
+
+
+# Step 3
+CRITICAL_STATE_MISSING = "Internal bot error: Critical state information is missing"
+
+
+def critical_state_missing() -> Outcome:
+    return failure(INTERNAL_ERROR, CRITICAL_STATE_MISSING)
+
+
+# Step 5: the target
+def ambiguous_user(input_text: str, labels: tuple[str, ...]) -> Outcome:
+    shown = list(labels[:3])
+    return failure(
+        AMBIGUOUS_USER,
+        f'Multiple users match "{input_text}". Please clarify which one you mean: {", ".join(shown)}.',
+        "Multiple users matched the requested target.",
+        scope=TARGET_USER,
+        candidates=shown,
+    )
+
+
+def user_not_found(input_text: str) -> Outcome:
+    return failure(
+        USER_NOT_FOUND,
+        f'Could not find a user matching "{input_text}" in this conversation or server.',
+        "The requested user was not found in this conversation or server.",
+        scope=TARGET_USER,
+    )
+
+
+# Step 7
+def content_too_long(max_length: int) -> Outcome:
+    return failure(
+        INVALID_CONTENT,
+        f"Memory content is too long. Maximum length is {max_length} characters.",
+        f"Memory content exceeds maximum length of {max_length} characters",
+    )
+
+
+def content_empty() -> Outcome:
+    return failure(INVALID_CONTENT, "Memory content cannot be empty")
+
+
+# Step 8
+def lineage_zero() -> Outcome:
+    return failure(
+        INTERNAL_ERROR,
+        "Internal configuration error: this persona has an invalid lineage ID.",
+        "Persona lineage ID is 0, which is reserved for global memories. Schema migration may not have run.",
+    )
+
+
+# Step 9: server-wide branch
+def server_limit_reached(count: int, max_allowed: int) -> Outcome:
+    return failure(
+        LIMIT_EXCEEDED,
+        f"Server memory limit reached. This server can have up to {max_allowed} memories "
+        f"(currently: {count}).",
+        f"Server memory limit of {max_allowed} memories has been reached. Please inform the user that they "
+        "need to use '/memories' to remove some memories before I can learn new ones.",
+        scope=SERVER_WIDE,
+        current_count=count,
+        max_allowed=max_allowed,
+    )
+
+
+# Step 10: personal branch
+def target_unknown(label: str) -> Outcome:
+    return failure(
+        USER_NOT_FOUND,
+        f"I don't know {label} yet, so I cannot save a personal memory for them.",
+        "I can only save personal memories for users I already know.",
+        scope=TARGET_USER,
+    )
+
+
+def privacy_restricted(name: str) -> Outcome:
+    return failure(
+        PRIVACY_RESTRICTED,
+        f"Cannot save personal memory: {name} has privacy restrictions.",
+        f"The user {name} has chosen to restrict personal memory storage. I cannot save personal memories "
+        "about them unless they change their privacy settings using '/personal config'.",
+        scope=TARGET_USER,
+    )
+
+
+def personal_limit_reached(name: str, count: int, max_allowed: int) -> Outcome:
+    return failure(
+        LIMIT_EXCEEDED,
+        f"Personal memory limit reached. Users can have up to {max_allowed} personal memories "
+        f"(currently: {count}).",
+        f"Personal memory limit of {max_allowed} memories has been reached for this user. Please inform the "
+        "user that they need to use '/personal memories' to remove some of their memories before I can "
+        "learn new ones about them.",
+        scope=TARGET_USER,
+        target_user=name,
+        current_count=count,
+        max_allowed=max_allowed,
+    )
+
+
+# Failures that are not the pipeline's verdict (dead letters, CONTRACT.md)
+def database_error() -> Outcome:
+    """Sent with a ``transient_exhausted`` dead letter: the database never became available."""
+    return failure(DB_ERROR, "Database error occurred while saving memory", "Database error occurred")
+
+
+def internal_error(reason: str) -> Outcome:
+    """Sent with an ``internal`` or ``schema`` dead letter whose ids could still be read."""
+    return failure(INTERNAL_ERROR, "Internal bot error: the memory could not be processed", reason)
