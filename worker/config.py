@@ -1,0 +1,136 @@
+"""Settings from the environment, read once at start-up into one typed object.
+
+Every variable is listed in the README. Integer settings follow the original bot's parse
+(``Number.parseInt``: leading digits count, so ``"12abc"`` is 12); a value that is not an integer > 0
+falls back to the default and the fallback is reported as a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+_LEADING_INT = re.compile(r"^\s*([+-]?\d+)")
+
+
+def parse_positive_int(raw: str | None, default: int) -> tuple[int, bool]:
+    """Parse like JS ``parseInt(raw, 10)``; return ``(value, fell_back)``.
+
+    ``fell_back`` is true when ``raw`` was given but is not an integer > 0 (the default is used).
+    """
+    if raw is None or raw == "":
+        return default, False
+    match = _LEADING_INT.match(raw)
+    if match is None:
+        return default, True
+    value = int(match.group(1))
+    if value <= 0:
+        return default, True
+    return value, False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Memory limits of SPEC.md (defaults of the current bot)."""
+
+    max_server_memories: int = 100
+    max_personal_memories: int = 100
+    max_memory_length: int = 1000
+    notice_preview_limit: int = 600
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Exchange, queue and channel names of CONTRACT.md. The defaults are the contract."""
+
+    tool_calls_exchange: str = "tomori.tool_calls"
+    work_queue: str = "ltm.create_memory"
+    routing_keys: tuple[str, ...] = ("tool.create_long_term_memory", "tool.remember_this_fact")
+    results_exchange: str = "tomori.tool_results"
+    notifications_exchange: str = "tomori.notifications"
+    dead_letter_exchange: str = "tomori.dead_letter"
+    dead_letter_queue: str = "ltm.create_memory.dlq"
+    retry_queue_prefix: str = "ltm.create_memory.retry"
+    invalidation_channel: str = "tomori:cache-invalidation"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the worker is configured with."""
+
+    postgres_dsn: str = DEFAULT_POSTGRES_DSN
+    rabbitmq_url: str = DEFAULT_RABBITMQ_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    limits: Limits = field(default_factory=Limits)
+    topology: Topology = field(default_factory=Topology)
+    retry_max_attempts: int = 5
+    retry_base_delay_ms: int = 1000
+    retry_max_delay_ms: int = 60000
+    prefetch: int = 64
+    concurrency: int = 32
+    postgres_pool_size: int = 10
+    shutdown_grace_seconds: int = 30
+    log_format: str = "auto"
+    log_level: str = "info"
+    http_port: int = 0
+    #: settings that were given but invalid, as (variable, raw value, default used)
+    fallbacks: tuple[tuple[str, str, int], ...] = ()
+
+
+#: integer settings: environment variable -> (Settings or Limits field, default)
+_LIMIT_VARS = {
+    "MAX_SERVER_MEMORIES": ("max_server_memories", 100),
+    "MAX_PERSONAL_MEMORIES": ("max_personal_memories", 100),
+    "MAX_MEMORY_LENGTH": ("max_memory_length", 1000),
+    "MEMORY_NOTICE_PREVIEW_LIMIT": ("notice_preview_limit", 600),
+}
+_INT_VARS = {
+    "LTM_RETRY_MAX_ATTEMPTS": ("retry_max_attempts", 5),
+    "LTM_RETRY_BASE_DELAY_MS": ("retry_base_delay_ms", 1000),
+    "LTM_RETRY_MAX_DELAY_MS": ("retry_max_delay_ms", 60000),
+    "LTM_PREFETCH": ("prefetch", 64),
+    "LTM_CONCURRENCY": ("concurrency", 32),
+    "LTM_POSTGRES_POOL_SIZE": ("postgres_pool_size", 10),
+    "LTM_SHUTDOWN_GRACE_SECONDS": ("shutdown_grace_seconds", 30),
+}
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings from ``env`` (default: ``os.environ``)."""
+    env = os.environ if env is None else env
+    fallbacks: list[tuple[str, str, int]] = []
+
+    def integer(var: str, default: int) -> int:
+        raw = env.get(var)
+        value, fell_back = parse_positive_int(raw, default)
+        if fell_back and raw is not None:
+            fallbacks.append((var, raw, default))
+        return value
+
+    limits = Limits(**{name: integer(var, default) for var, (name, default) in _LIMIT_VARS.items()})
+    ints = {name: integer(var, default) for var, (name, default) in _INT_VARS.items()}
+    http_raw = env.get("LTM_HTTP_PORT", "")
+    http_port = int(http_raw) if http_raw.strip().isdigit() else 0
+    return Settings(
+        postgres_dsn=env.get("LTM_POSTGRES_DSN") or DEFAULT_POSTGRES_DSN,
+        rabbitmq_url=env.get("LTM_RABBITMQ_URL") or DEFAULT_RABBITMQ_URL,
+        redis_url=env.get("LTM_REDIS_URL") or DEFAULT_REDIS_URL,
+        limits=limits,
+        log_format=(env.get("LTM_LOG_FORMAT") or "auto").lower(),
+        log_level=(env.get("LTM_LOG_LEVEL") or "info").lower(),
+        http_port=http_port,
+        retry_max_attempts=ints["retry_max_attempts"],
+        retry_base_delay_ms=ints["retry_base_delay_ms"],
+        retry_max_delay_ms=ints["retry_max_delay_ms"],
+        prefetch=ints["prefetch"],
+        concurrency=ints["concurrency"],
+        postgres_pool_size=ints["postgres_pool_size"],
+        shutdown_grace_seconds=ints["shutdown_grace_seconds"],
+        fallbacks=tuple(fallbacks),
+    )

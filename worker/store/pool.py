@@ -1,0 +1,30 @@
+"""The asyncpg pool: JSONB in and out as Python values (orjson), nothing else special."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import orjson
+
+
+def _encode_json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=_encode_json, decoder=orjson.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, size: int = 10, connect_timeout: float = 10.0) -> asyncpg.Pool:
+    """A pool of ``size`` connections whose JSON columns take and give Python values."""
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        init=_init_connection,
+        timeout=connect_timeout,
+        command_timeout=60,
+    )
+    return pool
