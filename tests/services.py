@@ -1,0 +1,574 @@
+"""Where the test suite's Postgres, RabbitMQ and Redis come from, and per-test isolation on top of them.
+
+Each service is resolved on its own, the first time a test asks for it, in this order:
+
+1. a URL in the environment (`LTM_TEST_POSTGRES_DSN`, `LTM_TEST_RABBITMQ_URL`, `LTM_TEST_REDIS_URL`);
+2. a container started with testcontainers for the rest of the session, when a Docker engine answers;
+3. the local default (the services this machine kind starts on 127.0.0.1).
+
+Nothing here touches Docker or the network before a test asks for a service, so unit tests stay offline.
+A service that cannot be reached fails the test that needs it (never skips it), naming the service, the URL
+tried and how to provide one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT = 5.0
+DOCKER_PING_TIMEOUT = 2.0
+CONTAINER_READY_TIMEOUT = 90.0
+RABBITMQCTL_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One kind of service the tests need, and every way of getting it."""
+
+    name: str
+    env_var: str
+    local_url: str
+    image: str
+    start_command: str
+
+
+POSTGRES = ServiceSpec(
+    name="Postgres",
+    env_var="LTM_TEST_POSTGRES_DSN",
+    local_url="postgresql://postgres@127.0.0.1:5432/postgres",
+    image="postgres:16-alpine",
+    start_command="pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+)
+RABBITMQ = ServiceSpec(
+    name="RabbitMQ",
+    env_var="LTM_TEST_RABBITMQ_URL",
+    local_url="amqp://guest:guest@127.0.0.1:5672/",
+    image="rabbitmq:3.13-management",
+    start_command="rabbitmq-server -detached && rabbitmqctl await_startup",
+)
+REDIS = ServiceSpec(
+    name="Redis",
+    env_var="LTM_TEST_REDIS_URL",
+    local_url="redis://127.0.0.1:6379/0",
+    image="redis:7-alpine",
+    start_command='redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no',
+)
+RABBITMQ_MANAGEMENT_ENV_VAR = "LTM_TEST_RABBITMQ_MANAGEMENT_URL"
+
+
+class ServiceUnavailable(Exception):
+    """A service a test needs cannot be reached or prepared; the message says how to provide it."""
+
+
+@dataclass(frozen=True)
+class StartedService:
+    """What a started container offers: its URL(s) and how to stop it."""
+
+    url: str
+    stop: Callable[[], None]
+    management_url: str | None = None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A resolved service: its URL and where it came from (for error messages)."""
+
+    spec: ServiceSpec
+    url: str
+    origin: str
+    management_url: str | None = None
+
+    def unavailable(self, problem: object) -> ServiceUnavailable:
+        """An error naming the service, the URL tried, why, and how to provide one."""
+        if self.origin == "env":
+            source = f"from {self.spec.env_var}"
+            advice = f"Check {self.spec.env_var}, or unset it to use a container or the local server."
+        elif self.origin == "container":
+            source = f"testcontainers, image {self.spec.image}"
+            advice = f"Set {self.spec.env_var} to a running server's URL instead."
+        else:
+            source = f"local default: {self.spec.env_var} is not set and no Docker engine answered"
+            advice = (
+                f"Set {self.spec.env_var} to a running server's URL, "
+                f"or start the local one: {self.spec.start_command}"
+            )
+        reason = str(problem).rstrip(". ")
+        return ServiceUnavailable(
+            f"{self.spec.name} is not usable at {redact(self.url)} ({source}): {reason}. {advice}"
+        )
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def with_path(url: str, path: str) -> str:
+    """The URL with its path replaced (database name, vhost), query and credentials kept."""
+    return urlunsplit(urlsplit(url)._replace(path=path))
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def describe(error: BaseException) -> str:
+    """`Type: message` for an exception, including ones whose str() is empty."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a one-off coroutine to completion from synchronous code and return its result.
+
+    Works whether or not an event loop is already running in this thread: when one is (a sync helper called
+    from an async test), the coroutine runs on a fresh loop in a worker thread instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="run_async") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def docker_engine_reachable(timeout: float = DOCKER_PING_TIMEOUT) -> bool:
+    """Whether a Docker engine answers a ping (through the usual DOCKER_HOST / socket), within `timeout`."""
+    try:
+        import docker  # type: ignore[import-untyped]
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=timeout)
+    except Exception:  # no socket, refused, timed out, bad DOCKER_HOST: all mean "no engine"
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+def failure(error: ServiceUnavailable) -> BaseException:
+    """What fails the current test (not skips it): a missing service is a broken setup, not an optional test.
+
+    Raise it `from None`: the message already says what went wrong, without the chain of causes.
+    """
+    return pytest.fail.Exception(str(error), pytrace=False)
+
+
+# --- containers ---------------------------------------------------------------------------------------
+
+
+def _wait_for_http_ok(url: str, user: str, password: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _http("GET", url, user, password)
+            return
+        except (OSError, urllib.error.URLError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def start_postgres_container() -> StartedService:
+    """A Postgres container for the session; its URL points at a database the admin user owns."""
+    try:
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:  # testcontainers before the community/ split
+        from testcontainers.postgres import PostgresContainer
+
+    container = PostgresContainer(POSTGRES.image, driver=None)
+    container.start()
+    return StartedService(url=container.get_connection_url(), stop=container.stop)
+
+
+def start_rabbitmq_container() -> StartedService:
+    """A RabbitMQ container (management image) for the session, with its management API exposed."""
+    try:
+        from testcontainers.community.rabbitmq import RabbitMqContainer
+    except ImportError:
+        from testcontainers.rabbitmq import RabbitMqContainer
+
+    container = RabbitMqContainer(RABBITMQ.image).with_exposed_ports(15672)
+    container.start()
+    try:
+        host = container.get_container_host_ip()
+        amqp = host_port(host, int(container.get_exposed_port(container.port)))
+        management = f"http://{host_port(host, int(container.get_exposed_port(15672)))}"
+        user, password = container.username, container.password
+        # The AMQP listener comes up before the management plugin; vhosts are made through the latter.
+        _wait_for_http_ok(f"{management}/api/overview", user, password, CONTAINER_READY_TIMEOUT)
+    except BaseException:
+        container.stop()
+        raise
+    url = f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{amqp}/"
+    return StartedService(url=url, stop=container.stop, management_url=management)
+
+
+def start_redis_container() -> StartedService:
+    """A Redis container for the session."""
+    try:
+        from testcontainers.community.redis import RedisContainer
+    except ImportError:
+        from testcontainers.redis import RedisContainer
+
+    container = RedisContainer(REDIS.image)
+    container.start()
+    address = host_port(container.get_container_host_ip(), int(container.get_exposed_port(container.port)))
+    return StartedService(url=f"redis://{address}/0", stop=container.stop)
+
+
+CONTAINER_STARTERS: Mapping[str, Callable[[], StartedService]] = {
+    POSTGRES.name: start_postgres_container,
+    RABBITMQ.name: start_rabbitmq_container,
+    REDIS.name: start_redis_container,
+}
+
+
+# --- RabbitMQ vhosts ------------------------------------------------------------------------------------
+
+
+class VhostAdmin(Protocol):
+    """Creates and deletes RabbitMQ vhosts."""
+
+    async def create(self, vhost: str, user: str) -> None:
+        """Create `vhost` and give `user` full permissions on it."""
+
+    async def delete(self, vhost: str) -> None:
+        """Delete `vhost` (and everything in it); a missing vhost is fine."""
+
+
+# Management APIs of test brokers are local or in containers: never send them through an HTTP proxy.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http(method: str, url: str, user: str, password: str, body: object | None = None) -> int:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    with _NO_PROXY.open(request, timeout=CONNECT_TIMEOUT) as response:
+        return int(response.status)
+
+
+@dataclass(frozen=True)
+class ManagementApi:
+    """Vhosts through the RabbitMQ management HTTP API (standard library only)."""
+
+    base_url: str
+    user: str
+    password: str
+
+    @classmethod
+    def from_url(cls, url: str, default_user: str, default_password: str) -> ManagementApi:
+        """Credentials in the URL win over the AMQP user's."""
+        parts = urlsplit(url)
+        user = unquote(parts.username) if parts.username else default_user
+        password = unquote(parts.password) if parts.password is not None else default_password
+        base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        return cls(base, user, password)
+
+    def answers(self) -> bool:
+        """Whether the API is there at all (any HTTP answer counts; errors show up when it is used)."""
+        try:
+            _http("GET", f"{self.base_url}/api/overview", self.user, self.password)
+        except urllib.error.HTTPError:
+            return True
+        except (OSError, urllib.error.URLError):
+            return False
+        return True
+
+    async def create(self, vhost: str, user: str) -> None:
+        """PUT the vhost, then PUT full permissions for `user`."""
+        name = quote(vhost, safe="")
+        await asyncio.to_thread(
+            _http, "PUT", f"{self.base_url}/api/vhosts/{name}", self.user, self.password, {}
+        )
+        await asyncio.to_thread(
+            _http,
+            "PUT",
+            f"{self.base_url}/api/permissions/{name}/{quote(user, safe='')}",
+            self.user,
+            self.password,
+            {"configure": ".*", "write": ".*", "read": ".*"},
+        )
+
+    async def delete(self, vhost: str) -> None:
+        """DELETE the vhost; 404 means it is already gone."""
+        url = f"{self.base_url}/api/vhosts/{quote(vhost, safe='')}"
+        try:
+            await asyncio.to_thread(_http, "DELETE", url, self.user, self.password)
+        except urllib.error.HTTPError as error:
+            if error.code != 404:
+                raise
+
+
+@dataclass(frozen=True)
+class Rabbitmqctl:
+    """Vhosts through `rabbitmqctl`, for a broker on this machine without the management plugin."""
+
+    executable: str
+
+    async def _run(self, *args: str) -> None:
+        process = await asyncio.create_subprocess_exec(
+            self.executable,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), RABBITMQCTL_TIMEOUT)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
+        if process.returncode != 0:
+            text = output.decode(errors="replace").strip()
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} exited {process.returncode}: {text}")
+
+    async def create(self, vhost: str, user: str) -> None:
+        """`add_vhost`, then `set_permissions` with full rights."""
+        await self._run("add_vhost", vhost)
+        await self._run("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+
+    async def delete(self, vhost: str) -> None:
+        """`delete_vhost`; a vhost that is already gone is fine."""
+        try:
+            await self._run("delete_vhost", vhost)
+        except RuntimeError as error:
+            text = str(error).lower()
+            if not any(gone in text for gone in ("does not exist", "does_not_exist", "not found")):
+                raise
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether `host` names this machine (loopback or its own host name)."""
+    if host in {"localhost", socket.gethostname(), socket.getfqdn()}:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def amqp_credentials(url: str) -> tuple[str, str]:
+    """The user and password in an AMQP URL (AMQP's guest/guest when absent)."""
+    parts = urlsplit(url)
+    user = unquote(parts.username) if parts.username else "guest"
+    password = unquote(parts.password) if parts.password is not None else "guest"
+    return user, password
+
+
+# --- the session's services -----------------------------------------------------------------------------
+
+
+@dataclass
+class Services:
+    """The session's view of Postgres, RabbitMQ and Redis, resolved lazily, one service at a time.
+
+    Resolution results (and failures) are remembered for the session, so a dead service costs one probe,
+    not one per test. `close()` stops any container this object started.
+    """
+
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    docker_reachable: Callable[[], bool] = docker_engine_reachable
+    starters: Mapping[str, Callable[[], StartedService]] = field(default_factory=lambda: CONTAINER_STARTERS)
+    _docker: bool | None = field(default=None, init=False)
+    _endpoints: dict[str, Endpoint] = field(default_factory=dict, init=False)
+    _errors: dict[str, ServiceUnavailable] = field(default_factory=dict, init=False)
+    _started: list[StartedService] = field(default_factory=list, init=False)
+    _vhost_admin: VhostAdmin | None = field(default=None, init=False)
+
+    # resolution (blocking: Docker calls; the async methods below run it in a thread)
+
+    def resolve(self, spec: ServiceSpec) -> Endpoint:
+        """Where `spec` comes from this session: environment, else container, else local default."""
+        if spec.name in self._endpoints:
+            return self._endpoints[spec.name]
+        if spec.name in self._errors:
+            raise self._errors[spec.name]
+        endpoint = self._resolve_uncached(spec)
+        self._endpoints[spec.name] = endpoint
+        return endpoint
+
+    def _resolve_uncached(self, spec: ServiceSpec) -> Endpoint:
+        from_env = self.environ.get(spec.env_var, "").strip()
+        management = None
+        if spec is RABBITMQ:
+            management = self.environ.get(RABBITMQ_MANAGEMENT_ENV_VAR, "").strip() or None
+        if from_env:
+            return Endpoint(spec, from_env, "env", management)
+        if self._docker is None:
+            self._docker = self.docker_reachable()
+        if not self._docker:
+            return Endpoint(spec, spec.local_url, "local", management)
+        try:
+            started = self.starters[spec.name]()
+        except Exception as error:
+            self._errors[spec.name] = ServiceUnavailable(
+                f"{spec.name}: a Docker engine answered but the {spec.image} container did not start: "
+                f"{describe(error)}. Set {spec.env_var} to a running server's URL instead."
+            )
+            raise self._errors[spec.name] from error
+        self._started.append(started)
+        return Endpoint(spec, started.url, "container", management or started.management_url)
+
+    async def _resolved(self, spec: ServiceSpec) -> Endpoint:
+        try:
+            return await asyncio.to_thread(self.resolve, spec)
+        except ServiceUnavailable as error:
+            raise failure(error) from None
+
+    def close(self) -> None:
+        """Stop the containers this session started (newest first)."""
+        while self._started:
+            with contextlib.suppress(Exception):
+                self._started.pop().stop()
+
+    # Postgres
+
+    @contextlib.asynccontextmanager
+    async def fresh_database(self) -> AsyncIterator[str]:
+        """A new empty database `ltm_test_<hex>`, dropped WITH (FORCE) on exit; yields its DSN."""
+        endpoint = await self._resolved(POSTGRES)
+        async with _fresh_database(endpoint) as dsn:
+            yield dsn
+
+    # RabbitMQ
+
+    @contextlib.asynccontextmanager
+    async def fresh_vhost(self) -> AsyncIterator[str]:
+        """A new vhost `ltm-test-<hex>` with full permissions for the URL's user, deleted on exit; yields
+        the AMQP URL that selects it."""
+        endpoint = await self._resolved(RABBITMQ)
+        try:
+            await _check_amqp(endpoint)
+            admin = await asyncio.to_thread(self._admin_for, endpoint)
+        except ServiceUnavailable as error:
+            raise failure(error) from None
+        async with _fresh_vhost(endpoint, admin) as url:
+            yield url
+
+    def _admin_for(self, endpoint: Endpoint) -> VhostAdmin:
+        if self._vhost_admin is not None:
+            return self._vhost_admin
+        user, password = amqp_credentials(endpoint.url)
+        host = urlsplit(endpoint.url).hostname or "localhost"
+        management_url = endpoint.management_url or f"http://{host_port(host, 15672)}"
+        api = ManagementApi.from_url(management_url, user, password)
+        executable = shutil.which("rabbitmqctl")
+        if api.answers():
+            self._vhost_admin = api
+        elif executable and is_this_machine(host):
+            self._vhost_admin = Rabbitmqctl(executable)
+        else:
+            raise endpoint.unavailable(
+                f"per-test vhosts need the management API (none answered at {api.base_url}; "
+                f"set {RABBITMQ_MANAGEMENT_ENV_VAR}) or rabbitmqctl on the broker's own machine"
+            )
+        return self._vhost_admin
+
+    # Redis
+
+    async def redis_url(self) -> str:
+        """The Redis URL, once it has answered PING."""
+        endpoint = await self._resolved(REDIS)
+        client = aioredis.from_url(
+            endpoint.url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
+        )
+        try:
+            await client.ping()
+        except Exception as error:
+            raise failure(endpoint.unavailable(describe(error))) from None
+        finally:
+            await client.aclose()
+        return endpoint.url
+
+
+async def _admin_connection(endpoint: Endpoint) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(endpoint.url, timeout=CONNECT_TIMEOUT)
+    except Exception as error:
+        raise failure(endpoint.unavailable(describe(error))) from None
+
+
+@contextlib.asynccontextmanager
+async def _fresh_database(endpoint: Endpoint) -> AsyncIterator[str]:
+    name = f"ltm_test_{secrets.token_hex(8)}"
+    admin = await _admin_connection(endpoint)
+    try:
+        # template0: never connected to, so concurrent sessions cannot block the copy.
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    except Exception as error:
+        raise failure(endpoint.unavailable(f"cannot create a test database: {describe(error)}")) from None
+    finally:
+        await admin.close()
+    try:
+        yield with_path(endpoint.url, f"/{name}")
+    finally:
+        admin = await _admin_connection(endpoint)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+async def _check_amqp(endpoint: Endpoint) -> None:
+    try:
+        connection = await aio_pika.connect(endpoint.url, timeout=CONNECT_TIMEOUT)
+    except Exception as error:
+        raise endpoint.unavailable(describe(error)) from error
+    await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def _fresh_vhost(endpoint: Endpoint, admin: VhostAdmin) -> AsyncIterator[str]:
+    vhost = f"ltm-test-{secrets.token_hex(8)}"
+    user, _ = amqp_credentials(endpoint.url)
+    try:
+        await admin.create(vhost, user)
+    except Exception as error:
+        with contextlib.suppress(Exception):
+            await admin.delete(vhost)
+        raise failure(
+            endpoint.unavailable(f"cannot create vhost {vhost} ({type(admin).__name__}): {describe(error)}")
+        ) from None
+    try:
+        yield with_path(endpoint.url, "/" + quote(vhost, safe=""))
+    finally:
+        await admin.delete(vhost)
