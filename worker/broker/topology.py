@@ -1,0 +1,97 @@
+"""The RabbitMQ topology of CONTRACT.md, declared idempotently at start-up.
+
+Work queue ``ltm.create_memory``: a quorum queue whose own dead-lettering (a message redelivered more
+than ``delivery_limit`` times, i.e. one that keeps killing workers) goes to ``tomori.dead_letter`` with
+RabbitMQ's at-least-once strategy, so the broker never drops it on the way to the DLQ.
+
+Retry queues ``ltm.create_memory.retry.<ms>``: one per backoff tier; a message waits there for its
+per-message expiration, then the broker dead-letters it back to the work queue through the default
+exchange. Per-message TTL only expires at the head of a queue, hence one queue per tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+from worker.config import Topology
+
+#: a delivery redelivered this many times (consumer crashes, channel losses) goes to the DLQ
+DEFAULT_DELIVERY_LIMIT = 20
+
+
+def work_queue_arguments(topology: Topology, delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> dict[str, Any]:
+    """Arguments of ``ltm.create_memory``; the definitions file under deploy/ must carry the same."""
+    return {
+        "x-queue-type": "quorum",
+        "x-delivery-limit": delivery_limit,
+        "x-dead-letter-exchange": topology.dead_letter_exchange,
+        "x-dead-letter-strategy": "at-least-once",
+        # at-least-once dead-lettering requires reject-publish (drop-head silently falls back)
+        "x-overflow": "reject-publish",
+    }
+
+
+def backoff_tier(base_ms: int, max_ms: int, attempt: int) -> int:
+    """The nominal delay (ms) before ``attempt`` (2 = the first retry): doubling from ``base_ms``, capped."""
+    return min(base_ms << max(0, attempt - 2), max_ms)
+
+
+def retry_delays(base_ms: int, max_ms: int, max_attempts: int) -> list[int]:
+    """Every backoff tier a retry can use (attempts 2 to ``max_attempts``): one retry queue each."""
+    return sorted({backoff_tier(base_ms, max_ms, n) for n in range(2, max_attempts + 1)})
+
+
+def retry_queue_name(topology: Topology, delay_ms: int) -> str:
+    return f"{topology.retry_queue_prefix}.{delay_ms}"
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """Handles on the declared topology for one channel."""
+
+    work_queue: AbstractQueue
+    results: AbstractExchange
+    notifications: AbstractExchange
+    dead_letter: AbstractExchange
+    tool_calls: AbstractExchange
+
+
+async def declare_topology(
+    channel: AbstractChannel,
+    topology: Topology,
+    delays_ms: list[int],
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
+) -> Declared:
+    """Declare every exchange and queue the worker uses (idempotent; fails if one exists with other args)."""
+    topic = aio_pika.ExchangeType.TOPIC
+    tool_calls = await channel.declare_exchange(topology.tool_calls_exchange, topic, durable=True)
+    results = await channel.declare_exchange(topology.results_exchange, topic, durable=True)
+    notifications = await channel.declare_exchange(topology.notifications_exchange, topic, durable=True)
+    dead_letter = await channel.declare_exchange(topology.dead_letter_exchange, topic, durable=True)
+
+    dlq = await channel.declare_queue(
+        topology.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    await dlq.bind(dead_letter, routing_key="#")
+
+    work = await channel.declare_queue(
+        topology.work_queue, durable=True, arguments=work_queue_arguments(topology, delivery_limit)
+    )
+    for key in topology.routing_keys:
+        await work.bind(tool_calls, routing_key=key)
+
+    for delay in delays_ms:
+        await channel.declare_queue(
+            retry_queue_name(topology, delay),
+            durable=True,
+            arguments={
+                "x-queue-type": "classic",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": topology.work_queue,
+            },
+        )
+    return Declared(work, results, notifications, dead_letter, tool_calls)

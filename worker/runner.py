@@ -1,0 +1,387 @@
+"""``worker run``: consume tool-call events until told to stop. Read it top to bottom:
+
+1. wait until Postgres (migrated), Redis and RabbitMQ all answer;
+2. connect to RabbitMQ, declare the topology, consume with a bounded prefetch;
+3. for each delivery: read the envelope, process it in one transaction, publish the result and notice
+   (confirmed), publish the invalidation, ack. Failures go to a retry queue or the DLQ, never in a loop;
+4. when the connection is lost: let in-flight events fail, reconnect with backoff, consume again
+   (unacked deliveries are redelivered and answered from the store);
+5. on SIGTERM/SIGINT: stop consuming, finish in-flight events within the grace period, close, exit 0.
+   A second signal exits at once; whatever was not acked is requeued by the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import aio_pika
+import asyncpg
+import structlog
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from contracts.models import ToolCallEvent
+from worker.broker.envelope import RoutableIds, Unreadable, read_event
+from worker.broker.publisher import ATTEMPTS, TRACEPARENT, Publisher
+from worker.broker.topology import (
+    backoff_tier,
+    declare_topology,
+    retry_delays,
+    retry_queue_name,
+    work_queue_arguments,
+)
+from worker.cache import InvalidationPublisher
+from worker.config import Settings
+from worker.faults import is_transient
+from worker.pipeline import outcome
+from worker.store.migrate import pending_migrations
+from worker.store.pool import create_pool
+from worker.store.unit_of_work import ProcessedEvent, process_event, utcnow
+
+log = structlog.get_logger("worker")
+
+RECONNECT_MIN_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 15.0
+
+
+class Worker:
+    """One worker process: any number of them may consume the same queue."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.delays = retry_delays(
+            settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
+        )
+        self._stopping = asyncio.Event()
+        self._signals = 0
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._pool: asyncpg.Pool | None = None
+        self._cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
+        self._publisher: Publisher | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until stopped; the exit code (0 after a graceful stop)."""
+        self._install_signal_handlers()
+        for var, raw, default in self.settings.fallbacks:
+            log.warning("invalid setting, using the default", variable=var, value=raw, default=default)
+        try:
+            if not await self._wait_for_dependencies():
+                return 0
+            backoff = RECONNECT_MIN_SECONDS
+            while not self._stopping.is_set():
+                started = time.monotonic()
+                try:
+                    await self._consume_until_stopped_or_lost()
+                except Exception as exc:  # connection refused, declare failed, channel died mid-start
+                    log.warning("rabbitmq unavailable", error=_describe(exc), retry_in_s=round(backoff, 1))
+                if self._stopping.is_set():
+                    break
+                backoff = RECONNECT_MIN_SECONDS if time.monotonic() - started > 30 else backoff
+                await self._sleep_unless_stopping(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+            return 0
+        finally:
+            await self._close()
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal: exiting now; unacked events will be redelivered", signal=sig.name)
+            os._exit(1)
+        log.info(
+            "stopping: no new events; finishing the ones in flight",
+            signal=sig.name,
+            in_flight=len(self._inflight),
+            grace_s=self.settings.shutdown_grace_seconds,
+        )
+        self._stopping.set()
+
+    async def _sleep_unless_stopping(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+
+    async def _wait_for_dependencies(self) -> bool:
+        """Wait until Postgres (migrated) and Redis answer; False if stopped first. RabbitMQ is the loop's."""
+        backoff = RECONNECT_MIN_SECONDS
+        while not self._stopping.is_set():
+            problems = await self._dependency_problems()
+            if not problems:
+                return True
+            for name, problem in problems.items():
+                log.warning(
+                    "waiting for dependency", dependency=name, problem=problem, retry_in_s=round(backoff, 1)
+                )
+            await self._sleep_unless_stopping(backoff)
+            backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+        return False
+
+    async def _dependency_problems(self) -> dict[str, str]:
+        problems: dict[str, str] = {}
+        try:
+            pending = await pending_migrations(self.settings.postgres_dsn)
+            if pending:
+                problems["postgres"] = f"schema not migrated (run `worker migrate`): {', '.join(pending)}"
+            elif self._pool is None:
+                self._pool = await create_pool(
+                    self.settings.postgres_dsn, size=self.settings.postgres_pool_size
+                )
+        except Exception as exc:
+            problems["postgres"] = _describe(exc)
+        try:
+            await self._cache.ping()
+        except Exception as exc:
+            problems["redis"] = _describe(exc)
+        return problems
+
+    async def _close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+        await self._cache.close()
+
+    # -- one connection's life -----------------------------------------------------------------------
+
+    async def _consume_until_stopped_or_lost(self) -> None:
+        settings = self.settings
+        connection = await aio_pika.connect(settings.rabbitmq_url, timeout=10)
+        lost = asyncio.Event()
+        connection.close_callbacks.add(lambda *_: lost.set())
+        try:
+            publish_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            publish_channel.close_callbacks.add(lambda *_: lost.set())
+            declared = await declare_topology(publish_channel, settings.topology, self.delays)
+            self._publisher = Publisher(
+                results=declared.results,
+                notifications=declared.notifications,
+                dead_letter=declared.dead_letter,
+                default=publish_channel.default_exchange,
+            )
+            consume_channel = await connection.channel(publisher_confirms=False)
+            consume_channel.close_callbacks.add(lambda *_: lost.set())
+            await consume_channel.set_qos(prefetch_count=settings.prefetch)
+            queue = await consume_channel.declare_queue(
+                settings.topology.work_queue, durable=True, arguments=work_queue_arguments(settings.topology)
+            )
+            tag = await queue.consume(self._on_message, no_ack=False)
+            log.info(
+                "consuming", queue=queue.name, prefetch=settings.prefetch, concurrency=settings.concurrency
+            )
+            await _first(self._stopping.wait(), lost.wait())
+            if self._stopping.is_set() and not lost.is_set():
+                await self._drain(queue, tag)
+            else:
+                log.warning("rabbitmq connection lost; reconnecting", in_flight=len(self._inflight))
+                await self._abandon_inflight()
+        finally:
+            self._publisher = None
+            await _close_quietly(connection)
+
+    async def _drain(self, queue: AbstractQueue, tag: str) -> None:
+        """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""
+        try:
+            await queue.cancel(tag)
+        except Exception as exc:
+            log.warning("could not cancel the consumer", error=_describe(exc))
+        deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic()))
+        if self._inflight:
+            log.warning("grace period over: in-flight events are requeued", requeued=len(self._inflight))
+            await self._abandon_inflight()
+        log.info("stopped cleanly")
+
+    async def _abandon_inflight(self) -> None:
+        """Cancel what is still running: transactions roll back, the broker requeues unacked deliveries."""
+        tasks = set(self._inflight)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    # -- one delivery ----------------------------------------------------------------------------------
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            async with self._slots:
+                if self._stopping.is_set():
+                    return  # not started: left unacked, the broker requeues it when the channel closes
+                await self._handle(message)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        started = time.monotonic()
+        attempt = _attempts_made(message) + 1
+        parsed = read_event(message.body)
+        if isinstance(parsed, Unreadable):
+            failure = outcome.internal_error(parsed.error) if parsed.ids else None
+            await self._dead_letter(message, parsed.kind, parsed.error, 1, parsed.ids, failure)
+            log.warning(
+                "dead-lettered unreadable event",
+                kind=parsed.kind,
+                error=parsed.error,
+                event_id=str(parsed.ids.event_id) if parsed.ids else None,
+            )
+            return
+        event = parsed
+        fields = {
+            "event_id": str(event.event_id),
+            "tool_call_id": event.tool_call_id,
+            "shard_id": event.shard_id,
+            "attempts": attempt,
+        }
+        processed: ProcessedEvent | None = None
+        try:
+            assert self._pool is not None
+            processed = await process_event(self._pool, event, self.settings.limits, attempts=attempt)
+            await self._publish(event, processed, message)
+            await message.ack()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._fail(message, event, attempt, exc, committed=processed is not None, fields=fields)
+            return
+        log.info(
+            "event processed",
+            **fields,
+            status=processed.status,
+            memory_id=processed.memory_id,
+            replayed=processed.replayed,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+
+    async def _publish(
+        self, event: ToolCallEvent, processed: ProcessedEvent, message: AbstractIncomingMessage
+    ) -> None:
+        assert self._publisher is not None
+        await self._publisher.publish_outputs(
+            event_id=event.event_id,
+            tool_call_id=event.tool_call_id,
+            shard_id=event.shard_id,
+            result=processed.result,
+            notification=processed.notification,
+            traceparent=_traceparent(message),
+        )
+        if processed.invalidation is not None:
+            await self._cache.publish(processed.invalidation)
+
+    async def _fail(
+        self,
+        message: AbstractIncomingMessage,
+        event: ToolCallEvent,
+        attempt: int,
+        exc: Exception,
+        *,
+        committed: bool,
+        fields: dict[str, Any],
+    ) -> None:
+        """Route a failed attempt: retry later, or dead-letter it (with a failure result when none exists)."""
+        ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
+        reason = _describe(exc)
+        try:
+            if not is_transient(exc):
+                log.error("internal error; dead-lettered", **fields, error=reason, exc_info=exc)
+                failure = None if committed else outcome.internal_error(f"{type(exc).__name__}: {exc}")
+                await self._dead_letter(message, "internal", reason, attempt, ids, failure)
+            elif attempt >= self.settings.retry_max_attempts:
+                log.error("transient fault outlasted every retry; dead-lettered", **fields, error=reason)
+                failure = None if committed else outcome.database_error()
+                await self._dead_letter(message, "transient_exhausted", reason, attempt, ids, failure)
+            else:
+                delay = self._delay_before(attempt + 1)
+                assert self._publisher is not None
+                queue = retry_queue_name(self.settings.topology, self._tier_before(attempt + 1))
+                await self._publisher.retry_later(message, queue=queue, attempts=attempt, delay_ms=delay)
+                await message.ack()
+                log.warning("transient fault; retrying later", **fields, error=reason, retry_in_ms=delay)
+        except Exception as routing_error:
+            # the broker itself is failing: leave the delivery unacked; it is redelivered after reconnect
+            log.warning(
+                "could not route a failed event; it will be redelivered",
+                **fields,
+                error=_describe(routing_error),
+            )
+
+    def _tier_before(self, attempt: int) -> int:
+        """The retry queue's nominal delay before ``attempt`` (2 = first retry)."""
+        s = self.settings
+        return backoff_tier(s.retry_base_delay_ms, s.retry_max_delay_ms, attempt)
+
+    def _delay_before(self, attempt: int) -> int:
+        """The tier's delay with jitter (75-100%), so a burst of failures does not come back as one."""
+        return max(1, int(self._tier_before(attempt) * random.uniform(0.75, 1.0)))
+
+    async def _dead_letter(
+        self,
+        message: AbstractIncomingMessage,
+        kind: str,
+        error: str,
+        attempts: int,
+        ids: RoutableIds | None,
+        failure: outcome.Outcome | None,
+    ) -> None:
+        """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack."""
+        assert self._publisher is not None
+        await self._publisher.dead_letter(message, kind=kind, error=error, attempts=attempts)
+        if ids is not None and failure is not None:
+            result = failure.result_for(ids.event_id, ids.tool_call_id, ids.tool_name, utcnow())
+            await self._publisher.publish_outputs(
+                event_id=ids.event_id,
+                tool_call_id=ids.tool_call_id,
+                shard_id=ids.shard_id,
+                result=result.model_dump(mode="json"),
+                notification=None,
+                traceparent=_traceparent(message),
+            )
+        await message.ack()
+
+
+def _attempts_made(message: AbstractIncomingMessage) -> int:
+    value = (message.headers or {}).get(ATTEMPTS)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    return 0
+
+
+def _traceparent(message: AbstractIncomingMessage) -> str | None:
+    value = (message.headers or {}).get(TRACEPARENT)
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return value if isinstance(value, str) and value else None
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+async def _first(*waits: Any) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _close_quietly(connection: AbstractConnection) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(connection.close(), timeout=5)
