@@ -35,6 +35,17 @@ def work_queue_arguments(topology: Topology, delivery_limit: int = DEFAULT_DELIV
     }
 
 
+def retry_queue_arguments(topology: Topology) -> dict[str, Any]:
+    """A retry tier: quorum, dead-lettering expired messages back to the work queue, at least once."""
+    return {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": topology.work_queue,
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
 def backoff_tier(base_ms: int, max_ms: int, attempt: int) -> int:
     """The nominal delay (ms) before ``attempt`` (2 = the first retry): doubling from ``base_ms``, capped."""
     return min(base_ms << max(0, attempt - 2), max_ms)
@@ -88,10 +99,6 @@ async def declare_topology(
         await channel.declare_queue(
             retry_queue_name(topology, delay),
             durable=True,
-            arguments={
-                "x-queue-type": "classic",
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": topology.work_queue,
-            },
+            arguments=retry_queue_arguments(topology),
         )
     return Declared(work, results, notifications, dead_letter, tool_calls)
