@@ -250,3 +250,62 @@ class InvalidationListener:
                 await self._task
         if self._client is not None:
             await self._client.aclose()
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message taken out of ``ltm.create_memory.dlq`` by a test."""
+
+    headers: dict[str, Any]
+    body: bytes
+    message_id: str | None
+    correlation_id: str | None
+    type: str | None
+    routing_key: str | None
+
+
+async def take_dead_letters(
+    url: str, expected: int, *, timeout: float = 30.0, queue: str = "ltm.create_memory.dlq"
+) -> list[DeadLetter]:
+    """Take messages out of the DLQ until ``expected`` arrived (then a short quiet period to catch extras)."""
+    found: list[DeadLetter] = []
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        dlq = await channel.declare_queue(queue, passive=True)
+        deadline = time.monotonic() + timeout
+        quiet_until: float | None = None
+        while True:
+            message = await dlq.get(fail=False, no_ack=True)
+            if message is not None:
+                found.append(
+                    DeadLetter(
+                        dict(message.headers or {}),
+                        message.body,
+                        message.message_id,
+                        message.correlation_id,
+                        message.type,
+                        message.routing_key,
+                    )
+                )
+                continue
+            now = time.monotonic()
+            if len(found) >= expected:
+                quiet_until = quiet_until or now + 0.5
+                if now >= quiet_until:
+                    return found
+            elif now > deadline:
+                raise AssertionError(f"expected {expected} dead letters, got {len(found)} in {timeout}s")
+            await asyncio.sleep(0.05)
+    finally:
+        await connection.close()
+
+
+async def queue_depth(url: str, queue: str) -> int:
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
