@@ -69,7 +69,8 @@ async def test_unreadable_bodies_are_dead_lettered_at_once(stack: Stack) -> None
     assert result["status"] == "memory_save_failed_internal_error"
     assert result["success"] is False
     assert set(shard.received.results) == {unknown_version["event_id"]}
-    assert stack.workers[0].proc is not None and stack.workers[0].proc.poll() is None
+    assert stack.workers[0].proc is not None
+    assert stack.workers[0].proc.poll() is None, "the worker died"
 
 
 async def test_a_step_that_raises_is_an_internal_dead_letter_and_the_worker_goes_on(stack: Stack) -> None:

@@ -89,7 +89,8 @@ async def test_arbitrary_messages_end_as_results_or_dead_letters(stack: Stack, d
         answered = await wait_until_settled(stack, shard, batch, tags)
 
     assert answered == set(tags)
-    assert stack.workers[0].proc is not None and stack.workers[0].proc.poll() is None, "the worker died"
+    assert stack.workers[0].proc is not None
+    assert stack.workers[0].proc.poll() is None, "the worker died"
     assert await queue_depth(stack.rabbitmq_url, "ltm.create_memory") == 0
 
 
