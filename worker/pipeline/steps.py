@@ -3,7 +3,7 @@
 Pure: the state arrives as :class:`LoadedState`, the decision leaves as a value. Everything except the
 count-and-insert (which must happen under the scope lock, in the store) is decided here:
 :func:`decide` returns either the final :class:`Outcome` or a :class:`SavePlan` that the unit of work
-completes with :func:`check_limit` and :func:`saved`.
+completes with :func:`saved` or :func:`limit_reached`.
 """
 
 from __future__ import annotations
@@ -226,11 +226,9 @@ def max_for(plan: SavePlan, limits: Limits) -> int:
     return limits.max_personal_memories
 
 
-def check_limit(plan: SavePlan, count: int, limits: Limits) -> Outcome | None:
-    """The limit verdict for ``count`` rows already in the plan's scope (``None``: there is room)."""
+def limit_reached(plan: SavePlan, count: int, limits: Limits) -> Outcome:
+    """The limit-exceeded outcome for a scope that already holds ``count`` >= its maximum rows."""
     max_allowed = max_for(plan, limits)
-    if count < max_allowed:
-        return None
     if plan.scope == outcome.SERVER_WIDE:
         return outcome.server_limit_reached(count, max_allowed)
     return outcome.personal_limit_reached(plan.target_label or "", count, max_allowed)

@@ -5,6 +5,7 @@ the event's transaction; nothing here commits.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -12,59 +13,106 @@ from uuid import UUID
 import asyncpg
 import orjson
 
-from worker.pipeline.state import NamingConfig, PersonaState, ServerState, UserRecord
+from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, ServerState, UserRecord
 
-_LOAD_SERVER_AND_PERSONA = """
-SELECT s.server_id, s.server_disc_id,
-       COALESCE(f.self_teaching_enabled, true) AS self_teaching_enabled,
-       COALESCE(f.personal_memories_enabled, true) AS personal_memories_enabled,
-       p.persona_id, p.persona_nickname, p.persona_lineage_id,
-       n.prefixes, n.suffixes
-FROM servers s
-LEFT JOIN server_member_permissions_configs f ON f.server_id = s.server_id
-LEFT JOIN personas p ON p.persona_id = $2 AND p.server_id = s.server_id
-LEFT JOIN persona_naming_configs n ON n.persona_id = p.persona_id
-WHERE s.server_disc_id = $1
+_CLAIM_AND_LOAD = """
+WITH claim AS (
+    INSERT INTO ltm_processed_events (event_id, tool_call_id, tool_name, shard_id, status)
+    VALUES ($1, $2, $3, $4, 'processing')
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id
+), server AS (
+    SELECT s.server_id, s.server_disc_id,
+           COALESCE(f.self_teaching_enabled, true) AS self_teaching_enabled,
+           COALESCE(f.personal_memories_enabled, true) AS personal_memories_enabled,
+           p.persona_id, p.persona_nickname, p.persona_lineage_id,
+           n.prefixes, n.suffixes
+    FROM servers s
+    LEFT JOIN server_member_permissions_configs f ON f.server_id = s.server_id
+    LEFT JOIN personas p ON p.persona_id = $6 AND p.server_id = s.server_id
+    LEFT JOIN persona_naming_configs n ON n.persona_id = p.persona_id
+    WHERE s.server_disc_id = $5
+)
+SELECT EXISTS (SELECT 1 FROM claim) AS claimed, server.*,
+       (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'user_id', u.user_id,
+                   'user_disc_id', u.user_disc_id,
+                   'privacy_level', u.privacy_level,
+                   'has_personalization', c.user_id IS NOT NULL,
+                   'nickname', c.user_nickname,
+                   'prefix_override', c.prefix_override,
+                   'suffix_override', c.suffix_override,
+                   'addressing_style', c.addressing_style,
+                   'persona_nickname', np.nickname_override,
+                   'persona_prefix_override', np.prefix_override,
+                   'persona_suffix_override', np.suffix_override,
+                   'blacklisted', b.user_disc_id IS NOT NULL)), '[]'::jsonb)
+        FROM users u
+        LEFT JOIN user_personalization_configs c ON c.user_id = u.user_id
+        LEFT JOIN user_persona_naming_preferences np
+               ON np.user_id = u.user_id AND np.persona_lineage_id = server.persona_lineage_id
+        LEFT JOIN personalization_blacklist b
+               ON b.server_id = server.server_id AND b.user_disc_id = u.user_disc_id
+        WHERE u.user_disc_id = ANY($7::text[])) AS users
+FROM (SELECT 1) AS one
+LEFT JOIN server ON true
 """
 
-_LOAD_USERS = """
-SELECT u.user_id, u.user_disc_id, u.privacy_level,
-       c.user_id IS NOT NULL AS has_personalization,
-       c.user_nickname, c.prefix_override, c.suffix_override, c.addressing_style,
-       np.nickname_override AS persona_nickname,
-       np.prefix_override AS persona_prefix_override,
-       np.suffix_override AS persona_suffix_override,
-       b.user_disc_id IS NOT NULL AS blacklisted
-FROM users u
-LEFT JOIN user_personalization_configs c ON c.user_id = u.user_id
-LEFT JOIN user_persona_naming_preferences np ON np.user_id = u.user_id AND np.persona_lineage_id = $2
-LEFT JOIN personalization_blacklist b ON b.server_id = $3 AND b.user_disc_id = u.user_disc_id
-WHERE u.user_disc_id = ANY($1::text[])
-"""
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The first read of an event's transaction: whether it is ours to process, and the state."""
+
+    claimed: bool
+    state: LoadedState
 
 
-async def load_server_and_persona(
-    conn: asyncpg.Connection, server_disc_id: str, persona_id: int
-) -> tuple[ServerState | None, PersonaState | None]:
-    """The server by Discord id with its flags, and the persona if it belongs to that server."""
-    row = await conn.fetchrow(_LOAD_SERVER_AND_PERSONA, server_disc_id, persona_id)
-    if row is None:
-        return None, None
-    server = ServerState(
-        server_id=row["server_id"],
-        server_disc_id=row["server_disc_id"],
-        self_teaching_enabled=row["self_teaching_enabled"],
-        personal_memories_enabled=row["personal_memories_enabled"],
+async def claim_and_load(
+    conn: asyncpg.Connection,
+    event_id: UUID,
+    tool_call_id: str,
+    tool_name: str,
+    shard_id: int,
+    server_disc_id: str | None,
+    persona_id: int,
+    user_disc_ids: Iterable[str],
+) -> Claimed:
+    """Claim ``event_id`` and load what the pipeline needs, in one round trip.
+
+    The claim is the idempotency guard: a concurrent transaction holding the same event id makes the
+    insert wait until it commits (then ``claimed`` is false) or rolls back (then it is ours). Loaded:
+    the server by Discord id with its flags, the persona if it belongs to that server, and the known
+    users among ``user_disc_ids`` with their naming for the persona's lineage and their blacklist state.
+    """
+    row = await conn.fetchrow(
+        _CLAIM_AND_LOAD,
+        event_id,
+        tool_call_id,
+        tool_name,
+        shard_id,
+        server_disc_id,
+        persona_id,
+        sorted(set(user_disc_ids)),
     )
-    if row["persona_id"] is None:
-        return server, None
-    persona = PersonaState(
-        persona_id=row["persona_id"],
-        nickname=row["persona_nickname"],
-        lineage_id=row["persona_lineage_id"],
-        naming=NamingConfig(prefixes=_styles(row["prefixes"]), suffixes=_styles(row["suffixes"])),
-    )
-    return server, persona
+    assert row is not None  # the FROM (SELECT 1) always yields one row
+    server: ServerState | None = None
+    persona: PersonaState | None = None
+    if row["server_id"] is not None:
+        server = ServerState(
+            server_id=row["server_id"],
+            server_disc_id=row["server_disc_id"],
+            self_teaching_enabled=row["self_teaching_enabled"],
+            personal_memories_enabled=row["personal_memories_enabled"],
+        )
+        if row["persona_id"] is not None:
+            persona = PersonaState(
+                persona_id=row["persona_id"],
+                nickname=row["persona_nickname"],
+                lineage_id=row["persona_lineage_id"],
+                naming=NamingConfig(prefixes=_styles(row["prefixes"]), suffixes=_styles(row["suffixes"])),
+            )
+    users = {u["user_disc_id"]: UserRecord(**u) for u in row["users"]} if server is not None else {}
+    return Claimed(bool(row["claimed"]), LoadedState(server=server, persona=persona, users=users))
 
 
 def _styles(raw: Any) -> dict[str, str]:
@@ -75,118 +123,50 @@ def _styles(raw: Any) -> dict[str, str]:
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-async def load_users(
-    conn: asyncpg.Connection, disc_ids: Iterable[str], lineage_id: int | None, server_id: int | None
-) -> dict[str, UserRecord]:
-    """Known users among ``disc_ids`` with their naming for the lineage and blacklist on the server."""
-    ids = sorted(set(disc_ids))
-    if not ids:
-        return {}
-    rows = await conn.fetch(_LOAD_USERS, ids, lineage_id, server_id)
-    return {
-        row["user_disc_id"]: UserRecord(
-            user_id=row["user_id"],
-            user_disc_id=row["user_disc_id"],
-            privacy_level=row["privacy_level"],
-            has_personalization=row["has_personalization"],
-            nickname=row["user_nickname"],
-            prefix_override=row["prefix_override"],
-            suffix_override=row["suffix_override"],
-            addressing_style=row["addressing_style"],
-            persona_nickname=row["persona_nickname"],
-            persona_prefix_override=row["persona_prefix_override"],
-            persona_suffix_override=row["persona_suffix_override"],
-            blacklisted=row["blacklisted"],
-        )
-        for row in rows
-    }
-
-
-async def lock_scope(conn: asyncpg.Connection, scope: str, owner_id: int, lineage_id: int) -> None:
-    """Serialise every writer of one limit scope until the transaction ends.
-
-    The key is a hash of the scope, so an unrelated scope may rarely share a lock: that costs a wait,
-    never correctness. The count that follows must be a separate statement, so that its snapshot is
-    taken after the lock is held and sees every row committed by the previous holder.
-    """
-    await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", f"ltm:{scope}:{owner_id}:{lineage_id}"
-    )
-
-
-async def count_server_memories(conn: asyncpg.Connection, server_id: int, lineage_id: int) -> int:
-    count: int = await conn.fetchval(
-        "SELECT count(*) FROM server_memories WHERE server_id = $1 AND persona_lineage_id = $2",
-        server_id,
-        lineage_id,
-    )
-    return count
-
-
-async def count_personal_memories(conn: asyncpg.Connection, user_id: int, lineage_id: int) -> int:
-    """Personal memories in the lineage plus the global lineage 0, which counts toward every persona."""
-    count: int = await conn.fetchval(
-        "SELECT count(*) FROM personal_memories"
-        " WHERE user_id = $1 AND (persona_lineage_id = $2 OR persona_lineage_id = 0)",
-        user_id,
-        lineage_id,
-    )
-    return count
-
-
-async def insert_server_memory(
+async def save_memory(
     conn: asyncpg.Connection,
-    server_id: int,
-    persona_id: int | None,
+    event_id: UUID,
+    *,
+    scope: str,
+    owner_id: int,
     lineage_id: int,
-    author: int | None,
+    persona_id: int | None,
+    author_id: int | None,
     content: str,
-) -> int:
-    memory_id: int = await conn.fetchval(
-        "INSERT INTO server_memories (server_id, persona_id, persona_lineage_id, user_id, content, tags)"
-        " VALUES ($1, $2, $3, $4, $5, '{}'::text[]) RETURNING server_memory_id",
-        server_id,
+    max_allowed: int,
+    result: Mapping[str, Any],
+    notice: Mapping[str, Any] | None,
+    invalidation: Mapping[str, Any] | None,
+    attempts: int,
+    processed_at: datetime,
+) -> tuple[int | None, int]:
+    """Lock the scope, count it, and insert + record the outcome when there is room.
+
+    Returns ``(memory_id, count_before)``; ``memory_id`` is ``None`` when the scope was full, in which
+    case nothing was written (see migration 0003, ``ltm_save_memory``).
+    """
+    row = await conn.fetchrow(
+        "SELECT memory_id, current_count"
+        " FROM ltm_save_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        event_id,
+        scope,
+        owner_id,
+        lineage_id,
         persona_id,
-        lineage_id,
-        author,
+        author_id,
         content,
+        max_allowed,
+        result,
+        notice,
+        invalidation,
+        attempts,
+        processed_at,
     )
-    return memory_id
-
-
-async def insert_personal_memory(
-    conn: asyncpg.Connection, user_id: int, lineage_id: int, content: str
-) -> int:
-    memory_id: int = await conn.fetchval(
-        "INSERT INTO personal_memories (user_id, persona_lineage_id, content, tags)"
-        " VALUES ($1, $2, $3, '{}'::text[]) RETURNING personal_memory_id",
-        user_id,
-        lineage_id,
-        content,
-    )
-    return memory_id
+    assert row is not None
+    return row["memory_id"], row["current_count"]
 
 
 # --- the worker's own ledger of processed events ---------------------------------------------------
-
-
-async def claim_event(
-    conn: asyncpg.Connection, event_id: UUID, tool_call_id: str, tool_name: str, shard_id: int
-) -> bool:
-    """Claim ``event_id`` for this transaction; ``False`` when it was already processed.
-
-    A concurrent transaction holding the same claim makes this wait until it commits (then ``False``)
-    or rolls back (then ``True``): the primary key is the idempotency guard.
-    """
-    claimed = await conn.fetchval(
-        "INSERT INTO ltm_processed_events (event_id, tool_call_id, tool_name, shard_id, status)"
-        " VALUES ($1, $2, $3, $4, 'processing') ON CONFLICT (event_id) DO NOTHING RETURNING true",
-        event_id,
-        tool_call_id,
-        tool_name,
-        shard_id,
-    )
-    return bool(claimed)
 
 
 async def load_outcome(conn: asyncpg.Connection, event_id: UUID) -> asyncpg.Record | None:

@@ -17,9 +17,8 @@ import asyncpg
 from contracts.models import ToolCallEvent
 from worker.config import Limits
 from worker.pipeline.notice import mentioned_user_ids
-from worker.pipeline.outcome import SERVER_WIDE, Outcome
-from worker.pipeline.state import LoadedState
-from worker.pipeline.steps import SavePlan, check_limit, decide, saved
+from worker.pipeline.outcome import Outcome
+from worker.pipeline.steps import SavePlan, decide, limit_reached, max_for, saved
 from worker.store import repository as repo
 
 
@@ -51,33 +50,97 @@ async def process_event(
     attempts: int = 1,
     clock: Callable[[], datetime] = utcnow,
 ) -> ProcessedEvent:
-    """Process ``event`` exactly once; a second call for the same ``event_id`` returns the stored outputs."""
+    """Process ``event`` exactly once; a second call for the same ``event_id`` returns the stored outputs.
+
+    Round trips: BEGIN, claim-and-load, save (lock + count + insert + record) or record, COMMIT.
+    """
+    ctx = event.context
     async with pool.acquire() as conn, conn.transaction():
-        claimed = await repo.claim_event(
-            conn, event.event_id, event.tool_call_id, event.tool_name, event.shard_id
-        )
-        if not claimed:
-            return await _stored(conn, event)
-        state = await _load_state(conn, event)
-        decision = decide(event, state, limits)
-        final = await _complete(conn, decision, limits) if isinstance(decision, SavePlan) else decision
-        processed_at = clock()
-        result = final.result(event, processed_at).model_dump(mode="json")
-        notification = final.notification.model_dump(mode="json") if final.notification else None
-        invalidation = final.invalidation.model_dump(mode="json") if final.invalidation else None
-        await repo.record_outcome(
+        loaded = await repo.claim_and_load(
             conn,
             event.event_id,
-            status=final.status,
-            scope=final.scope,
-            memory_id=final.memory_id,
-            result=result,
-            notice=notification,
-            invalidation=invalidation,
-            attempts=attempts,
-            processed_at=processed_at,
+            event.tool_call_id,
+            event.tool_name,
+            event.shard_id,
+            ctx.guild_disc_id or ctx.triggering_user_disc_id,
+            ctx.persona_id,
+            _user_ids(event),
         )
-    return ProcessedEvent(final.status, final.memory_id, result, notification, invalidation, replayed=False)
+        if not loaded.claimed:
+            return await _stored(conn, event)
+        decision = decide(event, loaded.state, limits)
+        processed_at = clock()
+        if isinstance(decision, SavePlan):
+            return await _save(conn, event, decision, limits, attempts, processed_at)
+        return await _record(conn, event, decision, attempts, processed_at)
+
+
+def _user_ids(event: ToolCallEvent) -> set[str]:
+    """Every Discord id the pipeline may look up: trigger, guild members, participants, mentions."""
+    ctx = event.context
+    ids = {m.user_disc_id for m in ctx.guild_members}
+    ids.update(p.target_id for p in ctx.participants)
+    if ctx.triggering_user_disc_id:
+        ids.add(ctx.triggering_user_disc_id)
+    content = event.arguments.get("memory_content") if isinstance(event.arguments, dict) else None
+    if isinstance(content, str):
+        ids.update(mentioned_user_ids(content))
+    return ids
+
+
+async def _save(
+    conn: asyncpg.Connection,
+    event: ToolCallEvent,
+    plan: SavePlan,
+    limits: Limits,
+    attempts: int,
+    processed_at: datetime,
+) -> ProcessedEvent:
+    """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
+    success = saved(plan, memory_id=0)  # the id is filled in by the database
+    result = success.result(event, processed_at).model_dump(mode="json")
+    notification = plan.notification.model_dump(mode="json")
+    invalidation = plan.invalidation.model_dump(mode="json")
+    memory_id, count = await repo.save_memory(
+        conn,
+        event.event_id,
+        scope=plan.scope,
+        owner_id=plan.owner_id,
+        lineage_id=plan.lineage_id,
+        persona_id=plan.persona_id,
+        author_id=plan.author_user_id,
+        content=plan.content,
+        max_allowed=max_for(plan, limits),
+        result=result,
+        notice=notification,
+        invalidation=invalidation,
+        attempts=attempts,
+        processed_at=processed_at,
+    )
+    if memory_id is None:
+        return await _record(conn, event, limit_reached(plan, count, limits), attempts, processed_at)
+    result["data"]["memory_id"] = memory_id
+    return ProcessedEvent(success.status, memory_id, result, notification, invalidation, replayed=False)
+
+
+async def _record(
+    conn: asyncpg.Connection, event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime
+) -> ProcessedEvent:
+    """Record an outcome that saved nothing (every failure status)."""
+    result = final.result(event, processed_at).model_dump(mode="json")
+    await repo.record_outcome(
+        conn,
+        event.event_id,
+        status=final.status,
+        scope=final.scope,
+        memory_id=None,
+        result=result,
+        notice=None,
+        invalidation=None,
+        attempts=attempts,
+        processed_at=processed_at,
+    )
+    return ProcessedEvent(final.status, None, result, None, None, replayed=False)
 
 
 async def _stored(conn: asyncpg.Connection, event: ToolCallEvent) -> ProcessedEvent:
@@ -93,44 +156,3 @@ async def _stored(conn: asyncpg.Connection, event: ToolCallEvent) -> ProcessedEv
         replayed=False,
     )
     return stored.as_replay()
-
-
-async def _load_state(conn: asyncpg.Connection, event: ToolCallEvent) -> LoadedState:
-    ctx = event.context
-    trigger = ctx.triggering_user_disc_id
-    server_disc_id = ctx.guild_disc_id or trigger
-    if server_disc_id is None:
-        return LoadedState(server=None, persona=None)
-    server, persona = await repo.load_server_and_persona(conn, server_disc_id, ctx.persona_id)
-    ids = {m.user_disc_id for m in ctx.guild_members}
-    ids.update(p.target_id for p in ctx.participants)
-    if trigger:
-        ids.add(trigger)
-    if isinstance(event.arguments, dict) and isinstance(event.arguments.get("memory_content"), str):
-        ids.update(mentioned_user_ids(event.arguments["memory_content"]))
-    users = await repo.load_users(
-        conn,
-        ids,
-        persona.lineage_id if persona else None,
-        server.server_id if server else None,
-    )
-    return LoadedState(server=server, persona=persona, users=users)
-
-
-async def _complete(conn: asyncpg.Connection, plan: SavePlan, limits: Limits) -> Outcome:
-    """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
-    await repo.lock_scope(conn, plan.scope, plan.owner_id, plan.lineage_id)
-    if plan.scope == SERVER_WIDE:
-        count = await repo.count_server_memories(conn, plan.owner_id, plan.lineage_id)
-    else:
-        count = await repo.count_personal_memories(conn, plan.owner_id, plan.lineage_id)
-    refused = check_limit(plan, count, limits)
-    if refused is not None:
-        return refused
-    if plan.scope == SERVER_WIDE:
-        memory_id = await repo.insert_server_memory(
-            conn, plan.owner_id, plan.persona_id, plan.lineage_id, plan.author_user_id, plan.content
-        )
-    else:
-        memory_id = await repo.insert_personal_memory(conn, plan.owner_id, plan.lineage_id, plan.content)
-    return saved(plan, memory_id)
