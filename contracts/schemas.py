@@ -25,6 +25,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode
 from pydantic_core import core_schema
 
+from contracts.asyncapi import ASYNCAPI_FILE, asyncapi_document
 from contracts.models import (
     CacheInvalidation,
     DeadLetterHeaders,
@@ -99,6 +100,11 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     return schemas
 
 
+def contract_files() -> dict[str, dict[str, Any]]:
+    """Every generated file: the JSON Schemas and the AsyncAPI document that points at them."""
+    return {**json_schemas(), ASYNCAPI_FILE: asyncapi_document()}
+
+
 def render(schema: dict[str, Any]) -> str:
     """A schema as its file holds it: pretty, key-sorted, newline-terminated JSON."""
     return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -106,7 +112,7 @@ def render(schema: dict[str, Any]) -> str:
 
 def stale_files(directory: Path = SCHEMA_DIR) -> list[str]:
     """File names under ``directory`` that differ from what the models generate, missing or extra."""
-    expected = {name: render(schema) for name, schema in json_schemas().items()}
+    expected = {name: render(schema) for name, schema in contract_files().items()}
     present = {path.name for path in directory.glob("*.json")} if directory.is_dir() else set()
     differing = [
         name
@@ -120,7 +126,7 @@ def write_files(directory: Path = SCHEMA_DIR) -> list[str]:
     """Write every schema under ``directory``, delete ``*.json`` no model generates; return what changed."""
     changed = stale_files(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    expected = {name: render(schema) for name, schema in json_schemas().items()}
+    expected = {name: render(schema) for name, schema in contract_files().items()}
     for name, text in expected.items():
         (directory / name).write_text(text, encoding="utf-8")
     for path in directory.glob("*.json"):

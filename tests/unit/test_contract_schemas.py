@@ -20,7 +20,7 @@ from contracts.models import (
     ToolResult,
     UserInvalidation,
 )
-from contracts.schemas import REGENERATE_COMMAND, json_schemas, main, stale_files, write_files
+from contracts.schemas import REGENERATE_COMMAND, contract_files, json_schemas, main, stale_files, write_files
 
 # The example body of CONTRACT.md "Tool-call event", comments removed and `{ ... }` filled in.
 CONTRACT_EVENT: dict[str, Any] = {
@@ -128,7 +128,7 @@ def test_outbound_schemas_require_every_field_the_worker_writes() -> None:
 
 
 def test_check_names_missing_changed_and_extra_files(tmp_path: Path) -> None:
-    assert stale_files(tmp_path) == sorted(json_schemas())
+    assert stale_files(tmp_path) == sorted(contract_files())
 
     write_files(tmp_path)
     assert stale_files(tmp_path) == []
@@ -353,3 +353,30 @@ def test_dead_letter_headers_use_the_x_ltm_names() -> None:
         "x-ltm-attempts",
         "x-ltm-failed-at",
     }
+
+
+# --- the AsyncAPI document --------------------------------------------------------------------------
+
+
+def test_asyncapi_document_covers_every_channel_and_points_at_existing_schemas() -> None:
+    from contracts.asyncapi import asyncapi_document
+
+    document = asyncapi_document()
+    assert document["asyncapi"] == "3.0.0"
+    titles = {channel["title"] for channel in document["channels"].values()}
+    assert titles == {
+        "tomori.tool_calls",
+        "tomori.tool_results",
+        "tomori.notifications",
+        "tomori.dead_letter",
+        "Redis pub/sub channel",
+    }
+    schema_files = set(json_schemas())
+    for message in document["components"]["messages"].values():
+        for part in ("payload", "headers"):
+            ref = message.get(part, {}).get("$ref")
+            if ref is not None:
+                assert ref in schema_files
+    for operation in document["operations"].values():
+        channel = operation["channel"]["$ref"].removeprefix("#/channels/")
+        assert channel in document["channels"]

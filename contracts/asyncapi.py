@@ -1,0 +1,176 @@
+"""AsyncAPI 3 document of the whole contract (CONTRACT.md), generated beside the JSON Schemas.
+
+The payloads point at the schema files in the same folder (``tool_call_event.v1.json`` …), so the
+document and the schemas cannot disagree; ``python -m contracts.schemas`` writes both and ``--check``
+fails when either drifts from the models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.models import EVENT_TYPE, NOTIFICATION_TYPE, RESULT_TYPE, TOOL_NAMES
+
+ASYNCAPI_FILE = "asyncapi.v3.json"
+_AMQP = "0.3.0"  # AMQP bindings version
+
+
+def _exchange(name: str) -> dict[str, Any]:
+    return {
+        "amqp": {
+            "is": "routingKey",
+            "exchange": {"name": name, "type": "topic", "durable": True, "autoDelete": False, "vhost": "/"},
+            "bindingVersion": _AMQP,
+        }
+    }
+
+
+def _message(
+    name: str, schema_file: str, summary: str, amqp_type: str | None, id_prefix: str
+) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "name": name,
+        "title": name,
+        "summary": summary,
+        "contentType": "application/json",
+        "payload": {"$ref": schema_file},
+    }
+    if amqp_type is not None:
+        message["correlationId"] = {
+            "description": "AMQP correlation_id: the model's tool_call_id",
+            "location": "$message.header#/correlation_id",
+        }
+        message["headers"] = {
+            "type": "object",
+            "properties": {
+                "traceparent": {"type": "string", "description": "W3C trace context, carried through"}
+            },
+        }
+        message["bindings"] = {
+            "amqp": {"deliveryMode": 2, "messageType": amqp_type, "bindingVersion": _AMQP},
+        }
+        message["description"] = (
+            f"AMQP properties: content_type=application/json, delivery_mode=2, type={amqp_type}, "
+        )
+        message["description"] += f"message_id={id_prefix}<event_id>."
+    return message
+
+
+def asyncapi_document() -> dict[str, Any]:
+    """The AsyncAPI 3.0 document describing every channel, message and operation of the worker."""
+    shard_parameter = {"shardId": {"description": "the event's shard_id: integer >= 0"}}
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "TomoriBot LTM worker",
+            "version": "1.0.0",
+            "description": "Long-term memory creation for TomoriBot: shards publish create_long_term_memory "
+            "tool calls, the worker answers each with one result (and a notice after a save) and "
+            "invalidates the shards' caches over Redis. Wire contract version 1.",
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "rabbitmq": {"host": "localhost:5672", "protocol": "amqp", "protocolVersion": "0-9-1"},
+            "redis": {"host": "localhost:6379", "protocol": "redis"},
+        },
+        "channels": {
+            "toolCalls": {
+                "address": "tool.{toolName}",
+                "title": "tomori.tool_calls",
+                "description": "Shards publish tool-call events here; queue ltm.create_memory (quorum) "
+                "is bound with both tool names.",
+                "parameters": {
+                    "toolName": {"enum": list(TOOL_NAMES), "description": "the tool, or its alias"}
+                },
+                "servers": [{"$ref": "#/servers/rabbitmq"}],
+                "messages": {"toolCall": {"$ref": "#/components/messages/toolCall"}},
+                "bindings": _exchange("tomori.tool_calls"),
+            },
+            "toolResults": {
+                "address": "shard.{shardId}",
+                "title": "tomori.tool_results",
+                "description": "Exactly one logical result per event; may be re-emitted with replayed=true.",
+                "parameters": shard_parameter,
+                "servers": [{"$ref": "#/servers/rabbitmq"}],
+                "messages": {"toolResult": {"$ref": "#/components/messages/toolResult"}},
+                "bindings": _exchange("tomori.tool_results"),
+            },
+            "notifications": {
+                "address": "shard.{shardId}",
+                "title": "tomori.notifications",
+                "description": "The notice to show in the channel, after a successful save only.",
+                "parameters": shard_parameter,
+                "servers": [{"$ref": "#/servers/rabbitmq"}],
+                "messages": {"notification": {"$ref": "#/components/messages/notification"}},
+                "bindings": _exchange("tomori.notifications"),
+            },
+            "deadLetters": {
+                "address": "tool.{toolName}",
+                "title": "tomori.dead_letter",
+                "description": "Messages that could not be processed, body and properties unchanged, with "
+                "x-ltm-* headers; queue ltm.create_memory.dlq (bound with #). `worker dlq` inspects and "
+                "replays them.",
+                "parameters": {"toolName": {"enum": list(TOOL_NAMES)}},
+                "servers": [{"$ref": "#/servers/rabbitmq"}],
+                "messages": {"deadLetter": {"$ref": "#/components/messages/deadLetter"}},
+                "bindings": _exchange("tomori.dead_letter"),
+            },
+            "cacheInvalidation": {
+                "address": "tomori:cache-invalidation",
+                "title": "Redis pub/sub channel",
+                "description": "Published after the transaction commits, once per successful save.",
+                "servers": [{"$ref": "#/servers/redis"}],
+                "messages": {"cacheInvalidation": {"$ref": "#/components/messages/cacheInvalidation"}},
+            },
+        },
+        "operations": {
+            "receiveToolCall": _operation("receive", "toolCalls", "toolCall"),
+            "sendToolResult": _operation("send", "toolResults", "toolResult"),
+            "sendNotification": _operation("send", "notifications", "notification"),
+            "sendDeadLetter": _operation("send", "deadLetters", "deadLetter"),
+            "sendCacheInvalidation": _operation("send", "cacheInvalidation", "cacheInvalidation"),
+        },
+        "components": {
+            "messages": {
+                "toolCall": _message(
+                    EVENT_TYPE,
+                    "tool_call_event.v1.json",
+                    "A create_long_term_memory tool call",
+                    EVENT_TYPE,
+                    "",
+                ),
+                "toolResult": _message(
+                    RESULT_TYPE,
+                    "tool_result.v1.json",
+                    "The result handed back to the model",
+                    RESULT_TYPE,
+                    "result:",
+                ),
+                "notification": _message(
+                    NOTIFICATION_TYPE,
+                    "notification.v1.json",
+                    "The notice to show after a save",
+                    NOTIFICATION_TYPE,
+                    "notice:",
+                ),
+                "deadLetter": {
+                    "name": "dead_letter",
+                    "title": "dead letter",
+                    "summary": "The original message with the worker's diagnosis in its headers",
+                    "headers": {"$ref": "dead_letter_headers.v1.json"},
+                    "payload": {"description": "the original body, unchanged (may not be JSON)"},
+                },
+                "cacheInvalidation": _message(
+                    "cache_invalidation.v1", "cache_invalidation.v1.json", "Drop a cached state", None, ""
+                ),
+            }
+        },
+    }
+
+
+def _operation(action: str, channel: str, message: str) -> dict[str, Any]:
+    return {
+        "action": action,
+        "channel": {"$ref": f"#/channels/{channel}"},
+        "messages": [{"$ref": f"#/channels/{channel}/messages/{message}"}],
+    }
