@@ -1,0 +1,7 @@
+"""``worker bench``: the load generator and measuring instrument (see ``worker bench --help``).
+
+``world`` (who exists) and ``workload`` (what happens, and how each event must end) are plain data;
+``seed`` writes the world into a fresh database of the ``sandbox``; ``shards`` play the events against a
+``fleet`` of workers; ``ceilings`` measure RabbitMQ alone and Postgres alone for the same work; ``cpu``
+reads where the time went; ``report`` prints it; ``run`` ties them together.
+"""

@@ -1,0 +1,122 @@
+"""``python -m worker.bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
+
+It does the broker work of the worker and nothing else: consume with the same prefetch, publish a
+result of the worker's average size to the shard (confirmed, mandatory), plus a notice of the average
+notice size when the event carries the bench's ``x-bench-notice`` header (the events the worker saved),
+then ack. The body is read only for ``event_id`` and ``shard_id``. The AMQP URL comes from
+``LTM_RABBITMQ_URL`` (never the command line, where ``ps`` would show its password).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import aio_pika
+import orjson
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+
+NOTICE_HEADER = "x-bench-notice"
+
+
+def padded(body: dict[str, Any], size: int) -> bytes:
+    """``body`` as JSON, grown to about ``size`` bytes with a filler field."""
+    raw = orjson.dumps(body)
+    missing = size - len(raw) - len(',"filler":""')
+    if missing <= 0:
+        return raw
+    return orjson.dumps({**body, "filler": "x" * missing})
+
+
+def _message(body: bytes, message_id: str, correlation_id: str | None, kind: str) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message_id,
+        correlation_id=correlation_id,
+        type=kind,
+    )
+
+
+async def serve(
+    url: str,
+    queue_name: str,
+    results_exchange: str,
+    notifications_exchange: str,
+    prefetch: int,
+    result_bytes: int,
+    notice_bytes: int,
+) -> None:
+    connection = await aio_pika.connect(url, timeout=10)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        publish = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        results: AbstractExchange = await publish.get_exchange(results_exchange, ensure=False)
+        notices: AbstractExchange = await publish.get_exchange(notifications_exchange, ensure=False)
+        consume = await connection.channel(publisher_confirms=False)
+        await consume.set_qos(prefetch_count=prefetch)
+        queue = await consume.get_queue(queue_name, ensure=False)
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            body = orjson.loads(message.body)
+            event_id, key = body["event_id"], f"shard.{body['shard_id']}"
+            answer = {"schema_version": 1, "event_id": event_id, "status": "echo", "success": True}
+            publishes = [
+                results.publish(
+                    _message(padded(answer, result_bytes), f"result:{event_id}", message.correlation_id, "r"),
+                    key,
+                    mandatory=True,
+                )
+            ]
+            if (message.headers or {}).get(NOTICE_HEADER):
+                notice = padded({"schema_version": 1, "event_id": event_id}, notice_bytes)
+                publishes.append(
+                    notices.publish(
+                        _message(notice, f"notice:{event_id}", message.correlation_id, "n"),
+                        key,
+                        mandatory=True,
+                    )
+                )
+            await asyncio.gather(*publishes)
+            await message.ack()
+
+        await queue.consume(on_message, no_ack=False)
+        await stop.wait()
+    finally:
+        await connection.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.bench.echo", description=__doc__)
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--results-exchange", required=True)
+    parser.add_argument("--notifications-exchange", required=True)
+    parser.add_argument("--prefetch", type=int, required=True)
+    parser.add_argument("--result-bytes", type=int, required=True)
+    parser.add_argument("--notice-bytes", type=int, required=True)
+    args = parser.parse_args(argv)
+    asyncio.run(
+        serve(
+            os.environ["LTM_RABBITMQ_URL"],
+            args.queue,
+            args.results_exchange,
+            args.notifications_exchange,
+            args.prefetch,
+            args.result_bytes,
+            args.notice_bytes,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The workers under test: W ``python -m worker run`` processes the bench starts, or a fleet already running.
+
+A spawned fleet gets the bench's database, vhost and Redis through the environment, logs at ``warning``
+(so logging does not dominate the profile) into files next to each other in a temporary folder, and is
+stopped with SIGTERM (SIGKILL after the grace period) at the end. "Ready" means every process consumes:
+the work queue reports W consumers. An external fleet is only waited for (at least one consumer) and has
+no CPU figure.
+
+The same machinery starts the RabbitMQ ceiling's echo consumers (``python -m worker.bench.echo``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import aio_pika
+
+from worker.bench.cpu import process_cpu_seconds
+
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+
+
+class FleetError(RuntimeError):
+    """The workers did not start, or stopped on their own."""
+
+
+async def consumer_count(url: str, queue: str) -> int:
+    """How many consumers ``queue`` has (0 when it does not exist yet)."""
+    connection = await aio_pika.connect(url, timeout=10)
+    try:
+        channel = await connection.channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+        except aio_pika.exceptions.ChannelClosed:
+            return 0
+        return int(declared.declaration_result.consumer_count or 0)
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
+
+
+class Processes:
+    """Child processes running one Python module each, with their own log files."""
+
+    def __init__(
+        self, name: str, module: str, args: Sequence[str], env: Mapping[str, str], log_dir: Path
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.args = list(args)
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def log_path(self, index: int) -> Path:
+        return self.log_dir / f"{self.name}-{index}.log"
+
+    def start(self, count: int) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            with self.log_path(index).open("ab") as log:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", self.module, *self.args],
+                        env=self.env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+
+    def check_alive(self) -> None:
+        for index, proc in enumerate(self.procs):
+            if proc.poll() is not None:
+                tail = self.log_path(index).read_text(errors="replace")[-3000:]
+                raise FleetError(
+                    f"{self.name} {index} (pid {proc.pid}) exited with {proc.returncode}:\n{tail}"
+                )
+
+    async def wait_consuming(self, url: str, queue: str, count: int, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            if await consumer_count(url, queue) >= count:
+                return
+            if time.monotonic() > deadline:
+                raise FleetError(
+                    f"{self.name}: {queue} has fewer than {count} consumers after {timeout:.0f}s"
+                )
+            await asyncio.sleep(0.2)
+
+    def cpu_seconds(self) -> float:
+        return sum(process_cpu_seconds(pid) or 0.0 for pid in self.pids)
+
+    async def stop(self) -> None:
+        """SIGTERM every process this object started; SIGKILL the ones still there after the grace period."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.wait, max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait(10)
+
+
+def worker_environment(
+    base: Mapping[str, str],
+    *,
+    postgres_dsn: str,
+    rabbitmq_url: str,
+    redis_url: str,
+    overrides: Mapping[str, str],
+) -> dict[str, str]:
+    """The environment of a spawned worker: the bench's services, quiet logs, no HTTP port clash."""
+    env = dict(base)
+    env.update(
+        {
+            "LTM_POSTGRES_DSN": postgres_dsn,
+            "LTM_RABBITMQ_URL": rabbitmq_url,
+            "LTM_REDIS_URL": redis_url,
+            "LTM_LOG_LEVEL": "warning",
+            "LTM_LOG_FORMAT": "json",
+            "LTM_HTTP_PORT": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+class SpawnedFleet:
+    """W worker processes started (and stopped) by the bench."""
+
+    def __init__(self, count: int, env: Mapping[str, str], log_dir: Path) -> None:
+        self.count = count
+        self.processes = Processes("worker", "worker", ["run"], env, log_dir)
+
+    @property
+    def pids(self) -> list[int]:
+        return self.processes.pids
+
+    async def start(self, url: str, queue: str) -> None:
+        self.processes.start(self.count)
+        await self.processes.wait_consuming(url, queue, self.count)
+
+    def check_alive(self) -> None:
+        self.processes.check_alive()
+
+    def cpu_seconds(self) -> float | None:
+        return self.processes.cpu_seconds()
+
+    async def stop(self) -> None:
+        await self.processes.stop()
+
+    def describe(self) -> str:
+        return f"{self.count} worker process{'es' if self.count != 1 else ''} (spawned)"
+
+
+class ExternalFleet:
+    """A fleet the operator runs; the bench only checks that somebody consumes."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    async def start(self, url: str, queue: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while await consumer_count(url, queue) < 1:
+            if time.monotonic() > deadline:
+                raise FleetError(f"--fleet external: nobody consumes {queue} in that vhost")
+            await asyncio.sleep(0.5)
+
+    def check_alive(self) -> None:
+        return None
+
+    def cpu_seconds(self) -> float | None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return f"external fleet (assumed {self.count} process{'es' if self.count != 1 else ''})"
+
+
+Fleet = SpawnedFleet | ExternalFleet

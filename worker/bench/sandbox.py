@@ -1,0 +1,184 @@
+"""Where the bench runs: its own databases and its own RabbitMQ vhost, never the production ones.
+
+Databases are created as ``ltm_bench_<hex>`` on the server the admin DSN points at and dropped after the
+run. The vhost is created with ``rabbitmqctl`` when the broker is on this machine (``ltm-bench-<hex>``)
+and deleted after; a remote broker needs ``--rabbitmq-url`` naming an existing vhost set aside for the
+bench. Either way the bench refuses a vhost whose work queue holds messages or has consumers it did not
+start, so it cannot steal production events. ``--keep`` leaves everything in place and says where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import secrets
+import shutil
+import socket
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+
+RABBITMQCTL_TIMEOUT = 60.0
+
+
+class SandboxError(RuntimeError):
+    """The bench cannot set up (or safely use) its databases or vhost; the message says what to do."""
+
+
+def with_path(url: str, path: str) -> str:
+    """``url`` with its path (database name, vhost) replaced."""
+    return urlunsplit(urlsplit(url)._replace(path=path))
+
+
+def redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def is_local(url: str) -> bool:
+    """Whether the URL's host is this machine."""
+    host = urlsplit(url).hostname or "localhost"
+    if host in {"localhost", socket.gethostname(), socket.getfqdn()}:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def vhost_of(url: str) -> str:
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+@dataclass
+class Sandbox:
+    """The databases and vhost of one bench run; :meth:`close` removes what it created (unless ``keep``)."""
+
+    admin_dsn: str
+    keep: bool = False
+    token: str = field(default_factory=lambda: secrets.token_hex(4))
+    databases: list[str] = field(default_factory=list)
+    vhost: str | None = None
+    _rabbitmqctl: str | None = None
+
+    async def new_database(self, suffix: str = "") -> str:
+        """Create an empty database ``ltm_bench_<hex><suffix>``; its DSN."""
+        name = f"ltm_bench_{self.token}{suffix}"
+        try:
+            admin = await asyncpg.connect(self.admin_dsn, timeout=10)
+        except Exception as exc:
+            raise SandboxError(f"cannot reach Postgres at {redact(self.admin_dsn)}: {exc}") from exc
+        try:
+            # template0: nobody is ever connected to it, so the copy cannot be blocked
+            await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        except Exception as exc:
+            raise SandboxError(
+                f"cannot create database {name} on {redact(self.admin_dsn)} (the bench needs CREATEDB): {exc}"
+            ) from exc
+        finally:
+            await admin.close()
+        self.databases.append(name)
+        return with_path(self.admin_dsn, f"/{name}")
+
+    async def new_vhost(self, base_url: str) -> str:
+        """Create ``ltm-bench-<hex>`` on the local broker of ``base_url`` with ``rabbitmqctl``; its URL."""
+        executable = shutil.which("rabbitmqctl")
+        if not is_local(base_url) or executable is None:
+            raise SandboxError(
+                f"the broker at {redact(base_url)} is not on this machine (or rabbitmqctl is missing), so "
+                "the bench cannot create its own vhost: pass --rabbitmq-url with an existing vhost set aside "
+                "for the bench (its ltm.create_memory queue must be empty and unconsumed)"
+            )
+        self._rabbitmqctl = executable
+        name = f"ltm-bench-{self.token}"
+        user = unquote(urlsplit(base_url).username or "guest")
+        await self._ctl("add_vhost", name)
+        self.vhost = name
+        await self._ctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
+        return with_path(base_url, "/" + quote(name, safe=""))
+
+    async def _ctl(self, *args: str) -> None:
+        assert self._rabbitmqctl is not None
+        process = await asyncio.create_subprocess_exec(
+            self._rabbitmqctl,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), RABBITMQCTL_TIMEOUT)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise SandboxError(
+                f"rabbitmqctl {' '.join(args)} did not finish in {RABBITMQCTL_TIMEOUT}s"
+            ) from None
+        if process.returncode != 0:
+            text = output.decode(errors="replace").strip()
+            raise SandboxError(f"rabbitmqctl {' '.join(args)} exited {process.returncode}: {text}")
+
+    async def close(self) -> list[str]:
+        """Drop what this run created, or list it when ``keep``; the lines to tell the operator."""
+        if self.keep:
+            kept = [f"kept database {name} on {redact(self.admin_dsn)}" for name in self.databases]
+            if self.vhost:
+                kept.append(f"kept RabbitMQ vhost {self.vhost} (rabbitmqctl delete_vhost {self.vhost})")
+            return kept
+        problems = []
+        for name in self.databases:
+            try:
+                admin = await asyncpg.connect(self.admin_dsn, timeout=10)
+                try:
+                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                finally:
+                    await admin.close()
+            except Exception as exc:
+                problems.append(f"could not drop database {name}: {exc}")
+        if self.vhost:
+            try:
+                await self._ctl("delete_vhost", self.vhost)
+            except SandboxError as exc:
+                problems.append(f"could not delete vhost {self.vhost}: {exc}")
+        return problems
+
+
+async def check_vhost_is_free(url: str, work_queue: str, *, consumers_allowed: bool = False) -> None:
+    """Refuse a vhost whose work queue has messages (or consumers the bench did not start): it may be
+    serving real shards. ``consumers_allowed`` for an external fleet, whose workers consume it."""
+    connection = await aio_pika.connect(url, timeout=10)
+    try:
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(work_queue, passive=True)
+        except aio_pika.exceptions.ChannelClosed:
+            return  # no work queue yet: nobody uses this vhost for the worker
+        declared = queue.declaration_result
+        if declared.message_count or (declared.consumer_count and not consumers_allowed):
+            raise SandboxError(
+                f"{work_queue} in vhost {vhost_of(url)!r} holds {declared.message_count} messages and has "
+                f"{declared.consumer_count} consumers: it looks in use; give the bench a vhost of its own"
+            )
+    finally:
+        await connection.close()
+
+
+async def check_database_is_empty(dsn: str) -> None:
+    """Refuse a database that already holds bot rows or processed events (``--fleet external``)."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        for table in ("servers", "ltm_processed_events"):
+            exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"public.{table}")
+            if exists and await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {table})"):
+                raise SandboxError(
+                    f"{redact(dsn)} already holds rows in {table}: the bench seeds a database of its own; "
+                    "create an empty one, run `worker migrate` on it and point the fleet at it"
+                )
+    finally:
+        await conn.close()
