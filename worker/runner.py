@@ -47,6 +47,8 @@ log = structlog.get_logger("worker")
 
 RECONNECT_MIN_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 15.0
+#: how long closing the Postgres pool may wait for connections to be handed back before closing them hard
+POOL_CLOSE_SECONDS = 3.0
 
 
 class Worker:
@@ -148,7 +150,14 @@ class Worker:
 
     async def _close(self) -> None:
         if self._pool is not None:
-            await self._pool.close()
+            # A graceful close waits for every connection to come back; one held by an abandoned event
+            # whose Postgres does not answer the cancel (a frozen server, a partition) never does, e.g.
+            # after a broker outage, and the process would never exit. Its transaction rolls back anyway.
+            try:
+                await asyncio.wait_for(self._pool.close(), timeout=POOL_CLOSE_SECONDS)
+            except TimeoutError:
+                log.warning("postgres connections not released in time; closed without waiting")
+                self._pool.terminate()
         await self._cache.close()
 
     # -- one connection's life -----------------------------------------------------------------------
@@ -200,6 +209,12 @@ class Worker:
         if self._inflight:
             log.warning("grace period over: in-flight events are requeued", requeued=len(self._inflight))
             await self._abandon_inflight()
+        if self._inflight and self._pool is not None:
+            # Cancelled events still wait for Postgres (a server that does not answer the cancel):
+            # closing the channel would wait for them too. Cut their connections; the broker requeues
+            # the events and the ledger answers any whose commit did go through.
+            log.warning("postgres does not answer; closing its connections", stuck=len(self._inflight))
+            self._pool.terminate()
         log.info("stopped cleanly")
 
     async def _abandon_inflight(self) -> None:

@@ -202,6 +202,30 @@ class Shard:
         if pending:
             await asyncio.gather(*pending)
 
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every result and notice already routed to this shard has been collected.
+
+        Call it once nothing publishes any more (workers stopped): the queues then only drain.
+        """
+        assert self._channel is not None
+        # a fresh passive declare on the raw channel: aio-pika's robust channel would answer a passive
+        # declare with the queue object it already has, and its stale message count
+        channel = await self._channel.get_underlay_channel()
+        deadline = time.monotonic() + timeout
+        for queue in self._queues:
+            while True:
+                declared = await channel.queue_declare(queue.name, passive=True)
+                if not declared.message_count:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{queue.name} still holds {declared.message_count} messages after {timeout}s "
+                        f"({declared.consumer_count} consumers)"
+                    )
+                await asyncio.sleep(0.05)
+        # deliveries sent before the declare-ok on this channel are in; let their callbacks run
+        await asyncio.sleep(0.2)
+
     async def wait_for_results(self, event_ids: Iterable[str], timeout: float = 60.0) -> None:
         wanted = set(event_ids)
         deadline = time.monotonic() + timeout

@@ -1,0 +1,154 @@
+"""A dependency fails under a running worker mid-stream: the worker rides it out, the stream finishes,
+nothing is lost and nothing is saved twice.
+
+Processing is slowed down for real (a ``pg_sleep`` trigger on the event ledger) so the stream is still
+running when the fault hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.e2e.conftest import Stack
+from tests.e2e.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard
+from tests.e2e.outages import rabbitmq_stopped, restart_redis, slow_down, terminate_backends
+from tests.e2e.workload import (
+    SAVED,
+    Scope,
+    Stream,
+    build_stream,
+    check_outcome,
+    limit_env,
+    seed_scopes,
+    wait_for_count,
+    wait_for_results,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+EVENTS = 400
+#: every event takes at least this long in Postgres: 400 events at concurrency 8 last ~2.5 s or more
+CLAIM_DELAY_S = 0.05
+SLOW = {"LTM_CONCURRENCY": "8", "LTM_PREFETCH": "16", **limit_env()}
+
+
+async def _slow_scopes(stack: Stack) -> tuple[list[Scope], list[Scope]]:
+    scopes = await seed_scopes(stack.rows)
+    await slow_down(stack.rows.conn, "ltm_processed_events", CLAIM_DELAY_S)
+    return scopes
+
+
+async def test_rabbitmq_stopped_and_started_mid_stream(stack: Stack) -> None:
+    stream = build_stream(EVENTS, *await _slow_scopes(stack), seed=21)
+    worker = stack.worker(**SLOW)
+    await worker.wait_for_log("consuming")
+
+    async with Shard(stack.rabbitmq_url) as shard:
+        await shard.publish_many(stream.bodies)
+        await wait_for_count(shard, EVENTS // 5, timeout=60)
+        async with rabbitmq_stopped(stack.rabbitmq_url):
+            await worker.wait_for_log("rabbitmq connection lost; reconnecting", timeout=30)
+            answered_during = len(shard.received.results)
+            await asyncio.sleep(3)  # the outage itself: the worker keeps trying meanwhile
+        assert answered_during < EVENTS, "the stream finished before the outage; the test proves nothing"
+        await worker.wait_for_log("consuming", at_least=2, timeout=60)
+        await wait_for_results(shard, stream.event_ids, timeout=90, workers=[worker])
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait_exit(timeout=30) == 0
+        await shard.settle()
+
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received)
+    assert statuses[SAVED] > 0
+    assert worker.count("rabbitmq unavailable") >= 1  # it did try while the broker was down
+
+
+async def test_postgres_connections_terminated_mid_stream(stack: Stack) -> None:
+    stream = build_stream(EVENTS, *await _slow_scopes(stack), seed=22)
+    worker = stack.worker(**SLOW)
+    await worker.wait_for_log("consuming")
+
+    async with Shard(stack.rabbitmq_url) as shard:
+        await shard.publish_many(stream.bodies)
+        terminated = 0
+        for round_ in range(1, 6):
+            await wait_for_count(shard, round_ * EVENTS // 8, timeout=60)
+            terminated += await terminate_backends(stack.rows.conn)
+        assert len(shard.received.results) < EVENTS, "the stream finished early; the test proves nothing"
+        await wait_for_results(shard, stream.event_ids, timeout=90, workers=[worker])
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait_exit(timeout=30) == 0
+        await shard.settle()
+
+    assert terminated > 0
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received)
+    assert statuses[SAVED] > 0
+    # the cuts hit events in flight, and those went round the retry queue instead of failing
+    assert worker.count("transient fault; retrying later") >= 1
+    assert worker.count("transient fault outlasted every retry; dead-lettered") == 0
+
+
+async def _listener_subscribed(redis_url: str, listener: InvalidationListener, timeout: float = 30) -> None:
+    """Publish probes until the listener receives one: it is subscribed (again) from then on."""
+    probe = f"probe-{uuid.uuid4()}"
+    client = aioredis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while not listener.messages.get(probe):
+            assert time.monotonic() < deadline, f"the invalidation listener did not resubscribe in {timeout}s"
+            await client.publish(INVALIDATION_CHANNEL, json.dumps({"event_id": probe}))
+            await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+
+
+async def test_redis_restarted_mid_stream(stack: Stack) -> None:
+    scopes = await _slow_scopes(stack)
+    stream = build_stream(EVENTS, *scopes, seed=23)
+    after = build_stream(100, *scopes, seed=24)
+    worker = stack.worker(**SLOW)
+    await worker.wait_for_log("consuming")
+
+    async with Shard(stack.rabbitmq_url) as shard, InvalidationListener(stack.redis_url) as listener:
+        await shard.publish_many(stream.bodies)
+        await wait_for_count(shard, EVENTS // 4, timeout=60)
+        # down long enough to outlast the worker's in-place retries, well within its retry queues
+        await restart_redis(stack.redis_url, down_for=1.5)
+        assert len(shard.received.results) < EVENTS, "the stream finished early; the test proves nothing"
+        await _listener_subscribed(stack.redis_url, listener)
+        # events published now are processed after the restart: each save's invalidation must arrive
+        await shard.publish_many(after.bodies)
+        await wait_for_results(shard, stream.event_ids + after.event_ids, timeout=90, workers=[worker])
+        worker.signal(signal.SIGTERM)
+        assert await worker.wait_exit(timeout=30) == 0
+        await shard.settle()
+        saved_after = [e for e in after.event_ids if shard.received.results[e][0]["status"] == SAVED]
+        await wait_until(lambda: all(listener.messages.get(e) for e in saved_after), timeout=10)
+
+    both = Stream(stream.bodies + after.bodies, {**stream.scope_of, **after.scope_of})
+    statuses = await check_outcome(stack.rows.conn, both, shard.received)
+    assert statuses[SAVED] > 0
+    assert saved_after, "no event after the restart saved a memory; the test proves nothing"
+    lost = [e for e in saved_after if not listener.messages.get(e)]
+    assert not lost, f"{len(lost)} of {len(saved_after)} invalidations after the restart never arrived"
+    for event_id in saved_after:
+        scope = after.scope_of[event_id]
+        assert scope is not None
+        expected = (
+            {"kind": "tomori_state", "server_disc_id": scope.guild}
+            if scope.kind == "server"
+            else {"kind": "user", "user_disc_id": scope.target_disc_id}
+        )
+        for message in listener.messages[event_id]:
+            assert message == {"schema_version": 1, "event_id": event_id, **expected}
+    # the outage hit saves in flight: they went round the retry queue (and were re-emitted from the
+    # ledger) rather than to the dead-letter queue
+    assert worker.count("transient fault; retrying later") >= 1
+    assert worker.count("transient fault outlasted every retry; dead-lettered") == 0

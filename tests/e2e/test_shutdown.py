@@ -1,0 +1,199 @@
+"""SIGTERM with events in flight: the worker stops taking events, finishes (and acks) the ones it is on
+within the grace period, exits 0; what it had not started is requeued for the next worker. When the grace
+period runs out, the ones still running are abandoned (rolled back, requeued) and it still exits 0. A
+second signal exits at once, and the next worker answers whatever was left unacked.
+
+Events are held in flight for real: a trigger on ``server_memories`` stops every save inside its
+transaction (scope lock held) until the test opens the gate, so "in flight" is a fact, not a race.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.e2e.conftest import Stack
+from tests.e2e.harness import Shard, WorkerProcess
+from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
+from tests.e2e.workload import (
+    SAVED,
+    Stream,
+    check_outcome,
+    limit_env,
+    round_robin,
+    seed_scopes,
+    wait_for_results,
+)
+
+pytestmark = pytest.mark.e2e
+
+EVENTS = 40
+CONCURRENCY = 4
+STOPPING = "stopping: no new events; finishing the ones in flight"
+PROCESSED = "event processed"
+
+
+def _env(grace_s: int) -> dict[str, str]:
+    return {
+        "LTM_CONCURRENCY": str(CONCURRENCY),
+        "LTM_PREFETCH": str(2 * CONCURRENCY),
+        "LTM_SHUTDOWN_GRACE_SECONDS": str(grace_s),
+        **limit_env(),
+    }
+
+
+async def _events_held_in_flight(
+    stack: Stack, shard: Shard, grace_s: int
+) -> tuple[Stream, Gate, WorkerProcess]:
+    """A worker with every slot taken by a save waiting at the closed gate (and more events queued)."""
+    server_scopes, _ = await seed_scopes(stack.rows)
+    stream = round_robin(EVENTS, server_scopes)  # six scopes, none full: every event is a save
+    gate = Gate(stack.rows.conn, "server_memories")
+    await gate.close()
+    worker = stack.worker(**_env(grace_s))
+    await worker.wait_for_log("consuming")
+    await shard.publish_many(stream.bodies)
+    await gate.wait_for_waiters(CONCURRENCY)
+    return stream, gate, worker
+
+
+async def _second_worker_finishes(stack: Stack, shard: Shard, stream: Stream) -> WorkerProcess:
+    second = stack.worker(**_env(10))
+    await wait_for_results(shard, stream.event_ids, timeout=60, workers=[second])
+    second.signal(signal.SIGTERM)
+    assert await second.wait_exit(timeout=15) == 0
+    await shard.settle()
+    return second
+
+
+def _lines_after(worker: WorkerProcess, event: str) -> list[dict[str, object]]:
+    lines = worker.lines()
+    start = next(i for i, line in enumerate(lines) if line.get("event") == event)
+    return lines[start + 1 :]
+
+
+async def test_sigterm_finishes_in_flight_events_and_exits_zero(stack: Stack) -> None:
+    grace_s = 10
+    async with Shard(stack.rabbitmq_url) as shard:
+        stream, gate, first = await _events_held_in_flight(stack, shard, grace_s)
+        signalled = time.monotonic()
+        first.signal(signal.SIGTERM)
+        await first.wait_for_log(STOPPING, timeout=5)
+        await gate.open()  # the in-flight saves may now finish, during the drain
+        assert await first.wait_exit(timeout=grace_s + 5) == 0
+        assert time.monotonic() - signalled < grace_s
+
+        # exactly the events in flight were finished and acked, after the signal; then a clean stop
+        [stopping] = [line for line in first.lines() if line.get("event") == STOPPING]
+        assert stopping["in_flight"] >= CONCURRENCY
+        drained = [line for line in _lines_after(first, STOPPING) if line.get("event") == PROCESSED]
+        assert len(drained) == CONCURRENCY, drained
+        assert first.count(PROCESSED) == CONCURRENCY
+        assert first.count("stopped cleanly") == 1
+        assert first.count("grace period over: in-flight events are requeued") == 0
+
+        second = await _second_worker_finishes(stack, shard, stream)
+
+    # finished events were acked (never redelivered, never replayed); the rest went to the second worker
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
+    assert statuses[SAVED] == EVENTS
+    assert second.count(PROCESSED) == EVENTS - CONCURRENCY
+
+
+async def test_grace_period_over_requeues_in_flight_events_and_exits_zero(stack: Stack) -> None:
+    grace_s = 1
+    async with Shard(stack.rabbitmq_url) as shard:
+        stream, gate, first = await _events_held_in_flight(stack, shard, grace_s)
+        signalled = time.monotonic()
+        first.signal(signal.SIGTERM)
+        assert await first.wait_exit(timeout=grace_s + 10) == 0
+        took = time.monotonic() - signalled
+        assert took < grace_s + 4, f"exit took {took:.1f}s with a grace period of {grace_s}s"
+        assert first.count("grace period over: in-flight events are requeued") == 1
+        assert first.count("stopped cleanly") == 1
+        assert first.count(PROCESSED) == 0
+        assert len(shard.received.results) == 0
+        assert await gate.waiters() == 0  # the abandoned transactions are gone, not stuck at the gate
+
+        await gate.open()
+        second = await _second_worker_finishes(stack, shard, stream)
+
+    # the abandoned transactions rolled back: the second worker saved every event, once
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
+    assert statuses[SAVED] == EVENTS
+    assert second.count(PROCESSED) == EVENTS
+
+
+async def test_grace_period_over_with_postgres_not_answering_still_exits(stack: Stack) -> None:
+    """The abandoned events' Postgres backends are frozen (SIGSTOP): their cancels go unanswered and
+    their connections never come back to the pool. The worker must exit anyway, in bounded time."""
+    grace_s = 1
+    async with Shard(stack.rabbitmq_url) as shard:
+        stream, gate, first = await _events_held_in_flight(stack, shard, grace_s)
+        async with frozen_backends(stack.rows.conn, stack.postgres_dsn):
+            signalled = time.monotonic()
+            first.signal(signal.SIGTERM)
+            code = await first.wait_exit(timeout=grace_s + 30)
+            took = time.monotonic() - signalled
+        assert code == 0
+        # the grace period, 5 s for the cancelled events to let go, then their connections are cut
+        assert took < grace_s + 5 + 4, f"exit took {took:.1f}s with a grace period of {grace_s}s"
+        assert first.count("postgres does not answer; closing its connections") == 1
+        assert first.count(PROCESSED) == 0
+
+        await gate.open()
+        await _second_worker_finishes(stack, shard, stream)
+
+    # the frozen transactions never committed; once thawed they found their client gone and rolled back
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
+    assert statuses[SAVED] == EVENTS
+
+
+async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_exits(stack: Stack) -> None:
+    """The broker goes away while every in-flight event waits on a frozen Postgres: the worker abandons
+    them and keeps trying to reconnect. Told to stop then, it must not wait for those connections."""
+    async with Shard(stack.rabbitmq_url) as shard:
+        stream, gate, first = await _events_held_in_flight(stack, shard, grace_s=1)
+        async with (
+            frozen_backends(stack.rows.conn, stack.postgres_dsn),
+            rabbitmq_stopped(stack.rabbitmq_url),
+        ):
+            await first.wait_for_log("rabbitmq unavailable", timeout=30)
+            signalled = time.monotonic()
+            first.signal(signal.SIGTERM)
+            code = await first.wait_exit(timeout=30)
+            took = time.monotonic() - signalled
+        assert code == 0
+        assert took < 3 + 3, f"exit took {took:.1f}s"  # the pool gets 3 s to hand its connections back
+        assert first.count("postgres connections not released in time; closed without waiting") == 1
+        assert first.count(PROCESSED) == 0
+
+        await gate.open()
+        await _second_worker_finishes(stack, shard, stream)
+
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
+    assert statuses[SAVED] == EVENTS
+
+
+async def test_second_sigterm_exits_at_once_and_the_next_worker_answers(stack: Stack) -> None:
+    grace_s = 30
+    async with Shard(stack.rabbitmq_url) as shard:
+        stream, gate, first = await _events_held_in_flight(stack, shard, grace_s)
+        first.signal(signal.SIGTERM)
+        await first.wait_for_log(STOPPING, timeout=5)
+        signalled = time.monotonic()
+        first.signal(signal.SIGTERM)
+        code = await first.wait_exit(timeout=5)
+        assert time.monotonic() - signalled < 2
+        assert code != 0
+        assert first.count(PROCESSED) == 0
+
+        # the dead worker's transactions end when they next touch their closed connection
+        await gate.open()
+        second = await _second_worker_finishes(stack, shard, stream)
+
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
+    assert statuses[SAVED] == EVENTS
+    assert second.count(PROCESSED) == EVENTS
