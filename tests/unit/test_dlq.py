@@ -1,0 +1,167 @@
+"""The pure parts of ``worker dlq``: durations, reading dead-letter headers, replay headers, output."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from worker import dlq
+from worker.config import Topology
+
+TOPOLOGY = Topology()
+NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+BODY = b'{"event_id": "e-1", "shard_id": 3, "arguments": {}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30s", timedelta(seconds=30)),
+        ("10m", timedelta(minutes=10)),
+        ("2h", timedelta(hours=2)),
+        ("1d", timedelta(days=1)),
+        ("1w", timedelta(weeks=1)),
+        ("1h30m", timedelta(hours=1, minutes=30)),
+        (" 2H ", timedelta(hours=2)),
+    ],
+)
+def test_durations(text: str, expected: timedelta) -> None:
+    assert dlq.parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "10", "h", "1.5h", "-1h", "1h 30m", "2 days"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        dlq.parse_duration(text)
+
+
+def test_a_worker_dead_letter_is_read_from_its_headers() -> None:
+    letter = dlq.describe_dead_letter(
+        BODY,
+        {
+            "x-ltm-error": "boom",
+            "x-ltm-error-kind": "internal",
+            "x-ltm-attempts": 2,
+            "x-ltm-failed-at": "2026-12-02T08:00:00.120Z",
+            "x-ltm-routing-key": "tool.remember_this_fact",
+            "x-ltm-replay-count": 1,
+            "x-death": [{"queue": "ltm.create_memory.retry.1000", "reason": "expired", "count": 1}],
+        },
+        message_id="e-1",
+        routing_key="tool.remember_this_fact",
+        topology=TOPOLOGY,
+    )
+    assert letter.as_json() == {
+        "event_id": "e-1",
+        "kind": "internal",
+        "error": "boom",
+        "attempts": 2,
+        "failed_at": "2026-12-02T08:00:00.120Z",
+        "shard_id": 3,
+        "routing_key": "tool.remember_this_fact",
+    }
+    assert letter.replay_count == 1
+    assert letter.age(NOW) == timedelta(hours=1, minutes=59, seconds=59, milliseconds=880)
+
+
+def test_a_broker_dead_letter_is_read_from_x_death() -> None:
+    died = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+    letter = dlq.describe_dead_letter(
+        b"\xff not json",
+        {
+            "x-death": [
+                {
+                    "count": 1,
+                    "reason": "delivery_limit",
+                    "queue": "ltm.create_memory",
+                    "time": died,
+                    "exchange": "tomori.tool_calls",
+                    "routing-keys": ["tool.create_long_term_memory"],
+                },
+                {"count": 1, "reason": "expired", "queue": "ltm.create_memory.retry.1000", "time": died},
+            ],
+            "x-first-death-reason": "expired",
+            "x-delivery-count": 7,  # redeliveries from the DLQ itself: not attempts
+        },
+        message_id="from-message-id",
+        routing_key="ltm.create_memory",
+        topology=TOPOLOGY,
+    )
+    assert letter.as_json() == {
+        "event_id": "from-message-id",
+        "kind": "delivery_limit",
+        "error": "redelivered more than the delivery limit",
+        "attempts": 1,
+        "failed_at": "2026-12-02T09:00:00.000Z",
+        "shard_id": None,
+        "routing_key": "tool.create_long_term_memory",
+    }
+
+
+def test_a_message_without_dead_letter_headers() -> None:
+    letter = dlq.describe_dead_letter(b"[1]", {}, message_id=None, routing_key="tool.x", topology=TOPOLOGY)
+    assert (letter.event_id, letter.kind, letter.attempts, letter.failed_at) == (None, "unknown", None, None)
+    assert letter.routing_key == "tool.x"
+
+
+def test_selection() -> None:
+    old = dlq.DeadLetter("e-1", "schema", "x", 1, NOW - timedelta(hours=3), 3, "k", message_id="m-1")
+    unknown_time = dlq.DeadLetter("e-2", "schema", "x", 1, None, 3, "k")
+    assert dlq.Selection().matches(old, NOW)
+    assert dlq.Selection(kinds=frozenset({"schema", "internal"})).matches(old, NOW)
+    assert not dlq.Selection(kinds=frozenset({"internal"})).matches(old, NOW)
+    assert dlq.Selection(event_ids=frozenset({"m-1"})).matches(old, NOW)
+    assert dlq.Selection(older_than=timedelta(hours=2)).matches(old, NOW)
+    assert not dlq.Selection(older_than=timedelta(hours=4)).matches(old, NOW)
+    assert not dlq.Selection(older_than=timedelta(seconds=1)).matches(unknown_time, NOW)
+
+
+def test_replay_headers_drop_failure_and_broker_bookkeeping() -> None:
+    headers = dlq.replay_headers(
+        {
+            "traceparent": "00-abc-def-01",
+            "x-ltm-routing-key": "tool.remember_this_fact",
+            "x-ltm-error": "boom",
+            "x-ltm-error-kind": "internal",
+            "x-ltm-failed-at": "2026-12-02T08:00:00.000Z",
+            "x-ltm-attempts": 5,
+            "x-ltm-replay-count": 2,
+            "x-death": [],
+            "x-first-death-reason": "expired",
+            "x-first-death-queue": "q",
+            "x-last-death-reason": "expired",
+            "x-delivery-count": 3,
+        },
+        NOW,
+    )
+    assert headers == {
+        "traceparent": "00-abc-def-01",
+        "x-ltm-routing-key": "tool.remember_this_fact",
+        "x-ltm-replayed-at": "2026-12-02T10:00:00.000Z",
+        "x-ltm-replay-count": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    ("age", "text"),
+    [
+        (None, "-"),
+        (timedelta(seconds=45), "45s"),
+        (timedelta(minutes=12, seconds=5), "12m"),
+        (timedelta(hours=2), "2h"),
+        (timedelta(hours=3, minutes=12), "3h12m"),
+        (timedelta(days=2, hours=4, minutes=1), "2d4h"),
+        (timedelta(seconds=-5), "0s"),
+    ],
+)
+def test_ages(age: timedelta | None, text: str) -> None:
+    assert dlq.format_age(age) == text
+
+
+def test_urls_in_messages_carry_no_password() -> None:
+    assert dlq.redact("amqp://guest:s3cret@host:5672/v") == "amqp://guest@host:5672/v"
+    assert dlq.redact("amqp://host/") == "amqp://host/"
+    assert dlq.vhost_of("amqp://guest:guest@host:5672/") == "/"
+    assert dlq.vhost_of("amqp://guest:guest@host:5672/%2Fprod") == "/prod"
+    assert dlq.vhost_of("amqp://host") == "/"
