@@ -232,15 +232,45 @@ class Worker:
         if task is not None:
             self._inflight.add(task)
         try:
-            async with self._slots:
-                if self._stopping.is_set():
-                    return  # not started: left unacked, the broker requeues it when the channel closes
+            if not await self._take_slot():
+                # stopping before this event started: hand it back now, so another worker takes it
+                # without waiting for this one's drain to end
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
+                return
+            try:
                 await self._handle(message)
+            finally:
+                self._slots.release()
         except asyncio.CancelledError:
             pass
         finally:
             if task is not None:
                 self._inflight.discard(task)
+
+    async def _take_slot(self) -> bool:
+        """Wait for one of the ``concurrency`` slots; ``False`` when the worker starts stopping first."""
+        if self._stopping.is_set():
+            return False
+        if not self._slots.locked():
+            await self._slots.acquire()
+            return True
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if acquire.done():
+            if not self._stopping.is_set():
+                return True
+            self._slots.release()
+            return False
+        acquire.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            if await acquire:  # it won the slot while being cancelled: give the slot back
+                self._slots.release()
+        return False
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         started = time.monotonic()
@@ -311,6 +341,11 @@ class Worker:
         """Route a failed attempt: retry later, or dead-letter it (with a failure result when none exists)."""
         ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
         reason = _describe(exc)
+        if self._publisher is None:
+            # the broker connection is gone: this delivery can be neither routed nor acked, and the
+            # broker redelivers it after the reconnect (answered from the ledger if it committed)
+            log.warning("connection lost mid-event; it will be redelivered", **fields, error=reason)
+            return
         try:
             if not is_transient(exc):
                 log.error("internal error; dead-lettered", **fields, error=reason, exc_info=exc)
