@@ -52,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         help="consume and process tool-call events until SIGTERM/SIGINT",
         description="Consume create_long_term_memory events from the ltm.create_memory queue, save memories, "
         "publish results, notices and cache invalidations. Any number of processes may run at once. "
-        "Waits for "
-        "RabbitMQ, Postgres (migrated) and Redis at start-up. SIGTERM/SIGINT: stop taking events, finish the "
+        "Waits for RabbitMQ, Postgres (migrated) and Redis at start-up. "
+        "SIGTERM/SIGINT: stop taking events, finish the "
         "ones in flight within the grace period, exit 0; a second signal exits at once.",
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -72,6 +72,24 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="env LTM_LOG_LEVEL (info)"
     )
+    run.add_argument(
+        "--http-port",
+        type=int,
+        help="serve /healthz, /readyz and /metrics on this port (env LTM_HTTP_PORT; 0 = off, the default)",
+    )
+    check = commands.add_parser(
+        "check",
+        help="test every connection with the current configuration",
+        description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
+        "and "
+        "Redis with the current configuration; print what works and what does not. Exit 0 when everything "
+        "works, 1 otherwise.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("--postgres-dsn", help="Postgres connection string (env LTM_POSTGRES_DSN)")
+    check.add_argument("--rabbitmq-url", help="AMQP URL with vhost (env LTM_RABBITMQ_URL)")
+    check.add_argument("--redis-url", help="Redis URL (env LTM_REDIS_URL)")
     _add_dlq_parser(commands)
     from worker.bench.options import add_bench_parser
 
@@ -204,6 +222,7 @@ _OPTION_ENV = {
     "grace_seconds": "LTM_SHUTDOWN_GRACE_SECONDS",
     "log_format": "LTM_LOG_FORMAT",
     "log_level": "LTM_LOG_LEVEL",
+    "http_port": "LTM_HTTP_PORT",
 }
 
 
@@ -223,6 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from worker.runner import Worker
 
         return asyncio.run(Worker(settings).run())
+    if args.command == "check":
+        from worker.check import render, run_checks
+
+        results = asyncio.run(run_checks(settings))
+        print(render(results))
+        return 0 if all(r.ok for r in results) else 1
     if args.command == "dlq":
         from worker.dlq import EXIT_INTERRUPTED
 

@@ -18,6 +18,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import aio_pika
@@ -38,6 +39,8 @@ from worker.broker.topology import (
 from worker.cache import InvalidationPublisher
 from worker.config import Settings
 from worker.faults import is_transient
+from worker.http import HealthServer
+from worker.metrics import Metrics
 from worker.pipeline import outcome
 from worker.store.migrate import pending_migrations
 from worker.store.pool import create_pool
@@ -66,6 +69,11 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
         self._publisher: Publisher | None = None
+        self._consuming = False
+        self.metrics = Metrics()
+        self._http = (
+            HealthServer(settings.http_port, self.readiness, self.metrics) if settings.http_port > 0 else None
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -75,6 +83,9 @@ class Worker:
         for var, raw, default in self.settings.fallbacks:
             log.warning("invalid setting, using the default", variable=var, value=raw, default=default)
         try:
+            if self._http is not None:
+                await self._http.start()
+                log.info("probe endpoint listening", port=self.settings.http_port)
             if not await self._wait_for_dependencies():
                 return 0
             backoff = RECONNECT_MIN_SECONDS
@@ -148,7 +159,26 @@ class Worker:
             problems["redis"] = _describe(exc)
         return problems
 
+    async def readiness(self) -> dict[str, str | None]:
+        """``/readyz``: None per dependency that works, else what is wrong with it."""
+        checks: dict[str, str | None] = {
+            "rabbitmq": None if self._consuming else "not consuming (connecting or reconnecting)"
+        }
+        checks["postgres"] = await _probe(self._ping_postgres())
+        checks["redis"] = await _probe(self._cache.ping())
+        for name, problem in checks.items():
+            self.metrics.dependency_up.labels(name).set(0 if problem else 1)
+        return checks
+
+    async def _ping_postgres(self) -> None:
+        if self._pool is None:
+            raise RuntimeError("not connected yet")
+        async with self._pool.acquire(timeout=2) as conn:
+            await conn.fetchval("SELECT 1")
+
     async def _close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         if self._pool is not None:
             # A graceful close waits for every connection to come back; one held by an abandoned event
             # whose Postgres does not answer the cancel (a frozen server, a partition) never does, e.g.
@@ -184,6 +214,8 @@ class Worker:
                 settings.topology.work_queue, durable=True, arguments=work_queue_arguments(settings.topology)
             )
             tag = await queue.consume(self._on_message, no_ack=False)
+            self._consuming = True
+            self.metrics.dependency_up.labels("rabbitmq").set(1)
             log.info(
                 "consuming", queue=queue.name, prefetch=settings.prefetch, concurrency=settings.concurrency
             )
@@ -194,6 +226,8 @@ class Worker:
                 log.warning("rabbitmq connection lost; reconnecting", in_flight=len(self._inflight))
                 await self._abandon_inflight()
         finally:
+            self._consuming = False
+            self.metrics.dependency_up.labels("rabbitmq").set(0)
             self._publisher = None
             await _close_quietly(connection)
 
@@ -294,6 +328,7 @@ class Worker:
             "attempts": attempt,
         }
         processed: ProcessedEvent | None = None
+        self.metrics.in_flight.inc()
         try:
             assert self._pool is not None
             processed = await process_event(self._pool, event, self.settings.limits, attempts=attempt)
@@ -304,13 +339,26 @@ class Worker:
         except Exception as exc:
             await self._fail(message, event, attempt, exc, committed=processed is not None, fields=fields)
             return
+        finally:
+            self.metrics.in_flight.dec()
+        elapsed = time.monotonic() - started
+        self.metrics.events.labels(processed.status).inc()
+        self.metrics.duration.observe(elapsed)
+        if processed.replayed:
+            self.metrics.replayed.inc()
+        if processed.memory_id is not None:
+            log.debug(
+                "memory content",
+                event_id=fields["event_id"],
+                content=processed.result["data"].get("content_saved"),
+            )
         log.info(
             "event processed",
             **fields,
             status=processed.status,
             memory_id=processed.memory_id,
             replayed=processed.replayed,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
+            duration_ms=round(elapsed * 1000, 1),
         )
 
     async def _publish(
@@ -360,6 +408,7 @@ class Worker:
                 assert self._publisher is not None
                 queue = retry_queue_name(self.settings.topology, self._tier_before(attempt + 1))
                 await self._publisher.retry_later(message, queue=queue, attempts=attempt, delay_ms=delay)
+                self.metrics.retries.inc()
                 await message.ack()
                 log.warning("transient fault; retrying later", **fields, error=reason, retry_in_ms=delay)
         except Exception as routing_error:
@@ -391,6 +440,7 @@ class Worker:
         """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack."""
         assert self._publisher is not None
         await self._publisher.dead_letter(message, kind=kind, error=error, attempts=attempts)
+        self.metrics.dead_letters.labels(kind).inc()
         if ids is not None and failure is not None:
             result = failure.result_for(ids.event_id, ids.tool_call_id, ids.tool_name, utcnow())
             await self._publisher.publish_outputs(
@@ -430,6 +480,15 @@ async def _first(*waits: Any) -> None:
     finally:
         for task in tasks:
             task.cancel()
+
+
+async def _probe(check: Awaitable[Any], timeout: float = 3.0) -> str | None:
+    """None when ``check`` completes in time, else a one-line reason."""
+    try:
+        await asyncio.wait_for(check, timeout=timeout)
+    except Exception as exc:
+        return _describe(exc)
+    return None
 
 
 async def _close_quietly(connection: AbstractConnection) -> None:

@@ -1,0 +1,147 @@
+"""What an operator sees: `worker check`, the probe endpoint and the metrics, against real services."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.e2e.conftest import Stack
+from tests.e2e.harness import REPO, Shard
+from tests.e2e.proxy import CuttableProxy
+from tests.factories import event_body
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+async def wait_status(port: int, path: str, status: int, timeout: float = 30.0) -> str:
+    deadline = asyncio.get_running_loop().time() + timeout
+    last: tuple[int, str] | None = None
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            last = await asyncio.to_thread(get, port, path)
+        except OSError:
+            last = None
+        if last is not None and last[0] == status:
+            return last[1]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{path} never answered {status}; last: {last}")
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.05)
+
+
+def run_check(stack: Stack, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "check"],
+        cwd=REPO,
+        env=stack.env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_check_passes_with_working_dependencies_and_names_a_broken_one(stack: Stack) -> None:
+    ok = await asyncio.to_thread(run_check, stack)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "all dependencies work" in ok.stdout
+    for name in ("postgres", "rabbitmq", "redis"):
+        assert re.search(rf"^ok\s+{name}", ok.stdout, re.M), ok.stdout
+
+    broken = await asyncio.to_thread(run_check, stack, LTM_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    assert broken.returncode == 1
+    assert re.search(r"^FAIL\s+redis", broken.stdout, re.M), broken.stdout
+    assert "not working: redis" in broken.stdout
+
+
+@pytest.fixture
+async def proxies(stack: Stack) -> AsyncIterator[dict[str, CuttableProxy]]:
+    made = {}
+    for name, url in (("postgres", stack.postgres_dsn), ("rabbitmq", stack.rabbitmq_url)):
+        parts = urlsplit(url)
+        made[name] = await CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
+    try:
+        yield made
+    finally:
+        for proxy in made.values():
+            await proxy.close()
+
+
+async def test_readyz_names_the_dependency_that_is_cut_and_recovers(
+    stack: Stack, proxies: dict[str, CuttableProxy]
+) -> None:
+    port = free_port()
+    stack.worker(
+        LTM_HTTP_PORT=str(port),
+        LTM_POSTGRES_DSN=proxies["postgres"].url(stack.postgres_dsn),
+        LTM_RABBITMQ_URL=proxies["rabbitmq"].url(stack.rabbitmq_url),
+    )
+    await stack.workers_ready()
+    assert (await asyncio.to_thread(get, port, "/healthz"))[0] == 200
+    await wait_status(port, "/readyz", 200)
+
+    for name, proxy in proxies.items():
+        await proxy.cut()
+        body = await wait_status(port, "/readyz", 503)
+        assert f'"{name}"' in body.split('"checks"')[0], body  # named among the failing ones
+        await proxy.restore()
+        await wait_status(port, "/readyz", 200, timeout=45)
+        assert (await asyncio.to_thread(get, port, "/healthz"))[0] == 200
+
+
+async def test_metrics_move_with_real_events(stack: Stack) -> None:
+    world = await stack.rows.world()
+    port = free_port()
+    stack.worker(LTM_HTTP_PORT=str(port))
+    await stack.workers_ready()
+    bodies = [
+        event_body(
+            {"memory_content": f"fact {i}", "memory_scope": "server_wide"}, persona_id=world.persona_id
+        )
+        for i in range(3)
+    ]
+    bad = event_body({"memory_content": 1}, persona_id=world.persona_id)
+    async with Shard(stack.rabbitmq_url) as shard:
+        for body in [*bodies, bad]:
+            await shard.publish(body)
+        await shard.publish(b"not json")
+        await shard.publish(bodies[0])  # a redelivery: answered from the store
+        await shard.wait_for_results([b["event_id"] for b in [*bodies, bad]], timeout=30)
+        await eventually(lambda: len(shard.received.results[bodies[0]["event_id"]]) == 2)
+
+    _, text = await asyncio.to_thread(get, port, "/metrics")
+    samples = dict(re.findall(r"^(ltm_\S+) (\S+)$", text, re.M))
+    assert float(samples['ltm_events_total{status="memory_saved_successfully"}']) == 4
+    assert float(samples['ltm_events_total{status="memory_save_failed_invalid_args"}']) == 1
+    assert float(samples["ltm_replayed_outcomes_total"]) == 1
+    assert float(samples['ltm_dead_letters_total{kind="malformed"}']) == 1
+    assert float(samples["ltm_event_duration_seconds_count"]) == 5
+    assert float(samples["ltm_events_in_flight"]) == 0
