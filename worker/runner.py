@@ -283,7 +283,11 @@ class Worker:
                 self._inflight.discard(task)
 
     async def _take_slot(self) -> bool:
-        """Wait for one of the ``concurrency`` slots; ``False`` when the worker starts stopping first."""
+        """Wait for one of the ``concurrency`` slots; ``False`` when the worker starts stopping first.
+
+        A slot taken here is released by the caller. If this wait is cancelled (connection lost) or
+        loses to the stop, a slot it won anyway is given back: a leaked slot would idle the worker.
+        """
         if self._stopping.is_set():
             return False
         if not self._slots.locked():
@@ -293,18 +297,24 @@ class Worker:
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
             await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await self._give_back(acquire)
+            raise
         finally:
             stop.cancel()
-        if acquire.done():
-            if not self._stopping.is_set():
-                return True
-            self._slots.release()
-            return False
-        acquire.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            if await acquire:  # it won the slot while being cancelled: give the slot back
-                self._slots.release()
+        if acquire.done() and not self._stopping.is_set():
+            return True
+        await self._give_back(acquire)
         return False
+
+    async def _give_back(self, acquire: asyncio.Future[Any]) -> None:
+        """Abandon a slot wait: cancel it, and release the slot if it was won before the cancel landed."""
+        if not acquire.done():
+            acquire.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({acquire})
+        if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
+            self._slots.release()
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         started = time.monotonic()
