@@ -7,8 +7,9 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import timedelta
+from typing import Any
 
 import structlog
 
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         from worker.runner import Worker
 
-        return asyncio.run(Worker(settings).run())
+        return _run_fast(Worker(settings).run())
     if args.command == "check":
         from worker.check import render, run_checks
 
@@ -297,6 +298,15 @@ async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
     return await dlq.purge_command(
         url, topology, selection, yes=args.yes, batch=args.batch, progress=args.progress
     )
+
+
+def _run_fast(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` on uvloop where it is installed (fewer cycles per socket operation), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on the platforms it supports
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def _migrate(dsn: str) -> int:

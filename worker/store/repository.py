@@ -1,5 +1,7 @@
-"""SQL the worker runs, in plain sight, one function per statement. Every call takes the connection of
-the event's transaction; nothing here commits.
+"""SQL the worker runs, in plain sight, one function per statement.
+
+Per event: :func:`load` reads, then one writing statement (:func:`save_event` or :func:`record_outcome`)
+commits everything the event writes at once.
 """
 
 from __future__ import annotations
@@ -15,13 +17,8 @@ import orjson
 
 from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, ServerState, UserRecord
 
-_CLAIM_AND_LOAD = """
-WITH claim AS (
-    INSERT INTO ltm_processed_events (event_id, tool_call_id, tool_name, shard_id, status)
-    VALUES ($1, $2, $3, $4, 'processing')
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING event_id
-), server AS (
+_LOAD = """
+WITH server AS (
     SELECT s.server_id, s.server_disc_id,
            COALESCE(f.self_teaching_enabled, true) AS self_teaching_enabled,
            COALESCE(f.personal_memories_enabled, true) AS personal_memories_enabled,
@@ -29,11 +26,14 @@ WITH claim AS (
            n.prefixes, n.suffixes
     FROM servers s
     LEFT JOIN server_member_permissions_configs f ON f.server_id = s.server_id
-    LEFT JOIN personas p ON p.persona_id = $6 AND p.server_id = s.server_id
+    LEFT JOIN personas p ON p.persona_id = $3 AND p.server_id = s.server_id
     LEFT JOIN persona_naming_configs n ON n.persona_id = p.persona_id
-    WHERE s.server_disc_id = $5
+    WHERE s.server_disc_id = $2
 )
-SELECT EXISTS (SELECT 1 FROM claim) AS claimed, server.*,
+SELECT (SELECT jsonb_build_object('status', e.status, 'memory_id', e.memory_id, 'result', e.result,
+                                  'notice', e.notice, 'invalidation', e.invalidation)
+        FROM ltm_processed_events e WHERE e.event_id = $1) AS stored,
+       server.*,
        (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                    'user_id', u.user_id,
                    'user_disc_id', u.user_disc_id,
@@ -53,47 +53,33 @@ SELECT EXISTS (SELECT 1 FROM claim) AS claimed, server.*,
                ON np.user_id = u.user_id AND np.persona_lineage_id = server.persona_lineage_id
         LEFT JOIN personalization_blacklist b
                ON b.server_id = server.server_id AND b.user_disc_id = u.user_disc_id
-        WHERE u.user_disc_id = ANY($7::text[])) AS users
+        WHERE u.user_disc_id = ANY($4::text[])) AS users
 FROM (SELECT 1) AS one
 LEFT JOIN server ON true
 """
 
 
 @dataclass(frozen=True, slots=True)
-class Claimed:
-    """The first read of an event's transaction: whether it is ours to process, and the state."""
+class Loaded:
+    """The first read for an event: its stored outcome if it was answered before, and the state."""
 
-    claimed: bool
+    stored: dict[str, Any] | None
     state: LoadedState
 
 
-async def claim_and_load(
+async def load(
     conn: asyncpg.Connection,
     event_id: UUID,
-    tool_call_id: str,
-    tool_name: str,
-    shard_id: int,
     server_disc_id: str | None,
     persona_id: int,
     user_disc_ids: Iterable[str],
-) -> Claimed:
-    """Claim ``event_id`` and load what the pipeline needs, in one round trip.
-
-    The claim is the idempotency guard: a concurrent transaction holding the same event id makes the
-    insert wait until it commits (then ``claimed`` is false) or rolls back (then it is ours). Loaded:
-    the server by Discord id with its flags, the persona if it belongs to that server, and the known
-    users among ``user_disc_ids`` with their naming for the persona's lineage and their blacklist state.
+) -> Loaded:
+    """Load what the pipeline needs, in one round trip: the event's stored outcome (a redelivery is
+    answered from it), the server by Discord id with its flags, the persona if it belongs to that
+    server, and the known users among ``user_disc_ids`` with their naming for the persona's lineage
+    and their blacklist state on the server.
     """
-    row = await conn.fetchrow(
-        _CLAIM_AND_LOAD,
-        event_id,
-        tool_call_id,
-        tool_name,
-        shard_id,
-        server_disc_id,
-        persona_id,
-        sorted(set(user_disc_ids)),
-    )
+    row = await conn.fetchrow(_LOAD, event_id, server_disc_id, persona_id, sorted(set(user_disc_ids)))
     assert row is not None  # the FROM (SELECT 1) always yields one row
     server: ServerState | None = None
     persona: PersonaState | None = None
@@ -112,7 +98,7 @@ async def claim_and_load(
                 naming=NamingConfig(prefixes=_styles(row["prefixes"]), suffixes=_styles(row["suffixes"])),
             )
     users = {u["user_disc_id"]: UserRecord(**u) for u in row["users"]} if server is not None else {}
-    return Claimed(bool(row["claimed"]), LoadedState(server=server, persona=persona, users=users))
+    return Loaded(row["stored"], LoadedState(server=server, persona=persona, users=users))
 
 
 def _styles(raw: Any) -> dict[str, str]:
@@ -123,9 +109,12 @@ def _styles(raw: Any) -> dict[str, str]:
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-async def save_memory(
+async def save_event(
     conn: asyncpg.Connection,
     event_id: UUID,
+    tool_call_id: str,
+    tool_name: str,
+    shard_id: int,
     *,
     scope: str,
     owner_id: int,
@@ -139,16 +128,20 @@ async def save_memory(
     invalidation: Mapping[str, Any] | None,
     attempts: int,
     processed_at: datetime,
-) -> tuple[int | None, int]:
-    """Lock the scope, count it, and insert + record the outcome when there is room.
+) -> tuple[bool, int | None, int | None]:
+    """Claim the event, lock and count the scope, insert the memory and record the outcome: one statement.
 
-    Returns ``(memory_id, count_before)``; ``memory_id`` is ``None`` when the scope was full, in which
-    case nothing was written (see migration 0003, ``ltm_save_memory``).
+    Returns ``(duplicate, memory_id, count_before)``: ``duplicate`` when the event was already recorded;
+    ``memory_id`` ``None`` (not duplicate) when the scope was full. Nothing is written in either case
+    (migration 0004, ``ltm_save_event``).
     """
     row = await conn.fetchrow(
-        "SELECT memory_id, current_count"
-        " FROM ltm_save_memory($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        "SELECT duplicate, memory_id, current_count FROM ltm_save_event("
+        "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
         event_id,
+        tool_call_id,
+        tool_name,
+        shard_id,
         scope,
         owner_id,
         lineage_id,
@@ -163,7 +156,7 @@ async def save_memory(
         processed_at,
     )
     assert row is not None
-    return row["memory_id"], row["current_count"]
+    return row["duplicate"], row["memory_id"], row["current_count"]
 
 
 # --- the worker's own ledger of processed events ---------------------------------------------------
@@ -182,26 +175,30 @@ async def load_outcome(conn: asyncpg.Connection, event_id: UUID) -> asyncpg.Reco
 async def record_outcome(
     conn: asyncpg.Connection,
     event_id: UUID,
+    tool_call_id: str,
+    tool_name: str,
+    shard_id: int,
     *,
     status: str,
     scope: str | None,
-    memory_id: int | None,
     result: Mapping[str, Any],
-    notice: Mapping[str, Any] | None,
-    invalidation: Mapping[str, Any] | None,
     attempts: int,
     processed_at: datetime,
-) -> None:
-    await conn.execute(
-        "UPDATE ltm_processed_events SET status = $2, memory_scope = $3, memory_id = $4, result = $5,"
-        " notice = $6, invalidation = $7, attempts = $8, processed_at = $9 WHERE event_id = $1",
+) -> bool:
+    """Record an outcome that saved nothing; ``False`` when the event was already recorded (a duplicate)."""
+    recorded = await conn.fetchval(
+        "INSERT INTO ltm_processed_events"
+        " (event_id, tool_call_id, tool_name, shard_id, status, memory_scope, result, attempts, processed_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+        " ON CONFLICT (event_id) DO NOTHING RETURNING true",
         event_id,
+        tool_call_id,
+        tool_name,
+        shard_id,
         status,
         scope,
-        memory_id,
         result,
-        notice,
-        invalidation,
         attempts,
         processed_at,
     )
+    return bool(recorded)
