@@ -1,8 +1,9 @@
-"""Cache invalidation over Redis pub/sub, published after the event's transaction commits."""
+"""Cache invalidation over Redis pub/sub, published after the event's write committed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import orjson
@@ -13,9 +14,11 @@ import redis.exceptions
 class InvalidationPublisher:
     """Publishes invalidation messages on the shards' channel.
 
+    Concurrent events share round trips: whatever is waiting when the flusher runs goes out as one
+    pipeline, so under load one write carries many PUBLISHes (each event still waits for its own).
     Redis pub/sub is at-most-once to each subscriber; a short in-place retry rides over a blip, and a
-    longer outage surfaces as a transient error so the event goes round the retry queues (its result
-    is then re-emitted from the store with the invalidation).
+    longer outage surfaces to every waiting event as a transient error, so they go round the retry
+    queues (their results are then re-emitted from the store with the invalidation).
     """
 
     def __init__(self, url: str, channel: str, *, tries: int = 3, pause: float = 0.2) -> None:
@@ -25,12 +28,41 @@ class InvalidationPublisher:
         self._channel = channel
         self._tries = tries
         self._pause = pause
+        self._waiting: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def publish(self, invalidation: dict[str, Any]) -> None:
-        payload = orjson.dumps(invalidation)
+        """Publish one invalidation; returns once Redis accepted it (raises when it would not)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((orjson.dumps(invalidation), done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        await done
+
+    async def _flush(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                await self._send([payload for payload, _ in batch])
+            except Exception as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+
+    async def _send(self, payloads: list[bytes]) -> None:
         for attempt in range(1, self._tries + 1):
             try:
-                await self._client.publish(self._channel, payload)
+                if len(payloads) == 1:
+                    await self._client.publish(self._channel, payloads[0])
+                else:
+                    pipe = self._client.pipeline(transaction=False)
+                    for payload in payloads:
+                        pipe.publish(self._channel, payload)
+                    await pipe.execute()
                 return
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 if attempt == self._tries:
@@ -41,4 +73,8 @@ class InvalidationPublisher:
         return bool(await self._client.ping())
 
     async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
         await self._client.aclose()
