@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
 import redis.asyncio as aioredis
 
 from worker.config import Settings
+from worker.config import redact_url as redact
 from worker.store.migrate import pending_migrations
 
 TIMEOUT = 5.0
@@ -27,16 +27,6 @@ class CheckResult:
     target: str
     ok: bool
     detail: str
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 async def check_postgres(settings: Settings) -> CheckResult:

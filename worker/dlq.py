@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aiormq.exceptions
@@ -43,6 +43,7 @@ from aio_pika.abc import (
 
 from worker.broker.publisher import ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY
 from worker.config import Topology
+from worker.config import redact_url as redact
 
 #: headers replay adds (CONTRACT.md "Dead letters" lists the ones the worker adds when it dead-letters)
 REPLAYED_AT = "x-ltm-replayed-at"
@@ -1047,16 +1048,6 @@ async def _guarded(work: Awaitable[int], url: str, console: Console) -> int:
 
 
 # --- small helpers ------------------------------------------------------------------------------------
-
-
-def redact(url: str) -> str:
-    """The URL without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    user = f"{parts.username}@" if parts.username else ""
-    return urlunsplit(parts._replace(netloc=f"{user}{host}"))
 
 
 def vhost_of(url: str) -> str:

@@ -160,7 +160,7 @@ def test_ages(age: timedelta | None, text: str) -> None:
 
 
 def test_urls_in_messages_carry_no_password() -> None:
-    assert dlq.redact("amqp://guest:s3cret@host:5672/v") == "amqp://guest@host:5672/v"
+    assert dlq.redact("amqp://guest:s3cret@host:5672/v") == "amqp://guest:***@host:5672/v"
     assert dlq.redact("amqp://host/") == "amqp://host/"
     assert dlq.vhost_of("amqp://guest:guest@host:5672/") == "/"
     assert dlq.vhost_of("amqp://guest:guest@host:5672/%2Fprod") == "/prod"

@@ -5,26 +5,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
+from contracts.models import Status
 from worker.bench.cpu import CpuUsage
 from worker.bench.shards import PhaseResult
 from worker.bench.workload import SAVED, PlannedEvent
 from worker.config import Limits
 
 CPU_GROUPS = ("worker", "postgres", "rabbitmq", "redis", "bench", "other")
-STATUS_ORDER = (
-    "memory_saved_successfully",
-    "memory_save_failed_invalid_args",
-    "memory_save_failed_invalid_content",
-    "memory_save_failed_disabled",
-    "memory_save_failed_limit_exceeded",
-    "memory_save_failed_ambiguous_user",
-    "memory_save_failed_user_not_found",
-    "memory_save_failed_privacy_restricted",
-    "memory_save_failed_internal_error",
-    "memory_save_failed_db_error",
-)
+#: the statuses in CONTRACT.md's order
+STATUS_ORDER: tuple[str, ...] = get_args(Status)
 
 
 def percentile(sorted_values: list[float], p: float) -> float:

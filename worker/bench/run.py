@@ -34,7 +34,6 @@ from worker.bench.sandbox import (
     SandboxError,
     check_database_is_empty,
     check_vhost_is_free,
-    redact,
 )
 from worker.bench.seed import Prefill, seed_database
 from worker.bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, Shards
@@ -42,6 +41,7 @@ from worker.bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, 
 from worker.bench.world import World, build_world
 from worker.broker.topology import declare_topology, retry_delays
 from worker.config import Settings, load_settings
+from worker.config import redact_url as redact
 from worker.store.pool import create_pool
 
 DEFAULT_RESULT_BYTES = 450

@@ -20,6 +20,8 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
+from worker.config import redact_url as redact
+
 RABBITMQCTL_TIMEOUT = 60.0
 
 
@@ -30,14 +32,6 @@ class SandboxError(RuntimeError):
 def with_path(url: str, path: str) -> str:
     """``url`` with its path (database name, vhost) replaced."""
     return urlunsplit(urlsplit(url)._replace(path=path))
-
-
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def is_local(url: str) -> bool:
