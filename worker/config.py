@@ -11,10 +11,24 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+#: LTM_TRACING values (worker/tracing.py)
+TRACING_MODES = ("off", "otlp", "console")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
 
 _LEADING_INT = re.compile(r"^\s*([+-]?\d+)")
 
@@ -79,8 +93,10 @@ class Settings:
     log_format: str = "auto"
     log_level: str = "info"
     http_port: int = 0
+    #: OpenTelemetry spans: ``off``, ``otlp`` or ``console`` (worker/tracing.py)
+    tracing: str = "off"
     #: settings that were given but invalid, as (variable, raw value, default used)
-    fallbacks: tuple[tuple[str, str, int], ...] = ()
+    fallbacks: tuple[tuple[str, str, int | str], ...] = ()
 
 
 #: integer settings: environment variable -> (Settings or Limits field, default)
@@ -104,7 +120,7 @@ _INT_VARS = {
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Build the settings from ``env`` (default: ``os.environ``)."""
     env = os.environ if env is None else env
-    fallbacks: list[tuple[str, str, int]] = []
+    fallbacks: list[tuple[str, str, int | str]] = []
 
     def integer(var: str, default: int) -> int:
         raw = env.get(var)
@@ -117,6 +133,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     ints = {name: integer(var, default) for var, (name, default) in _INT_VARS.items()}
     http_raw = env.get("LTM_HTTP_PORT", "")
     http_port = int(http_raw) if http_raw.strip().isdigit() else 0
+    tracing_raw = env.get("LTM_TRACING") or "off"
+    tracing = tracing_raw.strip().lower()
+    if tracing not in TRACING_MODES:
+        fallbacks.append(("LTM_TRACING", tracing_raw, "off"))
+        tracing = "off"
     return Settings(
         postgres_dsn=env.get("LTM_POSTGRES_DSN") or DEFAULT_POSTGRES_DSN,
         rabbitmq_url=env.get("LTM_RABBITMQ_URL") or DEFAULT_RABBITMQ_URL,
@@ -125,6 +146,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_format=(env.get("LTM_LOG_FORMAT") or "auto").lower(),
         log_level=(env.get("LTM_LOG_LEVEL") or "info").lower(),
         http_port=http_port,
+        tracing=tracing,
         retry_max_attempts=ints["retry_max_attempts"],
         retry_base_delay_ms=ints["retry_base_delay_ms"],
         retry_max_delay_ms=ints["retry_max_delay_ms"],
