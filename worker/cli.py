@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from worker.config import Settings, load_settings
+from worker.config import TRACING_MODES, Settings, load_settings, redact_url
 from worker.logs import configure_logging
 
 ENVIRONMENT_HELP = """
@@ -24,6 +24,7 @@ configuration comes from the environment (see the README for the full table):
   MAX_SERVER_MEMORIES, MAX_PERSONAL_MEMORIES, MAX_MEMORY_LENGTH   limits (100, 100, 1000)
   LTM_RETRY_MAX_ATTEMPTS, LTM_RETRY_BASE_DELAY_MS, LTM_RETRY_MAX_DELAY_MS   retries (5, 1000, 60000)
   LTM_PREFETCH, LTM_CONCURRENCY, LTM_SHUTDOWN_GRACE_SECONDS, LTM_LOG_FORMAT, LTM_LOG_LEVEL
+  LTM_TRACING        OpenTelemetry spans: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (off)
 command-line options override the environment.
 """
 
@@ -77,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         "--http-port",
         type=int,
         help="serve /healthz, /readyz and /metrics on this port (env LTM_HTTP_PORT; 0 = off, the default)",
+    )
+    run.add_argument(
+        "--tracing",
+        choices=TRACING_MODES,
+        help="an OpenTelemetry span per event: otlp (configured by OTEL_EXPORTER_OTLP_*) or console "
+        "(spans on stdout); needs the tracing extra (env LTM_TRACING; off)",
     )
     check = commands.add_parser(
         "check",
@@ -224,6 +231,7 @@ _OPTION_ENV = {
     "log_format": "LTM_LOG_FORMAT",
     "log_level": "LTM_LOG_LEVEL",
     "http_port": "LTM_HTTP_PORT",
+    "tracing": "LTM_TRACING",
 }
 
 
@@ -319,23 +327,13 @@ async def _migrate(dsn: str) -> int:
         log.error("migration refused", error=str(exc))
         return 1
     except (OSError, ConnectionError) as exc:
-        log.error("cannot reach Postgres", dsn=_redact(dsn), error=str(exc))
+        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=str(exc))
         return 1
     if applied:
         log.info("migrations applied", applied=applied)
     else:
         log.info("schema is up to date")
     return 0
-
-
-def _redact(dsn: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return dsn
 
 
 if __name__ == "__main__":

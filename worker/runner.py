@@ -46,6 +46,7 @@ from worker.pipeline import outcome
 from worker.store.migrate import pending_migrations
 from worker.store.pool import create_pool
 from worker.store.unit_of_work import ProcessedEvent, process_event, utcnow
+from worker.tracing import Attribute, EventSpan, create_tracer
 
 log = structlog.get_logger("worker")
 
@@ -72,6 +73,7 @@ class Worker:
         self._publisher: Publisher | None = None
         self._consuming = False
         self.metrics = Metrics()
+        self._tracer = create_tracer(settings.tracing, settings.topology.work_queue)
         self._http = (
             HealthServer(settings.http_port, self.readiness, self.metrics) if settings.http_port > 0 else None
         )
@@ -194,6 +196,7 @@ class Worker:
                 log.warning("postgres connections not released in time; closed without waiting")
                 self._pool.terminate()
         await self._cache.close()
+        self._tracer.shutdown()
 
     # -- one connection's life -----------------------------------------------------------------------
 
@@ -327,7 +330,9 @@ class Worker:
         parsed = read_event(message.body)
         if isinstance(parsed, Unreadable):
             failure = outcome.internal_error(parsed.error) if parsed.ids else None
-            await self._dead_letter(message, parsed.kind, parsed.error, 1, parsed.ids, failure)
+            await self._dead_letter(
+                message, parsed.kind, parsed.error, 1, parsed.ids, failure, traceparent=_traceparent(message)
+            )
             log.warning(
                 "dead-lettered unreadable event",
                 kind=parsed.kind,
@@ -342,42 +347,59 @@ class Worker:
             "shard_id": event.shard_id,
             "attempts": attempt,
         }
-        processed: ProcessedEvent | None = None
-        self.metrics.in_flight.inc()
-        try:
-            assert self._pool is not None
-            processed = await process_event(self._pool, event, self.settings.limits, attempts=attempt)
-            await self._publish(event, processed, message)
-            await message.ack()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._fail(message, event, attempt, exc, committed=processed is not None, fields=fields)
-            return
-        finally:
-            self.metrics.in_flight.dec()
-        elapsed = time.monotonic() - started
-        self.metrics.events.labels(processed.status).inc()
-        self.metrics.duration.observe(elapsed)
-        if processed.replayed:
-            self.metrics.replayed.inc()
-        if processed.memory_id is not None:
-            log.debug(
-                "memory content",
-                event_id=fields["event_id"],
-                content=processed.result["data"].get("content_saved"),
+        span_attributes: dict[str, Attribute] = {
+            "messaging.message.id": str(event.event_id),
+            "ltm.tool_call_id": event.tool_call_id,
+            "ltm.shard_id": event.shard_id,
+            "ltm.attempts": attempt,
+        }
+        with self._tracer.event_span(_traceparent(message), span_attributes) as span:
+            processed: ProcessedEvent | None = None
+            self.metrics.in_flight.inc()
+            try:
+                assert self._pool is not None
+                processed = await process_event(self._pool, event, self.settings.limits, attempts=attempt)
+                span.set(
+                    {
+                        "ltm.status": processed.status,
+                        "ltm.memory_id": processed.memory_id,
+                        "ltm.replayed": processed.replayed,
+                    }
+                )
+                await self._publish(event, processed, span.traceparent)
+                await message.ack()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                span.fail(exc)
+                await self._fail(
+                    message, event, attempt, exc, committed=processed is not None, fields=fields, span=span
+                )
+                return
+            finally:
+                self.metrics.in_flight.dec()
+            elapsed = time.monotonic() - started
+            self.metrics.events.labels(processed.status).inc()
+            self.metrics.duration.observe(elapsed)
+            if processed.replayed:
+                self.metrics.replayed.inc()
+            if processed.memory_id is not None:
+                log.debug(
+                    "memory content",
+                    event_id=fields["event_id"],
+                    content=processed.result["data"].get("content_saved"),
+                )
+            log.info(
+                "event processed",
+                **fields,
+                status=processed.status,
+                memory_id=processed.memory_id,
+                replayed=processed.replayed,
+                duration_ms=round(elapsed * 1000, 1),
             )
-        log.info(
-            "event processed",
-            **fields,
-            status=processed.status,
-            memory_id=processed.memory_id,
-            replayed=processed.replayed,
-            duration_ms=round(elapsed * 1000, 1),
-        )
 
     async def _publish(
-        self, event: ToolCallEvent, processed: ProcessedEvent, message: AbstractIncomingMessage
+        self, event: ToolCallEvent, processed: ProcessedEvent, traceparent: str | None
     ) -> None:
         """Result and notice (confirmed) and the invalidation, side by side: all must succeed before the ack,
         none waits for another."""
@@ -389,7 +411,7 @@ class Worker:
                 shard_id=event.shard_id,
                 result=processed.result,
                 notification=processed.notification,
-                traceparent=_traceparent(message),
+                traceparent=traceparent,
             )
         ]
         if processed.invalidation is not None:
@@ -405,6 +427,7 @@ class Worker:
         *,
         committed: bool,
         fields: dict[str, Any],
+        span: EventSpan,
     ) -> None:
         """Route a failed attempt: retry later, or dead-letter it (with a failure result when none exists)."""
         ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
@@ -418,11 +441,23 @@ class Worker:
             if not is_transient(exc):
                 log.error("internal error; dead-lettered", **fields, error=reason, exc_info=exc)
                 failure = None if committed else outcome.internal_error(f"{type(exc).__name__}: {exc}")
-                await self._dead_letter(message, "internal", reason, attempt, ids, failure)
+                span.set({"ltm.status": failure.status if failure else None})
+                await self._dead_letter(
+                    message, "internal", reason, attempt, ids, failure, traceparent=span.traceparent
+                )
             elif attempt >= self.settings.retry_max_attempts:
                 log.error("transient fault outlasted every retry; dead-lettered", **fields, error=reason)
                 failure = None if committed else outcome.database_error()
-                await self._dead_letter(message, "transient_exhausted", reason, attempt, ids, failure)
+                span.set({"ltm.status": failure.status if failure else None})
+                await self._dead_letter(
+                    message,
+                    "transient_exhausted",
+                    reason,
+                    attempt,
+                    ids,
+                    failure,
+                    traceparent=span.traceparent,
+                )
             else:
                 delay = self._delay_before(attempt + 1)
                 assert self._publisher is not None
@@ -456,8 +491,12 @@ class Worker:
         attempts: int,
         ids: RoutableIds | None,
         failure: outcome.Outcome | None,
+        *,
+        traceparent: str | None,
     ) -> None:
-        """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack."""
+        """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack.
+
+        The DLQ copy keeps the event's own headers; the failure result carries ``traceparent``."""
         assert self._publisher is not None
         await self._publisher.dead_letter(message, kind=kind, error=error, attempts=attempts)
         self.metrics.dead_letters.labels(kind).inc()
@@ -469,7 +508,7 @@ class Worker:
                 shard_id=ids.shard_id,
                 result=result.model_dump(mode="json"),
                 notification=None,
-                traceparent=_traceparent(message),
+                traceparent=traceparent,
             )
         await message.ack()
 

@@ -1,0 +1,210 @@
+"""OpenTelemetry tracing: one CONSUMER span per event, continuing the event's W3C ``traceparent``.
+
+Off by default (``LTM_TRACING=off``): then nothing here imports OpenTelemetry, each event costs one tiny
+object, and outputs carry the incoming ``traceparent`` unchanged. With ``otlp`` or ``console`` (and the
+``tracing`` extra installed) each event gets a span ``<queue> process`` whose parent is the shard's span,
+and the outputs carry the same trace id with the new span's id (CONTRACT.md "Details fixed here").
+
+The runner only sees :class:`EventTracer` and :class:`EventSpan`; the SDK stays in this module.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span
+
+log = structlog.get_logger("worker.tracing")
+
+OFF = "off"
+OTLP = "otlp"
+CONSOLE = "console"
+SERVICE_NAME = "tomoribot-ltm-worker"
+INSTALL_HINT = "pip install 'tomoribot-ltm-worker[tracing]'"
+#: how long the worker's exit waits for the last spans to be exported
+SHUTDOWN_SECONDS = 5.0
+
+_TRACEPARENT = "traceparent"
+_missing_reported = False
+
+#: what an attribute may be; ``None`` means "not known" and is left off the span
+Attribute = str | int | float | bool | None
+
+
+class EventSpan(Protocol):
+    """The span of one event, as the runner sees it."""
+
+    @property
+    def traceparent(self) -> str | None:
+        """The ``traceparent`` to put on everything published for this event."""
+
+    def set(self, attributes: Mapping[str, Attribute]) -> None:
+        """Add what became known while handling the event (status, memory id)."""
+
+    def fail(self, exc: BaseException) -> None:
+        """Record an exception the runner handled itself and mark the span as failed."""
+
+
+class EventTracer(Protocol):
+    """Opens the span of each event; :func:`create_tracer` picks the implementation."""
+
+    def event_span(
+        self, traceparent: str | None, attributes: Mapping[str, Attribute]
+    ) -> AbstractContextManager[EventSpan]:
+        """A span around the handling of one event, continuing ``traceparent`` (the event's header)."""
+
+    def shutdown(self) -> None:
+        """Export what is still buffered (bounded wait) and stop; called once, at the worker's exit."""
+
+
+class _Untraced:
+    """Tracing off: the event's own ``traceparent`` goes out unchanged and nothing is recorded."""
+
+    __slots__ = ("traceparent",)
+
+    def __init__(self, traceparent: str | None) -> None:
+        self.traceparent = traceparent
+
+    def __enter__(self) -> _Untraced:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, attributes: Mapping[str, Attribute]) -> None:
+        return None
+
+    def fail(self, exc: BaseException) -> None:
+        return None
+
+
+class UntracedEvents:
+    """The tracer when tracing is off (or OpenTelemetry is not installed)."""
+
+    def event_span(
+        self, traceparent: str | None, attributes: Mapping[str, Attribute]
+    ) -> AbstractContextManager[EventSpan]:
+        return _Untraced(traceparent)
+
+    def shutdown(self) -> None:
+        return None
+
+
+class _RecordedSpan:
+    __slots__ = ("_span", "traceparent")
+
+    def __init__(self, span: Span, traceparent: str | None) -> None:
+        self._span = span
+        self.traceparent = traceparent
+
+    def set(self, attributes: Mapping[str, Attribute]) -> None:
+        self._span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+    def fail(self, exc: BaseException) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span.record_exception(exc)
+        self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+
+
+class TracedEvents:
+    """One CONSUMER span per event on ``provider``, parented by the event's ``traceparent``."""
+
+    def __init__(self, provider: TracerProvider, destination: str = "ltm.create_memory") -> None:
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._provider = provider
+        self._tracer = provider.get_tracer("worker")
+        # the contract carries W3C traceparent only, whatever OTEL_PROPAGATORS says
+        self._propagator = TraceContextTextMapPropagator()
+        self._empty = Context
+        self._kind = SpanKind.CONSUMER
+        self._name = f"{destination} process"
+        self._static: dict[str, Attribute] = {
+            "messaging.system": "rabbitmq",
+            "messaging.destination.name": destination,
+            "messaging.operation.type": "process",
+        }
+
+    @contextmanager
+    def event_span(self, traceparent: str | None, attributes: Mapping[str, Attribute]) -> Iterator[EventSpan]:
+        # no (or an unreadable) traceparent: a new trace, never the ambient context's
+        parent = self._propagator.extract({_TRACEPARENT: traceparent}) if traceparent else self._empty()
+        with self._tracer.start_as_current_span(
+            self._name,
+            context=parent,
+            kind=self._kind,
+            attributes={k: v for k, v in {**self._static, **attributes}.items() if v is not None},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            carrier: dict[str, str] = {}
+            self._propagator.inject(carrier)  # the current context: this span
+            handle = _RecordedSpan(span, carrier.get(_TRACEPARENT, traceparent))
+            try:
+                yield handle
+            except BaseException as exc:  # cancelled (connection lost, stop) or a bug: the span says so
+                handle.fail(exc)
+                raise
+
+    def shutdown(self) -> None:
+        # a collector that does not answer must not hold the exit: wait a bounded time, then leave the
+        # exporter's daemon threads behind
+        done = threading.Thread(target=self._provider.shutdown, name="tracing-shutdown", daemon=True)
+        done.start()
+        done.join(SHUTDOWN_SECONDS)
+        if done.is_alive():
+            log.warning("spans not exported before exit", waited_s=SHUTDOWN_SECONDS)
+
+
+def create_tracer(mode: str, destination: str = "ltm.create_memory") -> EventTracer:
+    """The tracer for ``LTM_TRACING=mode``: ``off``, ``otlp`` (OTLP/HTTP, configured by the standard
+    ``OTEL_EXPORTER_OTLP_*`` variables) or ``console`` (spans as JSON lines on stdout).
+
+    Without the ``tracing`` extra installed, any mode but ``off`` warns and runs untraced.
+    """
+    if mode not in (OTLP, CONSOLE):
+        return UntracedEvents()
+    try:
+        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+        from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+        exporter: SpanExporter
+        if mode == OTLP:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter()
+        else:
+
+            def one_line(span: ReadableSpan) -> str:
+                return str(span.to_json(indent=None)) + "\n"
+
+            exporter = ConsoleSpanExporter(out=sys.stdout, formatter=one_line)
+    except ImportError as exc:
+        global _missing_reported
+        if not _missing_reported:
+            _missing_reported = True
+            log.warning(
+                "tracing is not installed; running without it",
+                tracing=mode,
+                missing=exc.name,
+                install=INSTALL_HINT,
+            )
+        return UntracedEvents()
+    # ours unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES name the service
+    resource = Resource.create({"service.name": SERVICE_NAME}).merge(OTELResourceDetector().detect())
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    log.info("tracing on", tracing=mode, service=resource.attributes.get("service.name"))
+    return TracedEvents(provider, destination)
