@@ -221,6 +221,10 @@ class Worker:
             queue = await consume_channel.declare_queue(
                 settings.topology.work_queue, durable=True, arguments=work_queue_arguments(settings.topology)
             )
+            # the broker may cancel the consumer itself (the queue was deleted, a node went away): aio-pika
+            # does not restore it, so treat it like a lost connection and start over (declare, consume)
+            underlay = await consume_channel.get_underlay_channel()
+            underlay.on_consumer_cancel_callbacks.add(lambda *_: self._consumer_cancelled(lost))
             tag = await queue.consume(self._on_message, no_ack=False)
             self._consuming = True
             self.metrics.dependency_up.labels("rabbitmq").set(1)
@@ -238,6 +242,11 @@ class Worker:
             self.metrics.dependency_up.labels("rabbitmq").set(0)
             self._publisher = None
             await _close_quietly(connection)
+
+    def _consumer_cancelled(self, lost: asyncio.Event) -> None:
+        if not self._stopping.is_set():
+            log.warning("rabbitmq cancelled the consumer; reconnecting")
+            lost.set()
 
     async def _drain(self, queue: AbstractQueue, tag: str) -> None:
         """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""

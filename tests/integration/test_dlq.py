@@ -573,7 +573,7 @@ async def test_unreachable_rabbitmq_exits_3_without_the_password() -> None:
     ran = await cli("list", url="amqp://guest:s3cret@127.0.0.1:1/")
 
     assert ran.code == 3
-    assert ran.err.startswith("cannot reach RabbitMQ at amqp://guest@127.0.0.1:1/: ")
+    assert ran.err.startswith("cannot reach RabbitMQ at amqp://guest:***@127.0.0.1:1/: ")
     assert "s3cret" not in ran.err
 
 
