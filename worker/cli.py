@@ -23,7 +23,8 @@ configuration comes from the environment (see the README for the full table):
   LTM_REDIS_URL      Redis URL                     (default redis://127.0.0.1:6379/0)
   MAX_SERVER_MEMORIES, MAX_PERSONAL_MEMORIES, MAX_MEMORY_LENGTH   limits (100, 100, 1000)
   LTM_RETRY_MAX_ATTEMPTS, LTM_RETRY_BASE_DELAY_MS, LTM_RETRY_MAX_DELAY_MS   retries (5, 1000, 60000)
-  LTM_PREFETCH, LTM_CONCURRENCY, LTM_SHUTDOWN_GRACE_SECONDS, LTM_LOG_FORMAT, LTM_LOG_LEVEL
+  LTM_PREFETCH, LTM_CONCURRENCY, LTM_POSTGRES_POOL_SIZE, LTM_SHUTDOWN_GRACE_SECONDS (64, 32, 10, 30)
+  LTM_LOG_FORMAT, LTM_LOG_LEVEL, LTM_HTTP_PORT   logs (auto, info) and the probe endpoint (0 = off)
   LTM_TRACING        OpenTelemetry spans: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (off)
 command-line options override the environment.
 """

@@ -169,3 +169,36 @@ async def test_postgres_blip_shorter_than_the_budget_ends_normally(
     assert (
         await stack.rows.conn.fetchval("SELECT attempts FROM ltm_processed_events") == processed["attempts"]
     )
+
+
+async def test_an_unroutable_result_is_an_error_and_a_replay_delivers_it(stack: Stack) -> None:
+    """No queue is bound for the event's shard: the confirmed, mandatory publish comes back, the event
+    retries and ends in the DLQ (the memory saved once, its outcome in the ledger); once the shard's
+    queue exists, replaying the letter delivers the stored result."""
+    world = await stack.rows.world()
+    worker = stack.worker(LTM_RETRY_MAX_ATTEMPTS="2")
+    await stack.workers_ready()
+    body = event_body(
+        {"memory_content": "for a shard that is not there", "memory_scope": "server_wide"},
+        persona_id=world.persona_id,
+        shard_id=99,
+    )
+    async with Shard(stack.rabbitmq_url, shard_id=3) as other_shard:
+        await other_shard.publish(body)
+        [letter] = await take_dead_letters(stack.rabbitmq_url, 1, timeout=30)
+    assert_headers(letter.headers, "transient_exhausted", 2, "was not delivered")
+    assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
+    assert (
+        await stack.rows.conn.fetchval("SELECT status FROM ltm_processed_events")
+        == "memory_saved_successfully"
+    )
+    assert worker.count("transient fault; retrying later") == 1
+
+    async with Shard(stack.rabbitmq_url, shard_id=99) as shard:
+        # the letter goes back to the work queue as `worker dlq replay` sends it
+        await shard.publish(letter.body, headers={"x-ltm-replay-count": 1})
+        await shard.wait_for_results([body["event_id"]], timeout=30)
+    [result] = shard.received.results[body["event_id"]]
+    assert result["success"] is True
+    assert result["replayed"] is True
+    assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
