@@ -2,8 +2,9 @@
 
 1. wait until Postgres (migrated), Redis and RabbitMQ all answer;
 2. connect to RabbitMQ, declare the topology, consume with a bounded prefetch;
-3. for each delivery: read the envelope, process it in one transaction, publish the result and notice
-   (confirmed), publish the invalidation, ack. Failures go to a retry queue or the DLQ, never in a loop;
+3. for each delivery: read the envelope, process it against Postgres (one read, one writing statement
+   that commits everything the event writes), publish the result and notice (confirmed) and the
+   invalidation, ack. Failures go to a retry queue or the DLQ, never in a loop;
 4. when the connection is lost: let in-flight events fail, reconnect with backoff, consume again
    (unacked deliveries are redelivered and answered from the store);
 5. on SIGTERM/SIGINT: stop consuming, finish in-flight events within the grace period, close, exit 0.
@@ -189,7 +190,7 @@ class Worker:
         if self._pool is not None:
             # A graceful close waits for every connection to come back; one held by an abandoned event
             # whose Postgres does not answer the cancel (a frozen server, a partition) never does, e.g.
-            # after a broker outage, and the process would never exit. Its transaction rolls back anyway.
+            # after a broker outage, and the process would never exit. Its event is redelivered anyway.
             try:
                 await asyncio.wait_for(self._pool.close(), timeout=POOL_CLOSE_SECONDS)
             except TimeoutError:
@@ -269,7 +270,8 @@ class Worker:
         log.info("stopped cleanly")
 
     async def _abandon_inflight(self) -> None:
-        """Cancel what is still running: transactions roll back, the broker requeues unacked deliveries."""
+        """Cancel what is still running: the broker requeues the unacked deliveries, and the ledger answers
+        any whose write had already committed."""
         tasks = set(self._inflight)
         for task in tasks:
             task.cancel()
