@@ -337,6 +337,23 @@ class ManagementApi:
                 raise
 
 
+async def run_command(*command: str, timeout: float) -> tuple[int, str]:
+    """Run a command with no input; its exit code and output. A timeout kills it and raises TimeoutError."""
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    return int(process.returncode or 0), output.decode(errors="replace").strip()
+
+
 @dataclass(frozen=True)
 class Rabbitmqctl:
     """Vhosts through `rabbitmqctl`, for a broker on this machine without the management plugin."""
@@ -344,22 +361,9 @@ class Rabbitmqctl:
     executable: str
 
     async def _run(self, *args: str) -> None:
-        process = await asyncio.create_subprocess_exec(
-            self.executable,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(process.communicate(), RABBITMQCTL_TIMEOUT)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise
-        if process.returncode != 0:
-            text = output.decode(errors="replace").strip()
-            raise RuntimeError(f"rabbitmqctl {' '.join(args)} exited {process.returncode}: {text}")
+        code, text = await run_command(self.executable, *args, timeout=RABBITMQCTL_TIMEOUT)
+        if code != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} exited {code}: {text}")
 
     async def create(self, vhost: str, user: str) -> None:
         """`add_vhost`, then `set_permissions` with full rights."""

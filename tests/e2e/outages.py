@@ -20,6 +20,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from tests.services import run_command
+
 COMMAND_TIMEOUT = 60.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 REDIS_START = ["--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379"]
@@ -38,21 +40,12 @@ def _require_local(url: str, port: int, tool: str) -> str:
 
 async def run(*command: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> str:
     """Run a command; its output. Fails the test on a non-zero exit (``check``) or a timeout."""
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
     try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+        code, text = await run_command(*command, timeout=timeout)
     except TimeoutError:
-        process.kill()
-        await process.wait()
         raise AssertionError(f"{' '.join(command)} did not finish within {timeout}s") from None
-    text = output.decode(errors="replace").strip()
-    if check and process.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} exited {process.returncode}: {text}")
+    if check and code != 0:
+        raise AssertionError(f"{' '.join(command)} exited {code}: {text}")
     return text
 
 
