@@ -51,6 +51,7 @@ from tests.services import (
 )
 from worker.broker.publisher import Publisher
 from worker.broker.topology import (
+    dead_letter_queue_arguments,
     declare_topology,
     retry_delays,
     retry_queue_arguments,
@@ -111,7 +112,7 @@ def test_the_retry_queues_are_those_of_the_default_delays_with_the_worker_argume
 def test_the_file_holds_exactly_the_contract_topology() -> None:
     definitions = load_definitions()
     queues = by_name(definitions["queues"])
-    assert queues[TOPOLOGY.dead_letter_queue]["arguments"] == {"x-queue-type": "quorum"}
+    assert queues[TOPOLOGY.dead_letter_queue]["arguments"] == dead_letter_queue_arguments()
     assert len(queues) == 2 + len(DEFAULT_DELAYS)
     exchanges = by_name(definitions["exchanges"])
     assert sorted(exchanges) == sorted(

@@ -21,6 +21,10 @@ from worker.config import Topology
 
 #: a delivery redelivered this many times (consumer crashes, channel losses) goes to the DLQ
 DEFAULT_DELIVERY_LIMIT = 20
+#: the DLQ's own limit: in effect none. RabbitMQ 4.x gives quorum queues a default of 20, and the DLQ has
+#: no dead-letter exchange, so over a limit a dead letter would be dropped; `worker dlq list` puts back
+#: what it reads, and a few hundred inspections must never cost a dead letter
+DEAD_LETTER_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 
 def work_queue_arguments(topology: Topology, delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> dict[str, Any]:
@@ -33,6 +37,11 @@ def work_queue_arguments(topology: Topology, delivery_limit: int = DEFAULT_DELIV
         # at-least-once dead-lettering requires reject-publish (drop-head silently falls back)
         "x-overflow": "reject-publish",
     }
+
+
+def dead_letter_queue_arguments() -> dict[str, Any]:
+    """Arguments of ``ltm.create_memory.dlq``; the definitions file under deploy/ must carry the same."""
+    return {"x-queue-type": "quorum", "x-delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT}
 
 
 def retry_queue_arguments(topology: Topology) -> dict[str, Any]:
@@ -85,7 +94,7 @@ async def declare_topology(
     dead_letter = await channel.declare_exchange(topology.dead_letter_exchange, topic, durable=True)
 
     dlq = await channel.declare_queue(
-        topology.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+        topology.dead_letter_queue, durable=True, arguments=dead_letter_queue_arguments()
     )
     await dlq.bind(dead_letter, routing_key="#")
 
