@@ -133,7 +133,7 @@ async def save_event(
 
     Returns ``(duplicate, memory_id, count_before)``: ``duplicate`` when the event was already recorded;
     ``memory_id`` ``None`` (not duplicate) when the scope was full. Nothing is written in either case
-    (migration 0004, ``ltm_save_event``).
+    (migration 0003, ``ltm_save_event``).
     """
     row = await conn.fetchrow(
         "SELECT duplicate, memory_id, current_count FROM ltm_save_event("

@@ -1,17 +1,13 @@
 -- Everything an event writes, in one statement (one implicit transaction, one round trip).
 --
--- Replaces ltm_save_memory (0003), which needed the caller's BEGIN/COMMIT around it. The event's state is
--- read by the statement before (under READ COMMITTED a read inside the writing transaction would take its
--- own snapshot all the same); what must be atomic is here: the claim of the event id, the count under the
--- scope lock, the memory row and the recorded outcome commit together or not at all.
-DROP FUNCTION IF EXISTS public.ltm_save_memory(
-    UUID, TEXT, INTEGER, BIGINT, INTEGER, INTEGER, TEXT, BIGINT, JSONB, JSONB, JSONB, INTEGER, TIMESTAMPTZ
-);
+-- The event's state is read by the statement before (under READ COMMITTED a read inside the writing
+-- transaction would take its own snapshot all the same); what must be atomic is here: the claim of the event
+-- id, the count under the scope lock, the memory row and the recorded outcome commit together or not at all.
 
 -- Returns one row: (duplicate, memory_id, current_count).
 --   duplicate: the event id was already recorded (by a concurrent or earlier delivery): nothing written;
 --   memory_id NULL and not duplicate: the scope was full (current_count rows): nothing written, the caller
---   records the limit outcome with ltm_record_outcome;
+--   records the limit outcome itself (repository.record_outcome);
 --   else the memory was saved with that id and the outcome recorded (data.memory_id filled in).
 CREATE OR REPLACE FUNCTION public.ltm_save_event(
     p_event_id UUID,
