@@ -15,6 +15,7 @@ import regex
 
 from contracts.models import GuildMember, Notice
 from worker.pipeline.state import UserRecord
+from worker.pipeline.text import JS_WHITESPACE, js_trim
 
 #: ``MEMORY_NOTICE_PREVIEW_LIMIT``: code points of rendered content shown before "Show Full Memory".
 MEMORY_NOTICE_PREVIEW_LIMIT = 600
@@ -46,13 +47,7 @@ PERSONAL_MEMORY_FOOTER_USER_BLACKLISTED = (
 #: U+200B between backticks: renders as nothing but stops a run from closing the notice's fence.
 FENCE_GUARD = "\u200b"
 
-# JavaScript's ``\s`` and ``String.prototype.trim`` set. Python's differs (it has U+001C..U+001F and
-# U+0085, lacks U+FEFF), and the original decides with JavaScript's.
-_JS_WHITESPACE = (
-    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
-    "\u2028\u2029\u202f\u205f\u3000\ufeff"
-)
-_WS = "[" + re.escape(_JS_WHITESPACE) + "]*"
+_WS = "[" + re.escape(JS_WHITESPACE) + "]*"
 
 _BACKTICK_RUN = re.compile(r"`{2,}")
 _GRAPHEME = regex.compile(r"\X")
@@ -83,10 +78,6 @@ _MACRO_PATTERNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
 }
 
 
-def _js_trim(text: str) -> str:
-    return text.strip(_JS_WHITESPACE)
-
-
 def neutralize_backticks(text: str) -> str:
     """Put U+200B between the backticks of every run of two or more, so content cannot close a fence.
 
@@ -105,7 +96,7 @@ def build_preview(text: str, limit: int = MEMORY_NOTICE_PREVIEW_LIMIT) -> tuple[
     before the cut so the guards count against the limit. Returns ``(preview, expandable)``, where
     ``expandable`` says the guarded text was longer than ``limit``.
     """
-    guarded = neutralize_backticks(_js_trim(text))
+    guarded = neutralize_backticks(js_trim(text))
     if len(guarded) <= limit:
         return guarded, False
     kept: list[str] = []
@@ -259,4 +250,4 @@ def _fenced(preview: str) -> str:
 
 
 def _full_content(rendered_content: str) -> str:
-    return neutralize_backticks(_js_trim(rendered_content))
+    return neutralize_backticks(js_trim(rendered_content))
