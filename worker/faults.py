@@ -48,7 +48,12 @@ def _is_transient_one(exc: BaseException) -> bool:
         return True
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return True
+    # a channel closed under an event (connection lost) is not an AMQPError in aiormq, but it is the
+    # broker's fault, not the event's
     return isinstance(
         exc,
-        aio_pika.exceptions.AMQPError | aiormq.exceptions.AMQPError | aio_pika.exceptions.DeliveryError,
+        aio_pika.exceptions.AMQPError
+        | aiormq.exceptions.AMQPError
+        | aio_pika.exceptions.DeliveryError
+        | aiormq.exceptions.ChannelInvalidStateError,
     )
