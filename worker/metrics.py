@@ -21,6 +21,12 @@ class Metrics:
             buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
             registry=self.registry,
         )
+        self.batch_size = Histogram(
+            "ltm_db_batch_size",
+            "Events written to Postgres together (one transaction); 1 when the worker is not busy.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=self.registry,
+        )
         self.retries = Counter(
             "ltm_retries_total",
             "Attempts that met a transient fault and went to a retry queue.",

@@ -44,9 +44,10 @@ from worker.faults import is_transient
 from worker.http import HealthServer
 from worker.metrics import Metrics
 from worker.pipeline import outcome
+from worker.store.batcher import Batcher
 from worker.store.migrate import pending_migrations
 from worker.store.pool import create_pool
-from worker.store.unit_of_work import ProcessedEvent, process_event, utcnow
+from worker.store.unit_of_work import ProcessedEvent, utcnow
 from worker.tracing import Attribute, EventSpan, create_tracer
 
 log = structlog.get_logger("worker")
@@ -55,6 +56,8 @@ RECONNECT_MIN_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 15.0
 #: how long closing the Postgres pool may wait for connections to be handed back before closing them hard
 POOL_CLOSE_SECONDS = 3.0
+#: how long abandoned events and batches get to let go of Postgres before their connections are cut
+ABANDON_SECONDS = 5.0
 
 
 class Worker:
@@ -70,6 +73,7 @@ class Worker:
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._inflight: set[asyncio.Task[Any]] = set()
         self._pool: asyncpg.Pool | None = None
+        self._batcher: Batcher | None = None
         self._cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
         self._publisher: Publisher | None = None
         self._consuming = False
@@ -159,6 +163,15 @@ class Worker:
                 self._pool = await create_pool(
                     self.settings.postgres_dsn, size=self.settings.postgres_pool_size
                 )
+                # as many batches at Postgres at once as the pool has connections; a batch holds at
+                # most the events the worker processes at once
+                self._batcher = Batcher(
+                    self._pool,
+                    self.settings.limits,
+                    max_running=self.settings.postgres_pool_size,
+                    max_batch=self.settings.concurrency,
+                    on_batch=self.metrics.batch_size.observe,
+                )
         except Exception as exc:
             problems["postgres"] = _describe(exc)
         try:
@@ -187,6 +200,9 @@ class Worker:
     async def _close(self) -> None:
         if self._http is not None:
             await self._http.close()
+        if self._batcher is not None:
+            # cancel what is left; a batch stuck on a Postgres that does not answer ends with the pool below
+            await self._batcher.abandon(timeout=0)
         if self._pool is not None:
             # A graceful close waits for every connection to come back; one held by an abandoned event
             # whose Postgres does not answer the cancel (a frozen server, a partition) never does, e.g.
@@ -258,25 +274,32 @@ class Worker:
         deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         while self._inflight and time.monotonic() < deadline:
             await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic()))
+        stuck = 0
         if self._inflight:
             log.warning("grace period over: in-flight events are requeued", requeued=len(self._inflight))
-            await self._abandon_inflight()
-        if self._inflight and self._pool is not None:
+            stuck = await self._abandon_inflight()
+        if stuck and self._pool is not None:
             # Cancelled events still wait for Postgres (a server that does not answer the cancel):
             # closing the channel would wait for them too. Cut their connections; the broker requeues
             # the events and the ledger answers any whose commit did go through.
-            log.warning("postgres does not answer; closing its connections", stuck=len(self._inflight))
+            log.warning("postgres does not answer; closing its connections", stuck=stuck)
             self._pool.terminate()
         log.info("stopped cleanly")
 
-    async def _abandon_inflight(self) -> None:
+    async def _abandon_inflight(self) -> int:
         """Cancel what is still running: the broker requeues the unacked deliveries, and the ledger answers
-        any whose write had already committed."""
+        any whose write had already committed. Returns how many events or batches are still stuck after
+        5 s (waiting on a Postgres that does not answer the cancel)."""
+        deadline = time.monotonic() + ABANDON_SECONDS
         tasks = set(self._inflight)
         for task in tasks:
             task.cancel()
+        stuck_batches = 0
+        if self._batcher is not None:
+            stuck_batches = await self._batcher.abandon(timeout=ABANDON_SECONDS)
         if tasks:
-            await asyncio.wait(tasks, timeout=5)
+            await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        return len(self._inflight) + stuck_batches
 
     # -- one delivery ----------------------------------------------------------------------------------
 
@@ -368,8 +391,8 @@ class Worker:
             processed: ProcessedEvent | None = None
             self.metrics.in_flight.inc()
             try:
-                assert self._pool is not None
-                processed = await process_event(self._pool, event, self.settings.limits, attempts=attempt)
+                assert self._batcher is not None
+                processed = await self._batcher.process(event, attempt)
                 span.set(
                     {
                         "ltm.status": processed.status,

@@ -1,12 +1,12 @@
 """SQL the worker runs, in plain sight, one function per statement.
 
-Per event: :func:`load` reads, then one writing statement (:func:`save_event` or :func:`record_outcome`)
-commits everything the event writes at once.
+Per batch of events (one event when the worker is not busy): :func:`load_many` reads, then one writing
+statement (:func:`write_many`) commits everything the events write at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,22 +18,15 @@ import orjson
 from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, ServerState, UserRecord
 
 _LOAD = """
-WITH server AS (
-    SELECT s.server_id, s.server_disc_id,
-           COALESCE(f.self_teaching_enabled, true) AS self_teaching_enabled,
-           COALESCE(f.personal_memories_enabled, true) AS personal_memories_enabled,
-           p.persona_id, p.persona_nickname, p.persona_lineage_id,
-           n.prefixes, n.suffixes
-    FROM servers s
-    LEFT JOIN server_member_permissions_configs f ON f.server_id = s.server_id
-    LEFT JOIN personas p ON p.persona_id = $3 AND p.server_id = s.server_id
-    LEFT JOIN persona_naming_configs n ON n.persona_id = p.persona_id
-    WHERE s.server_disc_id = $2
-)
-SELECT (SELECT jsonb_build_object('status', e.status, 'memory_id', e.memory_id, 'result', e.result,
+SELECT ev.i,
+       (SELECT jsonb_build_object('status', e.status, 'memory_id', e.memory_id, 'result', e.result,
                                   'notice', e.notice, 'invalidation', e.invalidation)
-        FROM ltm_processed_events e WHERE e.event_id = $1) AS stored,
-       server.*,
+        FROM ltm_processed_events e WHERE e.event_id = ev.event_id) AS stored,
+       s.server_id, s.server_disc_id,
+       COALESCE(f.self_teaching_enabled, true) AS self_teaching_enabled,
+       COALESCE(f.personal_memories_enabled, true) AS personal_memories_enabled,
+       p.persona_id, p.persona_nickname, p.persona_lineage_id,
+       n.prefixes, n.suffixes,
        (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                    'user_id', u.user_id,
                    'user_disc_id', u.user_disc_id,
@@ -50,13 +43,29 @@ SELECT (SELECT jsonb_build_object('status', e.status, 'memory_id', e.memory_id, 
         FROM users u
         LEFT JOIN user_personalization_configs c ON c.user_id = u.user_id
         LEFT JOIN user_persona_naming_preferences np
-               ON np.user_id = u.user_id AND np.persona_lineage_id = server.persona_lineage_id
+               ON np.user_id = u.user_id AND np.persona_lineage_id = p.persona_lineage_id
         LEFT JOIN personalization_blacklist b
-               ON b.server_id = server.server_id AND b.user_disc_id = u.user_disc_id
-        WHERE u.user_disc_id = ANY($4::text[])) AS users
-FROM (SELECT 1) AS one
-LEFT JOIN server ON true
+               ON b.server_id = s.server_id AND b.user_disc_id = u.user_disc_id
+        WHERE s.server_id IS NOT NULL AND u.user_disc_id = ANY(ev.user_disc_ids)) AS users
+FROM jsonb_to_recordset($1::jsonb)
+     AS ev(i integer, event_id uuid, server_disc_id text, persona_id integer, user_disc_ids text[])
+LEFT JOIN servers s ON s.server_disc_id = ev.server_disc_id
+LEFT JOIN server_member_permissions_configs f ON f.server_id = s.server_id
+LEFT JOIN personas p ON p.persona_id = ev.persona_id AND p.server_id = s.server_id
+LEFT JOIN persona_naming_configs n ON n.persona_id = p.persona_id
+ORDER BY ev.i
 """
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    """What to read for one event: its id (for a stored outcome), the server by Discord id, the persona,
+    and the Discord ids of the users the pipeline may look up."""
+
+    event_id: UUID
+    server_disc_id: str | None
+    persona_id: int
+    user_disc_ids: Iterable[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +76,28 @@ class Loaded:
     state: LoadedState
 
 
-async def load(
-    conn: asyncpg.Connection,
-    event_id: UUID,
-    server_disc_id: str | None,
-    persona_id: int,
-    user_disc_ids: Iterable[str],
-) -> Loaded:
-    """Load what the pipeline needs, in one round trip: the event's stored outcome (a redelivery is
-    answered from it), the server by Discord id with its flags, the persona if it belongs to that
-    server, and the known users among ``user_disc_ids`` with their naming for the persona's lineage
-    and their blacklist state on the server.
+async def load_many(conn: asyncpg.Connection, requests: Sequence[LoadRequest]) -> list[Loaded]:
+    """Load what the pipeline needs for each request, in one round trip (answers in request order): the
+    event's stored outcome (a redelivery is answered from it), the server by Discord id with its flags,
+    the persona if it belongs to that server, and the known users among ``user_disc_ids`` with their
+    naming for the persona's lineage and their blacklist state on the server.
     """
-    row = await conn.fetchrow(_LOAD, event_id, server_disc_id, persona_id, sorted(set(user_disc_ids)))
-    assert row is not None  # the FROM (SELECT 1) always yields one row
+    payload = [
+        {
+            "i": i,
+            "event_id": str(r.event_id),
+            "server_disc_id": r.server_disc_id,
+            "persona_id": r.persona_id,
+            "user_disc_ids": sorted(set(r.user_disc_ids)),
+        }
+        for i, r in enumerate(requests)
+    ]
+    rows = await conn.fetch(_LOAD, payload)
+    assert len(rows) == len(requests)  # one row per request: every join is a LEFT JOIN
+    return [_loaded(row) for row in rows]
+
+
+def _loaded(row: asyncpg.Record) -> Loaded:
     server: ServerState | None = None
     persona: PersonaState | None = None
     if row["server_id"] is not None:
@@ -109,8 +126,18 @@ def _styles(raw: Any) -> dict[str, str]:
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
-async def save_event(
-    conn: asyncpg.Connection,
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What writing one item did. ``duplicate``: the event id was already recorded (by a concurrent or
+    earlier delivery) and nothing was written. For a save that is not a duplicate: ``memory_id`` ``None``
+    when the scope was full (``current_count`` rows, nothing written), else the new memory's id."""
+
+    duplicate: bool
+    memory_id: int | None
+    current_count: int | None
+
+
+def save_item(
     event_id: UUID,
     tool_call_id: str,
     tool_name: str,
@@ -128,52 +155,31 @@ async def save_event(
     invalidation: Mapping[str, Any] | None,
     attempts: int,
     processed_at: datetime,
-) -> tuple[bool, int | None, int | None]:
-    """Claim the event, lock and count the scope, insert the memory and record the outcome: one statement.
-
-    Returns ``(duplicate, memory_id, count_before)``: ``duplicate`` when the event was already recorded;
-    ``memory_id`` ``None`` (not duplicate) when the scope was full. Nothing is written in either case
-    (migration 0003, ``ltm_save_event``).
-    """
-    row = await conn.fetchrow(
-        "SELECT duplicate, memory_id, current_count FROM ltm_save_event("
-        "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
-        event_id,
-        tool_call_id,
-        tool_name,
-        shard_id,
-        scope,
-        owner_id,
-        lineage_id,
-        persona_id,
-        author_id,
-        content,
-        max_allowed,
-        result,
-        notice,
-        invalidation,
-        attempts,
-        processed_at,
-    )
-    assert row is not None
-    return row["duplicate"], row["memory_id"], row["current_count"]
+) -> dict[str, Any]:
+    """An item of :func:`write_many` that claims the event, locks and counts the scope, inserts the memory
+    and records the outcome (``ltm_save_event``, migration 0003)."""
+    return {
+        "kind": "save",
+        "event_id": str(event_id),
+        "tool_call_id": tool_call_id,
+        "tool_name": tool_name,
+        "shard_id": shard_id,
+        "scope": scope,
+        "owner_id": owner_id,
+        "lineage_id": lineage_id,
+        "persona_id": persona_id,
+        "author_id": author_id,
+        "content": content,
+        "max_allowed": max_allowed,
+        "result": result,
+        "notice": notice,
+        "invalidation": invalidation,
+        "attempts": attempts,
+        "processed_at": processed_at.isoformat(),
+    }
 
 
-# --- the worker's own ledger of processed events ---------------------------------------------------
-
-
-async def load_outcome(conn: asyncpg.Connection, event_id: UUID) -> asyncpg.Record | None:
-    """The stored outcome of an event processed before."""
-    row: asyncpg.Record | None = await conn.fetchrow(
-        "SELECT status, memory_id, result, notice, invalidation, attempts, processed_at"
-        " FROM ltm_processed_events WHERE event_id = $1",
-        event_id,
-    )
-    return row
-
-
-async def record_outcome(
-    conn: asyncpg.Connection,
+def record_item(
     event_id: UUID,
     tool_call_id: str,
     tool_name: str,
@@ -184,21 +190,49 @@ async def record_outcome(
     result: Mapping[str, Any],
     attempts: int,
     processed_at: datetime,
-) -> bool:
-    """Record an outcome that saved nothing; ``False`` when the event was already recorded (a duplicate)."""
-    recorded = await conn.fetchval(
-        "INSERT INTO ltm_processed_events"
-        " (event_id, tool_call_id, tool_name, shard_id, status, memory_scope, result, attempts, processed_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-        " ON CONFLICT (event_id) DO NOTHING RETURNING true",
-        event_id,
-        tool_call_id,
-        tool_name,
-        shard_id,
-        status,
-        scope,
-        result,
-        attempts,
-        processed_at,
+) -> dict[str, Any]:
+    """An item of :func:`write_many` that records an outcome that saved nothing."""
+    return {
+        "kind": "record",
+        "event_id": str(event_id),
+        "tool_call_id": tool_call_id,
+        "tool_name": tool_name,
+        "shard_id": shard_id,
+        "status": status,
+        "scope": scope,
+        "result": result,
+        "attempts": attempts,
+        "processed_at": processed_at.isoformat(),
+    }
+
+
+async def write_many(conn: asyncpg.Connection, items: Sequence[dict[str, Any]]) -> list[Written]:
+    """Apply ``items`` (from :func:`save_item` and :func:`record_item`) in one statement and one transaction
+    (``ltm_save_events``, migration 0004): all commit or none. Answers in item order.
+
+    The items are applied in event id order, whatever order they come in: with every scope lock taken
+    first, that order keeps concurrent batches from deadlocking on each other's claims.
+    """
+    order = sorted(range(len(items)), key=lambda k: items[k]["event_id"])
+    payload = [{**items[k], "i": k} for k in order]
+    rows = await conn.fetch(
+        "SELECT i, duplicate, memory_id, current_count FROM ltm_save_events($1::jsonb)", payload
     )
-    return bool(recorded)
+    written: list[Written | None] = [None] * len(items)
+    for row in rows:
+        written[row["i"]] = Written(row["duplicate"], row["memory_id"], row["current_count"])
+    assert all(w is not None for w in written)
+    return written  # type: ignore[return-value]
+
+
+# --- the worker's own ledger of processed events ---------------------------------------------------
+
+
+async def load_outcomes(conn: asyncpg.Connection, event_ids: Iterable[UUID]) -> dict[UUID, dict[str, Any]]:
+    """The stored outcomes of events processed before, by event id (an event never recorded is absent)."""
+    rows = await conn.fetch(
+        "SELECT event_id, status, memory_id, result, notice, invalidation, attempts, processed_at"
+        " FROM ltm_processed_events WHERE event_id = ANY($1::uuid[])",
+        list(event_ids),
+    )
+    return {row["event_id"]: dict(row) for row in rows}

@@ -1,6 +1,7 @@
-"""One event against Postgres: read its state, decide, then write everything it writes in one
-transaction (one statement): the claim of the event id, the count under the scope lock, the memory
-row, the recorded outcome.
+"""Events against Postgres: read their state, decide, then write everything they write in one
+transaction (one statement): the claim of each event id, the count under the scope lock, the memory
+row, the recorded outcome. One event is a batch of one; under load the worker passes the events that
+are ready together (:mod:`worker.store.batcher`).
 
 The read is its own statement: under READ COMMITTED a read inside the writing transaction would take
 its own snapshot all the same, and what must be atomic (claim, limit, row, outcome) is. A write that
@@ -10,7 +11,7 @@ processed again for real (a retry or a dead-letter replay).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -53,28 +54,73 @@ async def process_event(
     attempts: int = 1,
     clock: Callable[[], datetime] = utcnow,
 ) -> ProcessedEvent:
-    """Process ``event`` exactly once; a second call for the same ``event_id`` returns the stored outputs.
+    """Process ``event`` exactly once; a second call for the same ``event_id`` returns the stored outputs."""
+    [processed] = await process_batch(pool, [(event, attempts)], limits, clock=clock)
+    return processed
 
-    Two round trips: one read (state, or the stored outcome of a redelivery), then one statement that
-    writes everything the event writes in a single transaction (claim, memory row, outcome) or nothing.
-    A scope found full costs a third (recording the limit outcome).
+
+async def process_batch(
+    pool: asyncpg.Pool,
+    jobs: Sequence[tuple[ToolCallEvent, int]],
+    limits: Limits,
+    *,
+    clock: Callable[[], datetime] = utcnow,
+) -> list[ProcessedEvent]:
+    """Process each ``(event, attempts)`` exactly once, on one connection; the answers in job order.
+
+    Two round trips for the whole batch: one read (each event's state, or its stored outcome if it was
+    answered before), then one statement that writes everything the events write in a single transaction
+    (claims, memory rows, outcomes). A scope found full costs a third (recording the limit outcomes),
+    an event claimed by a concurrent delivery a fourth (its stored outcome). Any exception means nothing
+    of the batch was written by this call (or, if the connection died at the commit, that it may have
+    been: a retry is then answered from the ledger).
     """
-    ctx = event.context
+    processed_at = clock()
+    answers: list[ProcessedEvent | None] = [None] * len(jobs)
     async with pool.acquire() as conn:
-        loaded = await repo.load(
-            conn,
-            event.event_id,
-            ctx.guild_disc_id or ctx.triggering_user_disc_id,
-            ctx.persona_id,
-            _user_ids(event),
-        )
-        if loaded.stored is not None:
-            return _replay(loaded.stored)
-        decision = decide(event, loaded.state, limits)
-        processed_at = clock()
-        if isinstance(decision, SavePlan):
-            return await _save(conn, event, decision, limits, attempts, processed_at)
-        return await _record(conn, event, decision, attempts, processed_at)
+        loaded = await repo.load_many(conn, [_request(event) for event, _ in jobs])
+        writes: list[_Write] = []
+        for k, ((event, attempts), got) in enumerate(zip(jobs, loaded, strict=True)):
+            if got.stored is not None:
+                answers[k] = _replay(got.stored)
+                continue
+            decision = decide(event, got.state, limits)
+            if isinstance(decision, SavePlan):
+                writes.append(_save(k, event, decision, limits, attempts, processed_at))
+            else:
+                writes.append(_record(k, event, decision, attempts, processed_at))
+        duplicates = await _write(conn, writes, answers)
+        limit_writes = [
+            _record(
+                w.index,
+                jobs[w.index][0],
+                limit_reached(w.plan, w.full_count, limits),
+                jobs[w.index][1],
+                processed_at,
+            )
+            for w in writes
+            if w.plan is not None and w.full_count is not None
+        ]
+        duplicates += await _write(conn, limit_writes, answers)
+        if duplicates:
+            # another delivery of these events recorded their outcome first: answer with it
+            stored = await repo.load_outcomes(conn, [jobs[k][0].event_id for k in duplicates])
+            for k in duplicates:
+                row = stored.get(jobs[k][0].event_id)
+                if (
+                    row is None or row["result"] is None
+                ):  # impossible: an id is only committed with its outcome
+                    raise RuntimeError(f"event {jobs[k][0].event_id} is recorded but has no stored outcome")
+                answers[k] = _replay(row)
+    assert all(a is not None for a in answers)
+    return answers  # type: ignore[return-value]
+
+
+def _request(event: ToolCallEvent) -> repo.LoadRequest:
+    ctx = event.context
+    return repo.LoadRequest(
+        event.event_id, ctx.guild_disc_id or ctx.triggering_user_disc_id, ctx.persona_id, _user_ids(event)
+    )
 
 
 def _user_ids(event: ToolCallEvent) -> set[str]:
@@ -94,21 +140,26 @@ def _user_ids(event: ToolCallEvent) -> set[str]:
     return ids
 
 
-async def _save(
-    conn: asyncpg.Connection,
-    event: ToolCallEvent,
-    plan: SavePlan,
-    limits: Limits,
-    attempts: int,
-    processed_at: datetime,
-) -> ProcessedEvent:
+@dataclass(slots=True)
+class _Write:
+    """One event's write in a batch, and what to answer once it is applied."""
+
+    index: int
+    item: dict[str, Any]
+    answer: ProcessedEvent
+    plan: SavePlan | None = None  # a save: the memory_id and the limit are known after the write
+    full_count: int | None = None  # a save that found its scope full: the count it found
+
+
+def _save(
+    index: int, event: ToolCallEvent, plan: SavePlan, limits: Limits, attempts: int, processed_at: datetime
+) -> _Write:
     """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
     success = saved(plan, memory_id=0)  # the id is filled in by the database
     result = success.result(event, processed_at).model_dump(mode="json")
     notification = plan.notification.model_dump(mode="json")
     invalidation = plan.invalidation.model_dump(mode="json")
-    duplicate, memory_id, count = await repo.save_event(
-        conn,
+    item = repo.save_item(
         event.event_id,
         event.tool_call_id,
         event.tool_name,
@@ -126,22 +177,16 @@ async def _save(
         attempts=attempts,
         processed_at=processed_at,
     )
-    if duplicate:
-        return await _stored(conn, event)
-    if memory_id is None:
-        assert count is not None
-        return await _record(conn, event, limit_reached(plan, count, limits), attempts, processed_at)
-    result["data"]["memory_id"] = memory_id
-    return ProcessedEvent(success.status, memory_id, result, notification, invalidation, replayed=False)
+    answer = ProcessedEvent(success.status, None, result, notification, invalidation, replayed=False)
+    return _Write(index, item, answer, plan=plan)
 
 
-async def _record(
-    conn: asyncpg.Connection, event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime
-) -> ProcessedEvent:
+def _record(
+    index: int, event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime
+) -> _Write:
     """Record an outcome that saved nothing (every failure status)."""
     result = final.result(event, processed_at).model_dump(mode="json")
-    recorded = await repo.record_outcome(
-        conn,
+    item = repo.record_item(
         event.event_id,
         event.tool_call_id,
         event.tool_name,
@@ -152,17 +197,31 @@ async def _record(
         attempts=attempts,
         processed_at=processed_at,
     )
-    if not recorded:  # another delivery of this event recorded its outcome first
-        return await _stored(conn, event)
-    return ProcessedEvent(final.status, None, result, None, None, replayed=False)
+    return _Write(index, item, ProcessedEvent(final.status, None, result, None, None, replayed=False))
 
 
-async def _stored(conn: asyncpg.Connection, event: ToolCallEvent) -> ProcessedEvent:
-    """The outcome another delivery of this event recorded (it won the race for the event id)."""
-    row = await repo.load_outcome(conn, event.event_id)
-    if row is None or row["result"] is None:  # impossible: an event id is only committed with its outcome
-        raise RuntimeError(f"event {event.event_id} is recorded but has no stored outcome")
-    return _replay(dict(row))
+async def _write(
+    conn: asyncpg.Connection, writes: Sequence[_Write], answers: list[ProcessedEvent | None]
+) -> list[int]:
+    """Apply ``writes`` in one statement and fill in ``answers``; returns the indexes of duplicates.
+
+    A save that found its scope full gets its ``full_count`` set and no answer (its limit outcome is a
+    second write)."""
+    if not writes:
+        return []
+    duplicates: list[int] = []
+    for w, done in zip(writes, await repo.write_many(conn, [w.item for w in writes]), strict=True):
+        if done.duplicate:
+            duplicates.append(w.index)
+        elif w.plan is None:
+            answers[w.index] = w.answer
+        elif done.memory_id is None:
+            assert done.current_count is not None
+            w.full_count = done.current_count
+        else:
+            w.answer.result["data"]["memory_id"] = done.memory_id
+            answers[w.index] = replace(w.answer, memory_id=done.memory_id)
+    return duplicates
 
 
 def _replay(stored: Mapping[str, Any]) -> ProcessedEvent:
