@@ -4,10 +4,11 @@
     bench-only quorum queue declared like ``ltm.create_memory``; W echo processes (``worker.bench.echo``)
     with the worker's prefetch consume it, publish a result of the worker's average result size (and a
     notice of the average notice size for the events the worker saved), confirmed, and ack.
-(b) Postgres alone: ``process_event`` (the worker's own transaction per event) called directly on a
-    second database seeded identically, with the same events (parsed beforehand), the worker fleet's
-    total concurrency (``LTM_CONCURRENCY`` x W lanes) and total pool (``LTM_POSTGRES_POOL_SIZE`` x W).
-    One driver process: its CPU shows up as "bench" in the CPU table.
+(b) Postgres alone: the worker's own store path (:class:`~worker.store.batcher.Batcher`, which hands
+    Postgres the events that are ready together, as the worker does) called directly on a second database
+    seeded identically, with the same events (parsed beforehand), the worker fleet's total concurrency
+    (``LTM_CONCURRENCY`` x W lanes) and total pool (``LTM_POSTGRES_POOL_SIZE`` x W connections, one batch
+    at a time on each). One driver process: its CPU shows up as "bench" in the CPU table.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from worker.bench.workload import PlannedEvent
 from worker.broker.topology import work_queue_arguments
 from worker.config import Limits, Topology
 from worker.faults import is_transient
-from worker.store.unit_of_work import process_event
+from worker.store.batcher import Batcher
 
 ECHO_EXCHANGE = "bench.echo"
 ECHO_QUEUE = "bench.echo.work"
@@ -81,9 +82,13 @@ async def play_postgres(
     limits: Limits,
     lanes: int,
     progress: Progress,
+    *,
+    max_batch: int,
 ) -> PhaseResult:
-    """Process ``events`` with ``lanes`` concurrent callers of ``process_event``; latency per call."""
+    """Process ``events`` with ``lanes`` concurrent callers of the worker's store path (batches of at most
+    ``max_batch``, one per pool connection at a time); latency per call."""
     result = PhaseResult(name, len(events))
+    batcher = Batcher(pool, limits, max_running=pool.get_max_size(), max_batch=max_batch)
     in_flight = 0
     progress.begin(name, len(events), lambda: in_flight)
     queue: Iterator[tuple[PlannedEvent, ToolCallEvent]] = iter(events)
@@ -95,7 +100,7 @@ async def play_postgres(
             started = time.perf_counter()
             for attempt in range(1, TRANSIENT_TRIES + 1):
                 try:
-                    processed = await process_event(pool, parsed, limits, attempts=attempt)
+                    processed = await batcher.process(parsed, attempt)
                     break
                 except Exception as exc:  # the worker would retry a transient fault later
                     if not is_transient(exc) or attempt == TRANSIENT_TRIES:

@@ -17,7 +17,7 @@ with --rate, from the scheduled send time) to result.
 
 Then measures the ceilings of this machine for the same work: (a) RabbitMQ alone (same bodies, shards
 and window; echo consumers that publish a same-size result and notice, confirmed, and ack), (b) Postgres
-alone (the worker's transaction per event, process_event, driven directly with the fleet's concurrency
+alone (the worker's store path, batches included, driven directly with the fleet's concurrency
 on a second database seeded identically), and prints the worker's throughput as a ratio of each.
 
 Prints one table (or --json): events, duration, throughput, latency p50/p95/p99/max, CPU seconds per

@@ -3,8 +3,8 @@
 1. build the world and the workload (deterministic for --seed), so every event's status is known;
 2. create the bench database and vhost, seed the database, declare the topology, open S shards;
 3. start W workers (or find the external fleet), play the warmup, then the measured window;
-4. ceilings: (a) echo consumers on a bench-only queue, same shards and events; (b) process_event
-   driven directly against a second database seeded identically;
+4. ceilings: (a) echo consumers on a bench-only queue, same shards and events; (b) the worker's store
+   path (batches included) driven directly against a second database seeded identically;
 5. check the counts by status, print the table (or JSON), remove the databases and vhost.
 """
 
@@ -18,9 +18,9 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aio_pika
 
@@ -35,7 +35,7 @@ from worker.bench.sandbox import (
     check_database_is_empty,
     check_vhost_is_free,
 )
-from worker.bench.seed import Prefill, seed_database
+from worker.bench.seed import Prefill, analyze, seed_database
 from worker.bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, Shards
 from worker.bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
 from worker.bench.world import World, build_world
@@ -46,6 +46,8 @@ from worker.store.pool import create_pool
 
 DEFAULT_RESULT_BYTES = 450
 DEFAULT_NOTICE_BYTES = 900
+
+T = TypeVar("T")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -169,7 +171,7 @@ async def run_bench(options: BenchOptions) -> BenchReport:
             "worker",
             f"worker, {options.workers} process{'es' if options.workers != 1 else ''}",
             await play_worker("worker warmup", warm_plan),
-            await play_worker("worker", plan),
+            await _analyzed(dsn, play_worker("worker", plan)),
         )
         await fleet.stop()
         check = _check(workload, worker_run)
@@ -342,6 +344,12 @@ async def _rabbitmq_ceiling(
         await echo.stop()
 
 
+async def _analyzed(dsn: str, phase: Awaitable[T]) -> T:
+    """``phase`` after an ``ANALYZE`` of the warmed-up database (see :func:`analyze`)."""
+    await analyze(dsn)
+    return await phase
+
+
 async def _postgres_ceiling(
     options: BenchOptions,
     settings: Settings,
@@ -360,10 +368,25 @@ async def _postgres_ceiling(
     pool = await create_pool(dsn, size=settings.postgres_pool_size * options.workers)
     try:
         warm_result = await ceilings.play_postgres(
-            pool, "(b) Postgres warmup", warm, settings.limits, lanes, progress
+            pool,
+            "(b) Postgres warmup",
+            warm,
+            settings.limits,
+            lanes,
+            progress,
+            max_batch=settings.concurrency,
         )
-        measured_result = await ceilings.play_postgres(
-            pool, "(b) Postgres alone", measured, settings.limits, lanes, progress
+        measured_result = await _analyzed(
+            dsn,
+            ceilings.play_postgres(
+                pool,
+                "(b) Postgres alone",
+                measured,
+                settings.limits,
+                lanes,
+                progress,
+                max_batch=settings.concurrency,
+            ),
         )
     finally:
         await pool.close()
