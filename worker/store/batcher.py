@@ -1,10 +1,11 @@
 """Hand Postgres the events that are ready together.
 
-Each delivery calls :meth:`Batcher.process` and awaits its own answer. While fewer than ``max_running``
-batches are at Postgres, an event starts a batch at once (a quiet worker adds no latency: a batch of one);
-once they are all busy, the events that arrive wait, and the next free slot takes them all (up to
-``max_batch``) as one batch: two round trips and one commit for the lot instead of each
-(:func:`~worker.store.unit_of_work.process_batch`). The busier the worker, the larger the batches.
+Each delivery calls :meth:`Batcher.process` and awaits its own answer. When no batch is at Postgres, an
+event starts one at once (a quiet worker adds no latency: a batch of one). While one is, the events that
+arrive wait for it to come back and then leave together (up to ``max_batch``): two round trips and one
+commit for the lot instead of each (:func:`~worker.store.unit_of_work.process_batch`). The busier the
+worker, the larger the batches. Another connection (up to ``max_running``) is only taken when half a
+batch is already waiting: a deep queue, or a batch slow to come back (a lock wait).
 
 A batch that fails is not the events' verdict: its events are processed again one by one, so an event
 that breaks (a bug, a constraint) fails alone and its neighbours are answered. Every guarantee of one
@@ -52,6 +53,7 @@ class Batcher:
         self._limits = limits
         self._max_running = max_running
         self._max_batch = max_batch
+        self._fill = max(1, max_batch // 2)
         self._clock = clock
         self._waiting: list[_Job] = []
         self._running: set[asyncio.Task[None]] = set()
@@ -89,6 +91,10 @@ class Batcher:
 
     def _start(self) -> None:
         while self._waiting and len(self._running) < self._max_running:
+            if self._running and len(self._waiting) < self._fill:
+                # a batch is at Postgres: let the next one fill up while it works; another connection
+                # is only worth it for a queue this deep (or a batch that is slow to come back)
+                return
             batch = [job for job in self._waiting[: self._max_batch] if not job.answer.done()]
             del self._waiting[: self._max_batch]
             if not batch:

@@ -76,3 +76,82 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- ltm_save_event, same arguments and answers as migration 0003, one write fewer per saved event: the
+-- outcome row is inserted once, complete, instead of inserted as 'processing' and updated. The memory's id
+-- is drawn from its table's sequence first, so the outcome can name it before the row exists; the claim
+-- (the outcome's insert) still comes before the memory's, so a concurrent delivery of the same event
+-- waits on it and then finds it, and a claim that loses writes nothing (a drawn id is merely skipped, as
+-- any rolled-back insert skips one).
+CREATE OR REPLACE FUNCTION public.ltm_save_event(
+    p_event_id UUID,
+    p_tool_call_id TEXT,
+    p_tool_name TEXT,
+    p_shard_id INTEGER,
+    p_scope TEXT,
+    p_owner_id INTEGER,
+    p_lineage_id BIGINT,
+    p_persona_id INTEGER,
+    p_author_id INTEGER,
+    p_content TEXT,
+    p_max_allowed BIGINT,
+    p_result JSONB,
+    p_notice JSONB,
+    p_invalidation JSONB,
+    p_attempts INTEGER,
+    p_processed_at TIMESTAMPTZ
+) RETURNS TABLE (duplicate BOOLEAN, memory_id BIGINT, current_count BIGINT)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n BIGINT;
+    new_id BIGINT;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(
+        'ltm:' || p_scope || ':' || p_owner_id::text || ':' || p_lineage_id::text, 0));
+    IF EXISTS (SELECT 1 FROM public.ltm_processed_events WHERE event_id = p_event_id) THEN
+        RETURN QUERY SELECT true, NULL::BIGINT, NULL::BIGINT;
+        RETURN;
+    END IF;
+    IF p_scope = 'server_wide' THEN
+        SELECT count(*) INTO n FROM public.server_memories
+        WHERE server_id = p_owner_id AND persona_lineage_id = p_lineage_id;
+    ELSE
+        SELECT count(*) INTO n FROM public.personal_memories
+        WHERE user_id = p_owner_id AND (persona_lineage_id = p_lineage_id OR persona_lineage_id = 0);
+    END IF;
+    IF n >= p_max_allowed THEN
+        RETURN QUERY SELECT false, NULL::BIGINT, n;
+        RETURN;
+    END IF;
+
+    IF p_scope = 'server_wide' THEN
+        new_id := nextval(pg_get_serial_sequence('public.server_memories', 'server_memory_id'));
+    ELSE
+        new_id := nextval(pg_get_serial_sequence('public.personal_memories', 'personal_memory_id'));
+    END IF;
+
+    -- the claim: a concurrent delivery of the same event waits here until this one commits
+    INSERT INTO public.ltm_processed_events
+        (event_id, tool_call_id, tool_name, shard_id, status, memory_scope, memory_id, result, notice,
+         invalidation, attempts, processed_at)
+    VALUES (p_event_id, p_tool_call_id, p_tool_name, p_shard_id, 'memory_saved_successfully', p_scope, new_id,
+            jsonb_set(p_result, '{data,memory_id}', to_jsonb(new_id)), p_notice, p_invalidation, p_attempts,
+            p_processed_at)
+    ON CONFLICT (event_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT true, NULL::BIGINT, NULL::BIGINT;
+        RETURN;
+    END IF;
+
+    IF p_scope = 'server_wide' THEN
+        INSERT INTO public.server_memories
+            (server_memory_id, server_id, persona_id, persona_lineage_id, user_id, content, tags)
+        VALUES (new_id, p_owner_id, p_persona_id, p_lineage_id, p_author_id, p_content, '{}'::text[]);
+    ELSE
+        INSERT INTO public.personal_memories (personal_memory_id, user_id, persona_lineage_id, content, tags)
+        VALUES (new_id, p_owner_id, p_lineage_id, p_content, '{}'::text[]);
+    END IF;
+
+    RETURN QUERY SELECT false, new_id, n;
+END;
+$$;
