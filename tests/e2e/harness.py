@@ -11,9 +11,12 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -333,3 +336,33 @@ async def queue_depth(url: str, queue: str) -> int:
         return int(declared.declaration_result.message_count or 0)
     finally:
         await connection.close()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a worker's HTTP server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    """``GET`` a worker's HTTP endpoint: status and body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+async def wait_for_metric(port: int, line: str, timeout: float = 30.0) -> None:
+    """Wait until a worker's ``/metrics`` has the line ``line`` (e.g. ``ltm_events_in_flight 4.0``)."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            _, text = await asyncio.to_thread(get, port, "/metrics")
+            if line in text.splitlines():
+                return
+        await asyncio.sleep(0.05)
+    found = [got for got in text.splitlines() if got.startswith(line.split(" ")[0])]
+    raise AssertionError(f"/metrics never had {line!r} in {timeout}s; last: {found}")

@@ -195,13 +195,10 @@ class Gate:
         await self.conn.execute("SELECT pg_advisory_unlock($1)", self.KEY)
 
     async def wait_for_waiters(self, n: int, timeout: float = 30.0) -> None:
-        """Wait until ``n`` transactions are stuck on an advisory lock: at the gate, or behind a save
-        at the gate on their scope lock."""
+        """Wait until at least ``n`` transactions are stuck on an advisory lock: at the gate, or behind a
+        save at the gate on their scope lock."""
         deadline = time.monotonic() + timeout
-        while True:
-            waiting = await self.waiters()
-            if waiting == n:
-                return
+        while (waiting := await self.waiters()) < n:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{waiting} transactions wait at the gate, not {n}, after {timeout}s")
             await asyncio.sleep(0.05)

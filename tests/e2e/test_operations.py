@@ -4,36 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import REPO, Shard
+from tests.e2e.harness import REPO, Shard, free_port, get
 from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 async def wait_status(port: int, path: str, status: int, timeout: float = 30.0) -> str:

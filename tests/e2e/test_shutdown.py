@@ -4,7 +4,10 @@ period runs out, the ones still running are abandoned (rolled back, requeued) an
 second signal exits at once, and the next worker answers whatever was left unacked.
 
 Events are held in flight for real: a trigger on ``server_memories`` stops every save inside its
-transaction (scope lock held) until the test opens the gate, so "in flight" is a fact, not a race.
+transaction (scope lock held) until the test opens the gate, so "in flight" is a fact, not a race. The
+worker writes the events that are ready together: the gate holds its batches, and the worker's
+``ltm_events_in_flight`` says when every slot is taken (by an event at the gate, or one waiting for
+the batch at the gate to come back).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, WorkerProcess
+from tests.e2e.harness import Shard, WorkerProcess, free_port, wait_for_metric
 from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
 from tests.e2e.workload import (
     SAVED,
@@ -52,10 +55,12 @@ async def _events_held_in_flight(
     stream = round_robin(EVENTS, server_scopes)  # six scopes, none full: every event is a save
     gate = Gate(stack.rows.conn, "server_memories")
     await gate.close()
-    worker = stack.worker(**_env(grace_s))
+    port = free_port()
+    worker = stack.worker(**_env(grace_s), LTM_HTTP_PORT=str(port))
     await worker.wait_for_log("consuming")
     await shard.publish_many(stream.bodies)
-    await gate.wait_for_waiters(CONCURRENCY)
+    await wait_for_metric(port, f"ltm_events_in_flight {float(CONCURRENCY)}")
+    await gate.wait_for_waiters(1)
     return stream, gate, worker
 
 
