@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from contracts.models import ToolCallEvent
+from tests.e2e.outages import Gate
 from tests.factories import BotRows, World, event, member
 from worker.config import Limits
 from worker.store.batcher import Batcher
@@ -216,3 +217,30 @@ async def test_batcher_runs_at_most_max_running_batches(pool: asyncpg.Pool, rows
     # for the second connection, and from then on each batch leaves full
     assert batches[:2] == [1, 2]
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 22
+
+
+async def test_batcher_takes_another_connection_when_a_batch_is_slow(
+    pool: asyncpg.Pool, rows: BotRows
+) -> None:
+    """A batch stuck at Postgres (here at a gate) holds the events behind it for max_wait, not forever."""
+    world = await rows.world()
+    gate = Gate(rows.conn, "server_memories")
+    await gate.close()
+    batches: list[int] = []
+    batcher = Batcher(pool, Limits(), max_running=2, max_batch=32, max_wait=0.05, on_batch=batches.append)
+    events = [
+        event({"memory_content": f"fact {i}", "memory_scope": "server_wide"}, persona_id=world.persona_id)
+        for i in range(3)
+    ]
+    first = asyncio.create_task(batcher.process(events[0]))
+    await gate.wait_for_waiters(1)
+    rest = [asyncio.create_task(batcher.process(ev)) for ev in events[1:]]
+
+    # far from half a batch (16) waiting, but after 50 ms the two waiting events go on the second connection
+    await gate.wait_for_waiters(2, timeout=5)
+    assert batches == [1, 2]
+    await gate.open()
+    done = await asyncio.gather(first, *rest)
+
+    assert [d.status for d in done] == ["memory_saved_successfully"] * 3
+    assert batcher.running == 0

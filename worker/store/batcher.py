@@ -5,7 +5,8 @@ event starts one at once (a quiet worker adds no latency: a batch of one). While
 arrive wait for it to come back and then leave together (up to ``max_batch``): two round trips and one
 commit for the lot instead of each (:func:`~worker.store.unit_of_work.process_batch`). The busier the
 worker, the larger the batches. Another connection (up to ``max_running``) is only taken when half a
-batch is already waiting: a deep queue, or a batch slow to come back (a lock wait).
+batch is already waiting (a deep queue) or when an event has waited ``max_wait`` (10 ms) for the batch
+at Postgres to come back (a slow commit, a lock wait).
 
 A batch that fails is not the events' verdict: its events are processed again one by one, so an event
 that breaks (a bug, a constraint) fails alone and its neighbours are answered. Every guarantee of one
@@ -45,6 +46,7 @@ class Batcher:
         max_running: int,
         max_batch: int,
         on_batch: Callable[[int], None] | None = None,
+        max_wait: float = 0.01,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         if max_running < 1 or max_batch < 1:
@@ -54,6 +56,8 @@ class Batcher:
         self._max_running = max_running
         self._max_batch = max_batch
         self._fill = max(1, max_batch // 2)
+        self._max_wait = max_wait
+        self._overdue: asyncio.TimerHandle | None = None
         self._clock = clock
         self._waiting: list[_Job] = []
         self._running: set[asyncio.Task[None]] = set()
@@ -80,6 +84,9 @@ class Batcher:
         batches are cancelled (a batch whose commit already went through stays committed), and this waits
         up to ``timeout`` seconds for them to end. Returns how many are still running: their connections
         hang (a Postgres that does not answer the cancel), and only closing them ends the batches."""
+        if self._overdue is not None:
+            self._overdue.cancel()
+            self._overdue = None
         for job in self._waiting:
             job.answer.cancel()
         self._waiting.clear()
@@ -89,12 +96,20 @@ class Batcher:
             await asyncio.wait(set(self._running), timeout=timeout)
         return len(self._running)
 
-    def _start(self) -> None:
+    def _start(self, *, overdue: bool = False) -> None:
+        if overdue:
+            self._overdue = None
         while self._waiting and len(self._running) < self._max_running:
-            if self._running and len(self._waiting) < self._fill:
+            if self._running and len(self._waiting) < self._fill and not overdue:
                 # a batch is at Postgres: let the next one fill up while it works; another connection
-                # is only worth it for a queue this deep (or a batch that is slow to come back)
+                # is only worth it for a queue this deep, or once the first waiter has waited max_wait
+                # (a batch slow to come back)
+                if self._overdue is None:
+                    self._overdue = asyncio.get_running_loop().call_later(
+                        self._max_wait, lambda: self._start(overdue=True)
+                    )
                 return
+            overdue = False
             batch = [job for job in self._waiting[: self._max_batch] if not job.answer.done()]
             del self._waiting[: self._max_batch]
             if not batch:
@@ -105,6 +120,9 @@ class Batcher:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        if self._overdue is not None:
+            self._overdue.cancel()
+            self._overdue = None
         self._start()
 
     async def _run(self, batch: list[_Job]) -> None:
