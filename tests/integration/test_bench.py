@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from worker.bench.batches import measure
 from worker.bench.options import BenchOptions
 from worker.bench.run import bench_settings, run_bench
 from worker.bench.workload import build_workload
@@ -79,3 +80,24 @@ async def test_bench_answers_every_event_with_its_expected_status(
     finally:
         await conn.close()
     assert left == 0, "the bench drops the databases it created"
+
+
+async def test_batch_micro_bench_measures_each_size_and_cleans_up(postgres_dsn: str) -> None:
+    async def bench_databases() -> set[str]:
+        conn = await asyncpg.connect(postgres_dsn)
+        try:
+            rows = await conn.fetch("SELECT datname FROM pg_database WHERE datname LIKE 'ltm_bench_%'")
+        finally:
+            await conn.close()
+        return {row["datname"] for row in rows}
+
+    before = await bench_databases()
+    costs = await measure(postgres_dsn, [1, 4], 40)
+
+    assert [(c.size, c.events) for c in costs] == [(1, 40), (4, 40)]
+    for cost in costs:
+        assert cost.seconds > 0
+        assert cost.client_cpu > 0
+        assert cost.postgres_cpu is None or cost.postgres_cpu >= 0
+        assert f"{cost.size:>5}  {cost.events:>7,}" in cost.row()
+    assert await bench_databases() <= before, "the micro-bench drops its database"
