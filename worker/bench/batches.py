@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import sys
 import time
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.bench.ceilings import parse_events
+from worker.bench.cpu import process_cpu_seconds
 from worker.bench.sandbox import Sandbox
 from worker.bench.seed import Prefill, analyze, seed_database
 from worker.bench.workload import build_workload
@@ -51,16 +51,6 @@ class BatchCost:
 HEADER = "batch   events   events/s  pg ms/ev  client ms/ev"
 
 
-def backend_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of a local process, or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -88,11 +78,11 @@ async def measure(admin_dsn: str, sizes: Sequence[int], events: int, *, seed: in
             costs = []
             for k, size in enumerate(sizes):
                 chunk = parsed[WARMUP + k * events : WARMUP + (k + 1) * events]
-                pg_before, client_before, started = backend_cpu(pid), own_cpu(), time.perf_counter()
+                pg_before, client_before, started = process_cpu_seconds(pid), own_cpu(), time.perf_counter()
                 for first in range(0, len(chunk), size):
                     await process_batch(pool, [(event, 1) for event in chunk[first : first + size]], limits)
                 seconds = time.perf_counter() - started
-                pg_after = backend_cpu(pid)
+                pg_after = process_cpu_seconds(pid)
                 pg = pg_after - pg_before if pg_after is not None and pg_before is not None else None
                 costs.append(BatchCost(size, len(chunk), seconds, pg, own_cpu() - client_before))
             return costs
