@@ -163,8 +163,8 @@ class Worker:
                 self._pool = await create_pool(
                     self.settings.postgres_dsn, size=self.settings.postgres_pool_size
                 )
-                # as many batches at Postgres at once as the pool has connections; a batch holds at
-                # most the events the worker processes at once
+                # at most as many batches at Postgres at once as the pool has connections (usually one:
+                # see Batcher); a batch holds at most the events the worker processes at once
                 self._batcher = Batcher(
                     self._pool,
                     self.settings.limits,

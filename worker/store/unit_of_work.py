@@ -107,9 +107,8 @@ async def process_batch(
             stored = await repo.load_outcomes(conn, [jobs[k][0].event_id for k in duplicates])
             for k in duplicates:
                 row = stored.get(jobs[k][0].event_id)
-                if (
-                    row is None or row["result"] is None
-                ):  # impossible: an id is only committed with its outcome
+                # impossible: an event id is only committed with its outcome
+                if row is None or row["result"] is None:
                     raise RuntimeError(f"event {jobs[k][0].event_id} is recorded but has no stored outcome")
                 answers[k] = _replay(row)
     assert all(a is not None for a in answers)
