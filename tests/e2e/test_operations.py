@@ -128,3 +128,6 @@ async def test_metrics_move_with_real_events(stack: Stack) -> None:
     assert float(samples['ltm_dead_letters_total{kind="malformed"}']) == 1
     assert float(samples["ltm_event_duration_seconds_count"]) == 5
     assert float(samples["ltm_events_in_flight"]) == 0
+    # every answered event went to Postgres in a batch, the redelivery too (its read finds the outcome)
+    assert float(samples["ltm_db_batch_size_sum"]) == 5
+    assert 1 <= float(samples["ltm_db_batch_size_count"]) <= 5
