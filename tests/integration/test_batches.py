@@ -29,7 +29,7 @@ def clock() -> datetime:
 
 
 def mixed_events(world: World) -> list[ToolCallEvent]:
-    """One of each kind: saves of both scopes, a failure of every stage, a replayable duplicate id."""
+    """Saves of both scopes, and failures of several stages (arguments, critical state, resolver)."""
     sparrow = [member(SPARROW, "sparrow_ow", "Sparrow")]
     return [
         event(

@@ -84,9 +84,7 @@ class Batcher:
         batches are cancelled (a batch whose commit already went through stays committed), and this waits
         up to ``timeout`` seconds for them to end. Returns how many are still running: their connections
         hang (a Postgres that does not answer the cancel), and only closing them ends the batches."""
-        if self._overdue is not None:
-            self._overdue.cancel()
-            self._overdue = None
+        self._cancel_overdue()
         for job in self._waiting:
             job.answer.cancel()
         self._waiting.clear()
@@ -118,11 +116,14 @@ class Batcher:
             self._running.add(task)
             task.add_done_callback(self._finished)
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
+    def _cancel_overdue(self) -> None:
         if self._overdue is not None:
             self._overdue.cancel()
             self._overdue = None
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._cancel_overdue()
         self._start()
 
     async def _run(self, batch: list[_Job]) -> None:

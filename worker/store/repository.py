@@ -88,7 +88,7 @@ async def load_many(conn: asyncpg.Connection, requests: Sequence[LoadRequest]) -
             "event_id": str(r.event_id),
             "server_disc_id": r.server_disc_id,
             "persona_id": r.persona_id,
-            "user_disc_ids": sorted(set(r.user_disc_ids)),
+            "user_disc_ids": list(set(r.user_disc_ids)),  # order is irrelevant to = ANY(...)
         }
         for i, r in enumerate(requests)
     ]
