@@ -366,3 +366,13 @@ async def wait_for_metric(port: int, line: str, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
     found = [got for got in text.splitlines() if got.startswith(line.split(" ")[0])]
     raise AssertionError(f"/metrics never had {line!r} in {timeout}s; last: {found}")
+
+
+async def metric(port: int, name: str) -> float:
+    """The value of one sample on a worker's ``/metrics`` (``name`` with its labels, as exposed)."""
+    _, text = await asyncio.to_thread(get, port, "/metrics")
+    for line in text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == name:
+            return float(value)
+    raise AssertionError(f"/metrics has no sample {name!r}")

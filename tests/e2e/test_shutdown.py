@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, WorkerProcess, free_port, wait_for_metric
+from tests.e2e.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
 from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
 from tests.e2e.workload import (
     SAVED,
@@ -50,7 +50,11 @@ def _env(grace_s: int) -> dict[str, str]:
 async def _events_held_in_flight(
     stack: Stack, shard: Shard, grace_s: int
 ) -> tuple[Stream, Gate, WorkerProcess]:
-    """A worker with every slot taken by a save waiting at the closed gate (and more events queued)."""
+    """A worker with every slot taken by a save waiting at the closed gate (and more events queued).
+
+    "Waiting at the gate" is checked for every batch: all the in-flight events are in batches that have
+    started, and each of those batches waits on a lock. A batch still between its read and its write
+    when a test freezes Postgres could send its write after the worker has given up on it."""
     server_scopes, _ = await seed_scopes(stack.rows)
     stream = round_robin(EVENTS, server_scopes)  # six scopes, none full: every event is a save
     gate = Gate(stack.rows.conn, "server_memories")
@@ -60,7 +64,8 @@ async def _events_held_in_flight(
     await worker.wait_for_log("consuming")
     await shard.publish_many(stream.bodies)
     await wait_for_metric(port, f"ltm_events_in_flight {float(CONCURRENCY)}")
-    await gate.wait_for_waiters(1)
+    await wait_for_metric(port, f"ltm_db_batch_size_sum {float(CONCURRENCY)}")
+    await gate.wait_for_waiters(int(await metric(port, "ltm_db_batch_size_count")))
     return stream, gate, worker
 
 
