@@ -58,6 +58,8 @@ RECONNECT_MAX_SECONDS = 15.0
 POOL_CLOSE_SECONDS = 3.0
 #: how long abandoned events and batches get to let go of Postgres before their connections are cut
 ABANDON_SECONDS = 5.0
+#: pause before a delivery the worker could not route is handed back (no hot loop through the broker)
+UNSETTLED_REQUEUE_SECONDS = 1.0
 
 
 class Worker:
@@ -316,13 +318,35 @@ class Worker:
                 return
             try:
                 await self._handle(message)
+            except Exception as exc:  # a path that forgot a failure: still a bug, but not a stuck delivery
+                log.error("unexpected error handling a delivery", error=_describe(exc), exc_info=exc)
             finally:
                 self._slots.release()
+            await self._settle_leftover(message)
         except asyncio.CancelledError:
             pass
         finally:
             if task is not None:
                 self._inflight.discard(task)
+
+    async def _settle_leftover(self, message: AbstractIncomingMessage) -> None:
+        """Every delivery ends settled: one the handler could neither ack nor route (the broker refused a
+        retry or dead-letter copy) is handed back after a pause, so it does not hold a prefetch slot
+        until the connection closes. Each hand-back counts toward the work queue's delivery limit, so a
+        delivery that can never be routed reaches the DLQ through the broker, never loops for ever."""
+        if message.processed or message.channel.is_closed:
+            return  # settled, or the broker requeues it with the channel
+        log.warning(
+            "delivery not settled; handing it back to the queue",
+            message_id=message.message_id,
+            delivery_tag=message.delivery_tag,
+            retry_in_s=UNSETTLED_REQUEUE_SECONDS,
+        )
+        await self._sleep_unless_stopping(UNSETTLED_REQUEUE_SECONDS)
+        try:
+            await message.nack(requeue=True)
+        except Exception as exc:
+            log.warning("could not hand a delivery back; the broker requeues it", error=_describe(exc))
 
     async def _take_slot(self) -> bool:
         """Wait for one of the ``concurrency`` slots; ``False`` when the worker starts stopping first.
@@ -363,15 +387,28 @@ class Worker:
         attempt = _attempts_made(message) + 1
         parsed = read_event(message.body)
         if isinstance(parsed, Unreadable):
+            event_id = str(parsed.ids.event_id) if parsed.ids else None
             failure = outcome.internal_error(parsed.error) if parsed.ids else None
-            await self._dead_letter(
-                message, parsed.kind, parsed.error, 1, parsed.ids, failure, traceparent=_traceparent(message)
-            )
+            try:
+                await self._dead_letter(
+                    message,
+                    parsed.kind,
+                    parsed.error,
+                    1,
+                    parsed.ids,
+                    failure,
+                    traceparent=_traceparent(message),
+                )
+            except Exception as exc:  # the DLQ copy was refused or not confirmed: nothing was acked
+                log.warning(
+                    "could not dead-letter an unreadable event; it will be redelivered",
+                    kind=parsed.kind,
+                    event_id=event_id,
+                    error=_describe(exc),
+                )
+                return
             log.warning(
-                "dead-lettered unreadable event",
-                kind=parsed.kind,
-                error=parsed.error,
-                event_id=str(parsed.ids.event_id) if parsed.ids else None,
+                "dead-lettered unreadable event", kind=parsed.kind, error=parsed.error, event_id=event_id
             )
             return
         event = parsed
@@ -401,7 +438,6 @@ class Worker:
                     }
                 )
                 await self._publish(event, processed, span.traceparent)
-                await message.ack()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -412,6 +448,8 @@ class Worker:
                 return
             finally:
                 self.metrics.in_flight.dec()
+            if not await _ack(message):
+                return  # the channel closed: the broker redelivers it, and the ledger answers it
             elapsed = time.monotonic() - started
             self.metrics.events.labels(processed.status).inc()
             self.metrics.duration.observe(elapsed)
@@ -498,10 +536,11 @@ class Worker:
                 queue = retry_queue_name(self.settings.topology, self._tier_before(attempt + 1))
                 await self._publisher.retry_later(message, queue=queue, attempts=attempt, delay_ms=delay)
                 self.metrics.retries.inc()
-                await message.ack()
+                await _ack(message)
                 log.warning("transient fault; retrying later", **fields, error=reason, retry_in_ms=delay)
         except Exception as routing_error:
-            # the broker itself is failing: leave the delivery unacked; it is redelivered after reconnect
+            # the broker refused the retry or dead-letter copy: the delivery is handed back to the work
+            # queue (see _settle_leftover), or requeued by the broker if the connection is gone
             log.warning(
                 "could not route a failed event; it will be redelivered",
                 **fields,
@@ -530,21 +569,46 @@ class Worker:
     ) -> None:
         """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack.
 
-        The DLQ copy keeps the event's own headers; the failure result carries ``traceparent``."""
+        Once the DLQ copy is confirmed the delivery is acked whatever becomes of the failure result: the
+        dead letter is the record (a replay answers the shard), and an unacked delivery would come back
+        and be dead-lettered again. A failure result the broker cannot route (no queue bound for the
+        shard) or does not confirm is logged, not retried. The DLQ copy keeps the event's own headers;
+        the failure result carries ``traceparent``."""
         assert self._publisher is not None
         await self._publisher.dead_letter(message, kind=kind, error=error, attempts=attempts)
         self.metrics.dead_letters.labels(kind).inc()
         if ids is not None and failure is not None:
-            result = failure.result_for(ids.event_id, ids.tool_call_id, ids.tool_name, utcnow())
-            await self._publisher.publish_outputs(
-                event_id=ids.event_id,
-                tool_call_id=ids.tool_call_id,
-                shard_id=ids.shard_id,
-                result=result.model_dump(mode="json"),
-                notification=None,
-                traceparent=traceparent,
-            )
+            try:
+                result = failure.result_for(ids.event_id, ids.tool_call_id, ids.tool_name, utcnow())
+                await self._publisher.publish_outputs(
+                    event_id=ids.event_id,
+                    tool_call_id=ids.tool_call_id,
+                    shard_id=ids.shard_id,
+                    result=result.model_dump(mode="json"),
+                    notification=None,
+                    traceparent=traceparent,
+                )
+            except Exception as exc:
+                log.warning(
+                    "failure result not delivered; the dead letter keeps the event",
+                    event_id=str(ids.event_id),
+                    shard_id=ids.shard_id,
+                    kind=kind,
+                    error=_describe(exc),
+                )
+        await _ack(message)
+
+
+async def _ack(message: AbstractIncomingMessage) -> bool:
+    """Ack ``message``; False when its channel is gone (the broker then redelivers it)."""
+    try:
         await message.ack()
+    except Exception as exc:
+        log.warning(
+            "ack failed; the broker redelivers the event", message_id=message.message_id, error=_describe(exc)
+        )
+        return False
+    return True
 
 
 def _attempts_made(message: AbstractIncomingMessage) -> int:
