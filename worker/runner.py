@@ -29,6 +29,7 @@ import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from contracts.models import ToolCallEvent
+from worker.backoff import Backoff
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.publisher import ATTEMPTS, TRACEPARENT, Publisher
 from worker.broker.topology import (
@@ -52,8 +53,8 @@ from worker.tracing import Attribute, EventSpan, create_tracer
 
 log = structlog.get_logger("worker")
 
-RECONNECT_MIN_SECONDS = 0.5
-RECONNECT_MAX_SECONDS = 15.0
+#: a connection that lived this long was not a failed try: the next loss starts the backoff afresh
+RECONNECT_RESET_SECONDS = 30.0
 #: how long closing the Postgres pool may wait for connections to be handed back before closing them hard
 POOL_CLOSE_SECONDS = 3.0
 #: how long abandoned events and batches get to let go of Postgres before their connections are cut
@@ -102,18 +103,22 @@ class Worker:
             # way, so full collections (tail-latency spikes under load) only walk per-event garbage
             gc.collect()
             gc.freeze()
-            backoff = RECONNECT_MIN_SECONDS
+            backoff = Backoff()
             while not self._stopping.is_set():
                 started = time.monotonic()
+                failure: str | None = None
                 try:
                     await self._consume_until_stopped_or_lost()
                 except Exception as exc:  # connection refused, declare failed, channel died mid-start
-                    log.warning("rabbitmq unavailable", error=_describe(exc), retry_in_s=round(backoff, 1))
+                    failure = _describe(exc)
                 if self._stopping.is_set():
                     break
-                backoff = RECONNECT_MIN_SECONDS if time.monotonic() - started > 30 else backoff
-                await self._sleep_unless_stopping(backoff)
-                backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+                if time.monotonic() - started > RECONNECT_RESET_SECONDS:
+                    backoff.reset()
+                delay = backoff.next()
+                if failure is not None:
+                    log.warning("rabbitmq unavailable", error=failure, retry_in_s=round(delay, 2))
+                await self._sleep_unless_stopping(delay)
             return 0
         finally:
             await self._close()
@@ -142,17 +147,17 @@ class Worker:
 
     async def _wait_for_dependencies(self) -> bool:
         """Wait until Postgres (migrated) and Redis answer; False if stopped first. RabbitMQ is the loop's."""
-        backoff = RECONNECT_MIN_SECONDS
+        backoff = Backoff()
         while not self._stopping.is_set():
             problems = await self._dependency_problems()
             if not problems:
                 return True
+            delay = backoff.next()
             for name, problem in problems.items():
                 log.warning(
-                    "waiting for dependency", dependency=name, problem=problem, retry_in_s=round(backoff, 1)
+                    "waiting for dependency", dependency=name, problem=problem, retry_in_s=round(delay, 2)
                 )
-            await self._sleep_unless_stopping(backoff)
-            backoff = min(backoff * 2, RECONNECT_MAX_SECONDS)
+            await self._sleep_unless_stopping(delay)
         return False
 
     async def _dependency_problems(self) -> dict[str, str]:

@@ -12,6 +12,7 @@ import json
 import signal
 import time
 import uuid
+from datetime import datetime
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,6 +32,8 @@ from tests.e2e.workload import (
     wait_for_results,
     wait_until,
 )
+from tests.factories import event_body
+from worker.backoff import CAP_SECONDS
 
 pytestmark = pytest.mark.e2e
 
@@ -68,6 +71,52 @@ async def test_rabbitmq_stopped_and_started_mid_stream(stack: Stack) -> None:
     statuses = await check_outcome(stack.rows.conn, stream, shard.received)
     assert statuses[SAVED] > 0
     assert worker.count("rabbitmq unavailable") >= 1  # it did try while the broker was down
+
+
+def _logged_at(line: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+async def test_workers_reconnect_promptly_and_out_of_step_after_a_broker_restart(stack: Stack) -> None:
+    """Two idle workers lose the broker for 6 s: each tries again within the backoff cap (3 s), at
+    jittered moments, and consumes again soon after the broker is back. Prints the recovery times."""
+    workers = [stack.worker(), stack.worker()]
+    await stack.workers_ready()
+    async with rabbitmq_stopped(stack.rabbitmq_url):
+        for worker in workers:
+            await worker.wait_for_log("rabbitmq connection lost; reconnecting", timeout=30)
+        await asyncio.sleep(6)
+    back_at = time.time()
+    for worker in workers:
+        await worker.wait_for_log("consuming", at_least=2, timeout=30)
+
+    recoveries = []
+    for worker in workers:
+        lines = worker.lines()
+        tries = [line for line in lines if line.get("event") == "rabbitmq unavailable"]
+        assert len(tries) >= 3, "the worker should have kept trying while the broker was down"
+        waits = [float(line["retry_in_s"]) for line in tries]
+        assert max(waits) <= CAP_SECONDS
+        assert len(set(waits)) == len(waits), f"waits not jittered: {waits}"
+        consuming = [line for line in lines if line.get("event") == "consuming"][-1]
+        recoveries.append(_logged_at(consuming) - back_at)
+    first_waits = [
+        [float(x["retry_in_s"]) for x in w.lines() if x.get("event") == "rabbitmq unavailable"]
+        for w in workers
+    ]
+    assert first_waits[0] != first_waits[1], "both workers retried in step"
+    print(f"recovery after the broker answered: {', '.join(f'{r:.2f} s' for r in recoveries)}")
+    # the same stream still works on both
+    world = await stack.rows.world()
+    async with Shard(stack.rabbitmq_url) as shard:
+        bodies = [
+            event_body(
+                {"memory_content": f"after {i}", "memory_scope": "server_wide"}, persona_id=world.persona_id
+            )
+            for i in range(20)
+        ]
+        await shard.publish_many(bodies)
+        await shard.wait_for_results([b["event_id"] for b in bodies], timeout=30)
 
 
 async def test_postgres_connections_terminated_mid_stream(stack: Stack) -> None:
