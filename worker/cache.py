@@ -17,8 +17,8 @@ class InvalidationPublisher:
     Concurrent events share round trips: whatever is waiting when the flusher runs goes out as one
     pipeline, so under load one write carries many PUBLISHes (each event still waits for its own).
     Redis pub/sub is at-most-once to each subscriber; a short in-place retry rides over a blip, and a
-    longer outage surfaces to every waiting event as a transient error, so they go round the retry
-    queues (their results are then re-emitted from the store with the invalidation).
+    longer outage surfaces to every waiting event as an error, which the outbox
+    (:mod:`worker.outbox`) turns into a pending mark in Postgres, published once Redis answers.
     """
 
     def __init__(self, url: str, channel: str, *, tries: int = 3, pause: float = 0.2) -> None:
@@ -68,6 +68,11 @@ class InvalidationPublisher:
                 if attempt == self._tries:
                     raise
                 await asyncio.sleep(self._pause * attempt)
+
+    async def publish_all(self, invalidations: list[Any]) -> None:
+        """Publish several invalidations in one pipelined round trip (raises when Redis would not)."""
+        if invalidations:
+            await self._send([orjson.dumps(invalidation) for invalidation in invalidations])
 
     async def ping(self) -> bool:
         return bool(await self._client.ping())

@@ -44,6 +44,16 @@ class Metrics:
             "Events answered from the stored outcome (redelivery or replay).",
             registry=self.registry,
         )
+        self.invalidations_deferred = Counter(
+            "ltm_invalidations_deferred_total",
+            "Invalidations Redis did not take at once, kept in Postgres for the outbox to publish.",
+            registry=self.registry,
+        )
+        self.invalidations_pending = Gauge(
+            "ltm_invalidations_pending",
+            "Invalidations waiting in Postgres for Redis (every worker's), as of this worker's last sweep.",
+            registry=self.registry,
+        )
         self.dependency_up = Gauge(
             "ltm_dependency_up",
             "1 when the dependency answered its last check.",

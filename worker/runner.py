@@ -44,6 +44,7 @@ from worker.config import Settings
 from worker.faults import is_transient
 from worker.http import HealthServer
 from worker.metrics import Metrics
+from worker.outbox import InvalidationOutbox
 from worker.pipeline import outcome
 from worker.store.batcher import Batcher
 from worker.store.migrate import pending_migrations
@@ -78,6 +79,7 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._batcher: Batcher | None = None
         self._cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
+        self._outbox: InvalidationOutbox | None = None
         self._publisher: Publisher | None = None
         self._consuming = False
         self.metrics = Metrics()
@@ -99,6 +101,8 @@ class Worker:
                 log.info("probe endpoint listening", port=self.settings.http_port)
             if not await self._wait_for_dependencies():
                 return 0
+            assert self._outbox is not None
+            self._outbox.start()
             # everything allocated at start-up lives as long as the process: keep it out of the collector's
             # way, so full collections (tail-latency spikes under load) only walk per-event garbage
             gc.collect()
@@ -179,6 +183,12 @@ class Worker:
                     max_batch=self.settings.concurrency,
                     on_batch=self.metrics.batch_size.observe,
                 )
+                self._outbox = InvalidationOutbox(
+                    self._pool,
+                    self._cache,
+                    on_backlog=self.metrics.invalidations_pending.set,
+                    on_deferred=self.metrics.invalidations_deferred.inc,
+                )
         except Exception as exc:
             problems["postgres"] = _describe(exc)
         try:
@@ -207,6 +217,8 @@ class Worker:
     async def _close(self) -> None:
         if self._http is not None:
             await self._http.close()
+        if self._outbox is not None:
+            await self._outbox.close()
         if self._batcher is not None:
             # cancel what is left; a batch stuck on a Postgres that does not answer ends with the pool below
             await self._batcher.abandon(timeout=0)
@@ -479,8 +491,9 @@ class Worker:
         self, event: ToolCallEvent, processed: ProcessedEvent, traceparent: str | None
     ) -> None:
         """Result and notice (confirmed) and the invalidation, side by side: all must succeed before the ack,
-        none waits for another."""
+        none waits for another. The invalidation succeeds once it is in Redis or pending in the outbox."""
         assert self._publisher is not None
+        assert self._outbox is not None
         outputs = [
             self._publisher.publish_outputs(
                 event_id=event.event_id,
@@ -492,7 +505,7 @@ class Worker:
             )
         ]
         if processed.invalidation is not None:
-            outputs.append(self._cache.publish(processed.invalidation))
+            outputs.append(self._outbox.publish(event.event_id, processed.invalidation))
         await asyncio.gather(*outputs)
 
     async def _fail(

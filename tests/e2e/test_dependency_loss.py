@@ -197,7 +197,8 @@ async def test_redis_restarted_mid_stream(stack: Stack) -> None:
         )
         for message in listener.messages[event_id]:
             assert message == {"schema_version": 1, "event_id": event_id, **expected}
-    # the outage hit saves in flight: they went round the retry queue (and were re-emitted from the
-    # ledger) rather than to the dead-letter queue
-    assert worker.count("transient fault; retrying later") >= 1
+    # the outage hit saves in flight: their invalidations waited in the outbox (Postgres) instead of the
+    # events going round the retry queue or to the dead-letter queue
+    assert worker.count("redis unavailable; invalidations are kept in postgres until it answers") >= 1
+    assert worker.count("transient fault; retrying later") == 0
     assert worker.count("transient fault outlasted every retry; dead-lettered") == 0

@@ -236,3 +236,48 @@ async def load_outcomes(conn: asyncpg.Connection, event_ids: Iterable[UUID]) -> 
         list(event_ids),
     )
     return {row["event_id"]: dict(row) for row in rows}
+
+
+# -- the invalidation outbox (migration 0005) ---------------------------------------------------------------
+
+_DEFER_INVALIDATIONS = """
+UPDATE ltm_processed_events SET invalidation_pending_since = now()
+WHERE event_id = ANY($1::uuid[]) AND invalidation IS NOT NULL AND invalidation_pending_since IS NULL
+"""
+
+_TAKE_PENDING_INVALIDATIONS = """
+SELECT event_id, invalidation FROM ltm_processed_events
+WHERE invalidation_pending_since IS NOT NULL
+ORDER BY invalidation_pending_since, event_id
+LIMIT $1
+FOR UPDATE SKIP LOCKED
+"""
+
+_CLEAR_INVALIDATIONS = """
+UPDATE ltm_processed_events SET invalidation_pending_since = NULL WHERE event_id = ANY($1::uuid[])
+"""
+
+_COUNT_PENDING_INVALIDATIONS = """
+SELECT count(*) FROM ltm_processed_events WHERE invalidation_pending_since IS NOT NULL
+"""
+
+
+async def defer_invalidations(conn: asyncpg.Connection, event_ids: Sequence[UUID]) -> None:
+    """Mark the invalidations of ``event_ids`` as not yet published (the outbox publishes them later)."""
+    await conn.execute(_DEFER_INVALIDATIONS, list(event_ids))
+
+
+async def take_pending_invalidations(conn: asyncpg.Connection, limit: int) -> list[tuple[UUID, Any]]:
+    """The oldest pending invalidations, locked until the caller's transaction ends (other workers skip
+    them). Call inside a transaction."""
+    rows = await conn.fetch(_TAKE_PENDING_INVALIDATIONS, limit)
+    return [(row["event_id"], row["invalidation"]) for row in rows]
+
+
+async def clear_invalidations(conn: asyncpg.Connection, event_ids: Sequence[UUID]) -> None:
+    """Mark the invalidations of ``event_ids`` as published."""
+    await conn.execute(_CLEAR_INVALIDATIONS, list(event_ids))
+
+
+async def count_pending_invalidations(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval(_COUNT_PENDING_INVALIDATIONS))
