@@ -57,3 +57,9 @@ def _is_transient_one(exc: BaseException) -> bool:
         | aio_pika.exceptions.DeliveryError
         | aiormq.exceptions.ChannelInvalidStateError,
     )
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` on one line (at most 500 characters), for logs and dead-letter headers."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text}"[:500]

@@ -1,0 +1,236 @@
+"""The per-delivery handler in process, with fakes for the broker, Postgres and Redis: which deliveries are
+acked, retried, dead-lettered or handed back, and what the shard is told. Crashes and outages stay e2e."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.factories import event_body
+from worker.config import Topology
+from worker.faults import TransientError
+from worker.handler import EventHandler
+from worker.metrics import Metrics
+from worker.settle import RetryPolicy
+from worker.store.unit_of_work import ProcessedEvent
+from worker.tracing import UntracedEvents
+
+POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)
+
+
+@dataclass
+class FakeChannel:
+    is_closed: bool = False
+
+
+@dataclass
+class FakeMessage:
+    """What the handler uses of an aio-pika delivery; records how it was settled."""
+
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    message_id: str | None = None
+    delivery_tag: int = 1
+    channel: FakeChannel = field(default_factory=FakeChannel)
+    settled: list[str] = field(default_factory=list)
+    ack_fails: bool = False
+
+    @property
+    def processed(self) -> bool:
+        return bool(self.settled)
+
+    async def ack(self) -> None:
+        if self.ack_fails:
+            raise ConnectionError("channel closed")
+        assert not self.settled, f"settled twice: {self.settled} then ack"
+        self.settled.append("ack")
+
+    async def nack(self, requeue: bool = False) -> None:
+        assert not self.settled, f"settled twice: {self.settled} then nack"
+        self.settled.append(f"nack(requeue={requeue})")
+
+
+@dataclass
+class FakePublisher:
+    outputs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    dead_letters: list[tuple[str, int]] = field(default_factory=list)
+    retries: list[tuple[str, int, int]] = field(default_factory=list)
+    #: exceptions to raise, by operation ("outputs", "dead_letter", "retry")
+    fail: dict[str, Exception] = field(default_factory=dict)
+
+    async def publish_outputs(self, *, result: dict[str, Any], **kwargs: Any) -> None:
+        if "outputs" in self.fail:
+            raise self.fail["outputs"]
+        self.outputs.append((str(kwargs["event_id"]), result))
+
+    async def dead_letter(self, message: FakeMessage, *, kind: str, error: str, attempts: int) -> None:
+        if "dead_letter" in self.fail:
+            raise self.fail["dead_letter"]
+        self.dead_letters.append((kind, attempts))
+
+    async def retry_later(self, message: FakeMessage, *, queue: str, attempts: int, delay_ms: int) -> None:
+        if "retry" in self.fail:
+            raise self.fail["retry"]
+        self.retries.append((queue, attempts, delay_ms))
+
+
+@dataclass
+class FakeProcessor:
+    answer: ProcessedEvent | Exception
+
+    async def process(self, event: Any, attempts: int = 1) -> ProcessedEvent:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@dataclass
+class FakeInvalidations:
+    published: list[dict[str, Any]] = field(default_factory=list)
+
+    async def publish(self, event_id: uuid.UUID, invalidation: dict[str, Any]) -> None:
+        self.published.append(invalidation)
+
+
+def saved(event_id: str) -> ProcessedEvent:
+    result = {"event_id": event_id, "status": "memory_saved_successfully", "data": {"memory_id": 7}}
+    invalidation = {"schema_version": 1, "event_id": event_id, "kind": "user", "user_disc_id": "1" * 18}
+    return ProcessedEvent("memory_saved_successfully", 7, result, {"notice": 1}, invalidation, replayed=False)
+
+
+def handler_with(
+    processor: FakeProcessor, publisher: FakePublisher
+) -> tuple[EventHandler, FakeInvalidations]:
+    sink = FakeInvalidations()
+    handler = EventHandler(
+        processor=processor,
+        publisher=publisher,  # type: ignore[arg-type]
+        invalidations=sink,
+        metrics=Metrics(),
+        tracer=UntracedEvents(),
+        policy=POLICY,
+        topology=Topology(),
+        stopping=asyncio.Event(),
+    )
+    return handler, sink
+
+
+def delivery(body: dict[str, Any] | bytes, attempts: int | None = None) -> FakeMessage:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return FakeMessage(raw, headers={"x-ltm-attempts": attempts} if attempts else {})
+
+
+EVENT = event_body({"memory_content": "x", "memory_scope": "server_wide"}, persona_id=1)
+
+
+async def test_a_processed_event_is_published_then_acked() -> None:
+    publisher = FakePublisher()
+    handler, sink = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher)
+    message = delivery(EVENT)
+    await handler.handle(message)
+    assert message.settled == ["ack"]
+    assert [event_id for event_id, _ in publisher.outputs] == [EVENT["event_id"]]
+    assert sink.published[0]["event_id"] == EVENT["event_id"]
+
+
+async def test_a_transient_fault_goes_to_the_retry_queue_of_its_tier_and_is_acked() -> None:
+    publisher = FakePublisher()
+    handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher)
+    message = delivery(EVENT, attempts=1)  # the second attempt fails
+    await handler.handle(message)
+    assert publisher.retries == [("ltm.create_memory.retry.200", 2, 200)]
+    assert message.settled == ["ack"]
+    assert publisher.outputs == []
+
+
+async def test_the_last_attempt_is_dead_lettered_with_a_db_error_result() -> None:
+    publisher = FakePublisher()
+    handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher)
+    message = delivery(EVENT, attempts=2)
+    await handler.handle(message)
+    assert publisher.dead_letters == [("transient_exhausted", 3)]
+    [(_, result)] = publisher.outputs
+    assert result["status"] == "memory_save_failed_db_error"
+    assert message.settled == ["ack"]
+
+
+async def test_a_bug_is_dead_lettered_with_an_internal_error_result() -> None:
+    publisher = FakePublisher()
+    handler, _ = handler_with(FakeProcessor(ZeroDivisionError("oops")), publisher)
+    message = delivery(EVENT)
+    await handler.handle(message)
+    assert publisher.dead_letters == [("internal", 1)]
+    [(_, result)] = publisher.outputs
+    assert result["status"] == "memory_save_failed_internal_error"
+    assert message.settled == ["ack"]
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "answered"),
+    [
+        (b"not json", "malformed", False),
+        (
+            {"schema_version": 1, "event_id": str(uuid.uuid4()), "tool_call_id": "c", "shard_id": 77},
+            "schema",
+            True,
+        ),
+    ],
+)
+async def test_an_unreadable_body_is_dead_lettered_at_once(
+    body: dict[str, Any] | bytes, kind: str, answered: bool
+) -> None:
+    publisher = FakePublisher()
+    handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher)
+    message = delivery(body)
+    await handler.handle(message)
+    assert publisher.dead_letters == [(kind, 1)]
+    assert bool(publisher.outputs) is answered
+    assert message.settled == ["ack"]
+
+
+async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_confirmed() -> None:
+    publisher = FakePublisher(fail={"outputs": TransientError("NO_ROUTE")})
+    handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher)
+    body = {"schema_version": 1, "event_id": str(uuid.uuid4()), "tool_call_id": "c", "shard_id": 77}
+    message = delivery(body)
+    await handler.handle(message)
+    assert publisher.dead_letters == [("schema", 1)]
+    assert message.settled == ["ack"]
+
+
+@pytest.mark.parametrize("operation", ["dead_letter", "retry"])
+async def test_a_refused_copy_hands_the_delivery_back_once(
+    operation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("worker.handler.UNSETTLED_REQUEUE_SECONDS", 0.01)
+    publisher = FakePublisher(fail={operation: TransientError("refused")})
+    answer = TransientError("db down") if operation == "retry" else ZeroDivisionError("bug")
+    handler, _ = handler_with(FakeProcessor(answer), publisher)
+    message = delivery(EVENT)
+    await handler.handle(message)
+    assert message.settled == ["nack(requeue=True)"]
+
+
+async def test_a_lost_channel_leaves_the_delivery_to_the_broker() -> None:
+    publisher = FakePublisher()
+    handler, _ = handler_with(FakeProcessor(TransientError("connection reset")), publisher)
+    message = delivery(EVENT)
+    message.channel.is_closed = True
+    await handler.handle(message)
+    assert message.settled == []
+    assert publisher.retries == publisher.dead_letters == []
+
+
+async def test_a_failed_ack_after_publishing_does_not_route_the_event_again() -> None:
+    publisher = FakePublisher()
+    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher)
+    message = delivery(EVENT)
+    message.ack_fails = True
+    await handler.handle(message)
+    assert publisher.retries == publisher.dead_letters == []
+    assert len(publisher.outputs) == 1

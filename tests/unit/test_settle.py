@@ -1,0 +1,67 @@
+"""The retry-or-dead-letter policy, over values (no broker)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+import redis.exceptions
+
+from worker.faults import TransientError
+from worker.pipeline.outcome import DB_ERROR, INTERNAL_ERROR
+from worker.settle import DeadLetter, Retry, RetryPolicy, route_failure
+
+POLICY = RetryPolicy(max_attempts=4, base_delay_ms=1000, max_delay_ms=3000, draw=lambda low, high: high)
+
+
+def test_a_bug_is_dead_lettered_at_once_with_an_internal_error_result() -> None:
+    decision = route_failure(KeyError("boom"), 1, committed=False, policy=POLICY)
+    assert isinstance(decision, DeadLetter)
+    assert (decision.kind, decision.attempts) == ("internal", 1)
+    assert decision.failure is not None
+    assert decision.failure.status == INTERNAL_ERROR
+    assert decision.failure.data["reason"] == "KeyError: 'boom'"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        TransientError("publish not confirmed"),
+        ConnectionRefusedError(),
+        redis.exceptions.ConnectionError("down"),
+        asyncpg.exceptions.DeadlockDetectedError("deadlock"),
+    ],
+)
+def test_a_transient_fault_is_retried_with_a_growing_delay_until_the_last_attempt(exc: Exception) -> None:
+    decisions = [route_failure(exc, attempt, committed=False, policy=POLICY) for attempt in (1, 2, 3)]
+    assert decisions == [Retry(1000, 1000, 1), Retry(2000, 2000, 2), Retry(3000, 3000, 3)]
+    last = route_failure(exc, 4, committed=False, policy=POLICY)
+    assert isinstance(last, DeadLetter)
+    assert (last.kind, last.attempts) == ("transient_exhausted", 4)
+    assert last.failure is not None
+    assert last.failure.status == DB_ERROR
+
+
+def test_after_a_commit_no_failure_result_is_sent_the_stored_answer_stands() -> None:
+    exhausted = route_failure(TransientError("x"), 4, committed=True, policy=POLICY)
+    assert isinstance(exhausted, DeadLetter)
+    assert exhausted.failure is None
+    bug = route_failure(ValueError("x"), 1, committed=True, policy=POLICY)
+    assert isinstance(bug, DeadLetter)
+    assert bug.failure is None
+
+
+def test_the_delay_is_jittered_within_the_tier() -> None:
+    policy = RetryPolicy(max_attempts=5, base_delay_ms=1000, max_delay_ms=60000, draw=lambda low, high: low)
+    decision = route_failure(TransientError("x"), 2, committed=False, policy=policy)
+    assert decision == Retry(tier_ms=2000, delay_ms=1500, attempts=2)
+
+
+def test_a_cause_chain_reaching_a_transient_fault_is_transient() -> None:
+    try:
+        try:
+            raise OSError("reset by peer")
+        except OSError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        decision = route_failure(outer, 1, committed=False, policy=POLICY)
+    assert isinstance(decision, Retry)

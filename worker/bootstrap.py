@@ -1,0 +1,145 @@
+"""The composition root: builds every long-lived part of ``worker run`` and tears them down in reverse.
+
+:func:`open_services` is the only place that knows every part: metrics, the probe server, tracing, the Redis
+publisher, then (once Postgres is migrated and Redis answers) the pool, the batcher and the invalidation
+outbox. Everything it yields is ready; nothing downstream checks for ``None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import structlog
+
+from worker.backoff import Backoff
+from worker.cache import InvalidationPublisher
+from worker.config import Settings
+from worker.faults import describe
+from worker.http import HealthServer
+from worker.metrics import Metrics
+from worker.outbox import InvalidationOutbox
+from worker.probes import Readiness, migrations_problem, probe
+from worker.settle import RetryPolicy
+from worker.store.batcher import Batcher
+from worker.store.pool import create_pool
+from worker.tracing import EventTracer, create_tracer
+
+log = structlog.get_logger("worker")
+
+#: how long closing the Postgres pool may wait for connections to be handed back before closing them hard
+POOL_CLOSE_SECONDS = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """Everything one worker process uses for its whole life, every part ready."""
+
+    settings: Settings
+    policy: RetryPolicy
+    metrics: Metrics
+    tracer: EventTracer
+    readiness: Readiness
+    pool: asyncpg.Pool
+    batcher: Batcher
+    outbox: InvalidationOutbox
+
+
+@contextlib.asynccontextmanager
+async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIterator[Services | None]:
+    """Build the worker's parts, waiting (with backoff, logged) until Postgres is migrated and Redis answers.
+
+    Yields ``None`` when ``stopping`` is set before that. On exit everything is closed in reverse order.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        metrics = Metrics()
+        tracer = create_tracer(settings.tracing, settings.topology.work_queue)
+        stack.callback(tracer.shutdown)
+        cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
+        stack.push_async_callback(cache.close)
+        readiness = Readiness(cache, metrics)
+        if settings.http_port > 0:
+            http = HealthServer(settings.http_port, readiness.check, metrics)
+            await http.start()
+            stack.push_async_callback(http.close)
+            log.info("probe endpoint listening", port=settings.http_port)
+        pool = await _wait_for_dependencies(settings, cache, stopping)
+        if pool is None:
+            yield None
+            return
+        stack.push_async_callback(_close_pool, pool)
+        readiness.pool = pool
+        # at most as many batches at Postgres at once as the pool has connections (usually one: see
+        # Batcher); a batch holds at most the events the worker processes at once
+        batcher = Batcher(
+            pool,
+            settings.limits,
+            max_running=settings.postgres_pool_size,
+            max_batch=settings.concurrency,
+            on_batch=metrics.batch_size.observe,
+        )
+        # cancel what is left; a batch stuck on a Postgres that does not answer ends with the pool
+        stack.push_async_callback(batcher.abandon, 0)
+        outbox = InvalidationOutbox(
+            pool,
+            cache,
+            on_backlog=metrics.invalidations_pending.set,
+            on_deferred=metrics.invalidations_deferred.inc,
+        )
+        outbox.start()
+        stack.push_async_callback(outbox.close)
+        policy = RetryPolicy(
+            settings.retry_max_attempts, settings.retry_base_delay_ms, settings.retry_max_delay_ms
+        )
+        yield Services(settings, policy, metrics, tracer, readiness, pool, batcher, outbox)
+
+
+async def _wait_for_dependencies(
+    settings: Settings, cache: InvalidationPublisher, stopping: asyncio.Event
+) -> asyncpg.Pool | None:
+    """Wait until Postgres (migrated) and Redis answer; the pool, or None if stopped first. RabbitMQ is the
+    runner's."""
+    backoff = Backoff()
+    pool: asyncpg.Pool | None = None
+    while not stopping.is_set():
+        problems: dict[str, str] = {}
+        postgres = await migrations_problem(settings.postgres_dsn)
+        if postgres is None and pool is None:
+            try:
+                pool = await create_pool(settings.postgres_dsn, size=settings.postgres_pool_size)
+            except Exception as exc:
+                postgres = describe(exc)
+        if postgres is not None:
+            problems["postgres"] = postgres
+        redis = await probe(cache.ping())
+        if redis is not None:
+            problems["redis"] = redis
+        if not problems:
+            return pool
+        delay = backoff.next()
+        for name, problem in problems.items():
+            log.warning(
+                "waiting for dependency", dependency=name, problem=problem, retry_in_s=round(delay, 2)
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=delay)
+    if pool is not None:
+        await _close_pool(pool)
+    return None
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    # A graceful close waits for every connection to come back; one held by an abandoned event whose
+    # Postgres does not answer the cancel (a frozen server, a partition) never does, e.g. after a broker
+    # outage, and the process would never exit. Its event is redelivered anyway.
+    try:
+        await asyncio.wait_for(pool.close(), timeout=POOL_CLOSE_SECONDS)
+    except TimeoutError:
+        log.warning("postgres connections not released in time; closed without waiting")
+        pool.terminate()
+    except Exception as exc:
+        log.warning("could not close the postgres pool", error=describe(exc))
+        pool.terminate()

@@ -1,0 +1,172 @@
+"""One connection's life: channels, topology, consume with a bounded prefetch, then drain on a stop or
+abandon what is in flight when the connection is lost (the broker redelivers it, the ledger answers it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from worker.bootstrap import Services
+from worker.broker.publisher import Publisher
+from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
+from worker.faults import describe
+from worker.handler import EventHandler
+from worker.settle import Slots
+
+log = structlog.get_logger("worker")
+
+#: how long abandoned events and batches get to let go of Postgres before their connections are cut
+ABANDON_SECONDS = 5.0
+
+
+class Consumer:
+    """Consumes the work queue on one connection until the worker stops or the connection is lost."""
+
+    def __init__(self, services: Services, slots: Slots, stopping: asyncio.Event) -> None:
+        self._services = services
+        self._slots = slots
+        self._stopping = stopping
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._handler: EventHandler | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    async def run(self) -> None:
+        """Connect, declare, consume; return after a graceful drain or once the connection is lost.
+
+        Raises when the broker cannot be reached or the start-up declarations fail."""
+        settings = self._services.settings
+        topology = settings.topology
+        connection = await aio_pika.connect(settings.rabbitmq_url, timeout=10)
+        lost = asyncio.Event()
+        connection.close_callbacks.add(lambda *_: lost.set())
+        try:
+            publish_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            publish_channel.close_callbacks.add(lambda *_: lost.set())
+            policy = self._services.policy
+            delays = retry_delays(policy.base_delay_ms, policy.max_delay_ms, policy.max_attempts)
+            declared = await declare_topology(publish_channel, topology, delays)
+            self._handler = EventHandler(
+                processor=self._services.batcher,
+                publisher=Publisher(
+                    results=declared.results,
+                    notifications=declared.notifications,
+                    dead_letter=declared.dead_letter,
+                    default=publish_channel.default_exchange,
+                ),
+                invalidations=self._services.outbox,
+                metrics=self._services.metrics,
+                tracer=self._services.tracer,
+                policy=policy,
+                topology=topology,
+                stopping=self._stopping,
+            )
+            consume_channel = await connection.channel(publisher_confirms=False)
+            consume_channel.close_callbacks.add(lambda *_: lost.set())
+            await consume_channel.set_qos(prefetch_count=settings.prefetch)
+            queue = await consume_channel.declare_queue(
+                topology.work_queue, durable=True, arguments=work_queue_arguments(topology)
+            )
+            # the broker may cancel the consumer itself (the queue was deleted, a node went away): aio-pika
+            # does not restore it, so treat it like a lost connection and start over (declare, consume)
+            underlay = await consume_channel.get_underlay_channel()
+            underlay.on_consumer_cancel_callbacks.add(lambda *_: self._consumer_cancelled(lost))
+            tag = await queue.consume(self._on_message, no_ack=False)
+            self._services.readiness.set_consuming(True)
+            log.info(
+                "consuming", queue=queue.name, prefetch=settings.prefetch, concurrency=settings.concurrency
+            )
+            await _first(self._stopping.wait(), lost.wait())
+            if self._stopping.is_set() and not lost.is_set():
+                await self._drain(queue, tag)
+            else:
+                log.warning("rabbitmq connection lost; reconnecting", in_flight=len(self._inflight))
+                await self._abandon_inflight()
+        finally:
+            self._services.readiness.set_consuming(False)
+            await _close_quietly(connection)
+
+    def _consumer_cancelled(self, lost: asyncio.Event) -> None:
+        if not self._stopping.is_set():
+            log.warning("rabbitmq cancelled the consumer; reconnecting")
+            lost.set()
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            if not await self._slots.take():
+                # stopping before this event started: hand it back now, so another worker takes it
+                # without waiting for this one's drain to end
+                with contextlib.suppress(Exception):
+                    await message.nack(requeue=True)
+                return
+            try:
+                assert self._handler is not None  # set before the consumer starts
+                await self._handler.handle(message)
+            finally:
+                self._slots.release()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _drain(self, queue: AbstractQueue, tag: str) -> None:
+        """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""
+        try:
+            await queue.cancel(tag)
+        except Exception as exc:
+            log.warning("could not cancel the consumer", error=describe(exc))
+        deadline = time.monotonic() + self._services.settings.shutdown_grace_seconds
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic()))
+        stuck = 0
+        if self._inflight:
+            log.warning("grace period over: in-flight events are requeued", requeued=len(self._inflight))
+            stuck = await self._abandon_inflight()
+        if stuck:
+            # Cancelled events still wait for Postgres (a server that does not answer the cancel):
+            # closing the channel would wait for them too. Cut their connections; the broker requeues
+            # the events and the ledger answers any whose commit did go through.
+            log.warning("postgres does not answer; closing its connections", stuck=stuck)
+            self._services.pool.terminate()
+        log.info("stopped cleanly")
+
+    async def _abandon_inflight(self) -> int:
+        """Cancel what is still running: the broker requeues the unacked deliveries, and the ledger answers
+        any whose write had already committed. Returns how many events or batches are still stuck after
+        5 s (waiting on a Postgres that does not answer the cancel)."""
+        deadline = time.monotonic() + ABANDON_SECONDS
+        tasks = set(self._inflight)
+        for task in tasks:
+            task.cancel()
+        stuck_batches = await self._services.batcher.abandon(timeout=ABANDON_SECONDS)
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        return len(self._inflight) + stuck_batches
+
+
+async def _first(*waits: Any) -> None:
+    """Wait until the first of ``waits`` completes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _close_quietly(connection: AbstractConnection) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(connection.close(), timeout=5)
