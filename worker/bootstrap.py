@@ -23,6 +23,7 @@ from worker.http import HealthServer
 from worker.metrics import Metrics
 from worker.outbox import InvalidationOutbox
 from worker.probes import Readiness, migrations_problem, probe
+from worker.sampler import Sampler, sampled_queues
 from worker.settle import RetryPolicy
 from worker.store.batcher import Batcher
 from worker.store.pool import create_pool
@@ -66,6 +67,16 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
             await http.start()
             stack.push_async_callback(http.close)
             log.info("probe endpoint listening", port=settings.http_port)
+            # queue depths and dependency state for /metrics: sampled only when something can scrape them
+            sampler = Sampler(
+                settings.rabbitmq_url,
+                sampled_queues(settings),
+                metrics,
+                readiness.check,
+                interval=settings.metrics_interval_seconds,
+            )
+            sampler.start()
+            stack.push_async_callback(sampler.close)
         pool = await _wait_for_dependencies(settings, cache, stopping)
         if pool is None:
             yield None

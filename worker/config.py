@@ -93,6 +93,8 @@ class Settings:
     log_format: str = "auto"
     log_level: str = "info"
     http_port: int = 0
+    #: how often queue depths and dependency state are sampled for /metrics (worker/sampler.py)
+    metrics_interval_seconds: int = 15
     #: OpenTelemetry spans: ``off``, ``otlp`` or ``console`` (worker/tracing.py)
     tracing: str = "off"
     #: settings that were given but invalid, as (variable, raw value, default used)
@@ -114,6 +116,7 @@ _INT_VARS = {
     "LTM_CONCURRENCY": ("concurrency", 32),
     "LTM_POSTGRES_POOL_SIZE": ("postgres_pool_size", 10),
     "LTM_SHUTDOWN_GRACE_SECONDS": ("shutdown_grace_seconds", 30),
+    "LTM_METRICS_INTERVAL_SECONDS": ("metrics_interval_seconds", 15),
 }
 
 
@@ -154,5 +157,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         concurrency=ints["concurrency"],
         postgres_pool_size=ints["postgres_pool_size"],
         shutdown_grace_seconds=ints["shutdown_grace_seconds"],
+        metrics_interval_seconds=ints["metrics_interval_seconds"],
         fallbacks=tuple(fallbacks),
     )

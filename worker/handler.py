@@ -85,6 +85,12 @@ class EventHandler:
             await self._dead_letter_unreadable(message, parsed)
             return
         event = parsed
+        self._metrics.observe_delivery(
+            event.issued_at,
+            headers=message.headers,
+            timestamp=message.timestamp,
+            redelivered=bool(message.redelivered),
+        )
         fields = {
             "event_id": str(event.event_id),
             "tool_call_id": event.tool_call_id,
@@ -123,6 +129,7 @@ class EventHandler:
             if not await ack(message):
                 return  # the channel closed: the broker redelivers it, and the ledger answers it
             elapsed = time.monotonic() - started
+            self._metrics.observe_answered(event.issued_at)
             self._metrics.events.labels(processed.status).inc()
             self._metrics.duration.observe(elapsed)
             if processed.replayed:

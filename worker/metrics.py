@@ -1,10 +1,67 @@
-"""Prometheus metrics of one worker process (served on ``/metrics`` when the HTTP port is set)."""
+"""Prometheus metrics of one worker process (served on ``/metrics`` when the HTTP port is set).
+
+Names follow the Prometheus conventions (base units in the name, ``_total`` on counters). Two names
+predate this and stay as they are, because dashboards already use them: ``ltm_events_in_flight`` (a gauge
+of events, no unit needed) and ``ltm_db_batch_size`` (a histogram of event counts).
+
+Two clocks, two questions:
+
+- ``ltm_event_age_seconds``: now − the event's ``issued_at``, observed when an answered event is acked.
+  The whole life of the event as its shard sees it (queueing, retries, replays from the DLQ, processing),
+  on the shard's clock against the worker's; "are answers late?".
+- ``ltm_queue_wait_seconds``: how long a fresh event sat in the work queue before a worker took it,
+  observed at delivery; "is the queue backing up?". Only first deliveries of first attempts count (no
+  ``x-ltm-attempts``, no ``x-ltm-replay-count``, not redelivered): for a retry, a replay or a redelivery the
+  moment it re-entered the queue is not on the message. The start is the later of ``issued_at`` and the
+  AMQP ``timestamp`` property when the shard sets one: both are at or before the publish, the property
+  is cut to whole seconds, so the later one is the tighter bound.
+
+Ages are clamped at 0: a shard's clock a little ahead of the worker's must not produce negative samples.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import importlib.metadata
+import platform
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 DEPENDENCIES = ("rabbitmq", "postgres", "redis")
+#: an event's age spans milliseconds (a idle worker) to hours (a replay from the DLQ)
+AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 14400)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: headers that say a delivery is not the event's first trip through the work queue
+_NOT_FIRST_TRIP = ("x-ltm-attempts", "x-ltm-replay-count")
+
+
+def build_versions() -> dict[str, str]:
+    """The labels of ``ltm_build_info``: this package's version and those of Python and the drivers."""
+
+    def version(distribution: str) -> str:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "version": version("tomoribot-ltm-worker"),
+        "python": platform.python_version(),
+        "aio_pika": version("aio-pika"),
+        "asyncpg": version("asyncpg"),
+    }
 
 
 class Metrics:
@@ -12,6 +69,12 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # the defaults the global registry would have had: process_* (CPU, memory, fds), python_info,
+        # python_gc_*
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        Info("ltm_build", "Versions of the running worker.", registry=self.registry).info(build_versions())
         self.events = Counter(
             "ltm_events_total", "Events answered, by result status.", ["status"], registry=self.registry
         )
@@ -19,6 +82,20 @@ class Metrics:
             "ltm_event_duration_seconds",
             "Time from delivery to ack of an answered event.",
             buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+            registry=self.registry,
+        )
+        self.event_age = Histogram(
+            "ltm_event_age_seconds",
+            "Time from the event's issued_at (the shard's clock) to the ack of its answer: "
+            "queueing, retries, replays and processing.",
+            buckets=AGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "ltm_queue_wait_seconds",
+            "Time a fresh event waited in the work queue: from its publish (issued_at, or the AMQP "
+            "timestamp when later) to its delivery; first attempts only.",
+            buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
         self.batch_size = Histogram(
@@ -56,13 +133,51 @@ class Metrics:
         )
         self.dependency_up = Gauge(
             "ltm_dependency_up",
-            "1 when the dependency answered its last check.",
+            "1 when the dependency answered its last check (sampled in the background and on /readyz).",
             ["dependency"],
             registry=self.registry,
         )
         for name in DEPENDENCIES:
             self.dependency_up.labels(name).set(0)
+        self.queue_messages = Gauge(
+            "ltm_queue_messages",
+            "Messages ready in the queue (work queue, retry queues, DLQ), as this worker last sampled it.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.queue_consumers = Gauge(
+            "ltm_queue_consumers",
+            "Consumers of the queue, as this worker last sampled it.",
+            ["queue"],
+            registry=self.registry,
+        )
+
+    def observe_delivery(
+        self,
+        issued_at: datetime,
+        *,
+        headers: Mapping[str, Any] | None,
+        timestamp: datetime | None,
+        redelivered: bool,
+        now: datetime | None = None,
+    ) -> None:
+        """``ltm_queue_wait_seconds`` for a delivery, when it is the event's first trip (see the module)."""
+        if redelivered or any(key in (headers or {}) for key in _NOT_FIRST_TRIP):
+            return
+        start = issued_at
+        if timestamp is not None:
+            stamped = timestamp if timestamp.tzinfo is not None else timestamp.replace(tzinfo=UTC)
+            start = max(start, stamped)
+        self.queue_wait.observe(_seconds_since(start, now))
+
+    def observe_answered(self, issued_at: datetime, now: datetime | None = None) -> None:
+        """``ltm_event_age_seconds`` for an event whose answer was just acked."""
+        self.event_age.observe(_seconds_since(issued_at, now))
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
+
+
+def _seconds_since(moment: datetime, now: datetime | None) -> float:
+    return max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())

@@ -1,0 +1,135 @@
+"""Background sampling for ``/metrics``: queue depths and dependency state, every few seconds.
+
+Every ``LTM_METRICS_INTERVAL_SECONDS`` (default 15) the sampler
+
+- passively declares the work queue, each retry queue and the DLQ on a channel of its own connection and
+  sets ``ltm_queue_messages{queue}`` and ``ltm_queue_consumers{queue}`` from the answers. A passive declare
+  is one small frame each way, creates nothing and needs no permission beyond the vhost, so with the
+  default retry settings a worker costs the broker 6 declares per 15 s; 20 workers, 8 a second. Each pod
+  reports the same numbers: aggregate with ``max`` (not ``sum``) across pods;
+- refreshes ``ltm_dependency_up`` through the worker's readiness check, so the gauge is current even when
+  nothing calls ``/readyz``.
+
+Its own connection keeps the sampling out of the consumer's way: a passive declare of a missing queue
+closes its channel (404), and a broker outage is seen here without waiting for the consumer's reconnect.
+When a sample cannot be taken its series are removed rather than left stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractChannel, AbstractConnection
+
+from worker.broker.topology import retry_delays, retry_queue_name
+from worker.config import Settings
+from worker.metrics import Metrics
+
+log = structlog.get_logger("worker.sampler")
+
+DEFAULT_INTERVAL_SECONDS = 15
+
+
+def sampled_queues(settings: Settings) -> list[str]:
+    """The queues whose depth /metrics reports: the work queue, every retry tier, the DLQ."""
+    topology = settings.topology
+    delays = retry_delays(
+        settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
+    )
+    return [
+        topology.work_queue,
+        *[retry_queue_name(topology, delay) for delay in delays],
+        topology.dead_letter_queue,
+    ]
+
+
+class Sampler:
+    """Samples queue depths and dependency state into ``metrics`` until closed."""
+
+    def __init__(
+        self,
+        rabbitmq_url: str,
+        queues: Sequence[str],
+        metrics: Metrics,
+        refresh_dependencies: Callable[[], Awaitable[object]],
+        interval: float = DEFAULT_INTERVAL_SECONDS,
+    ) -> None:
+        self._url = rabbitmq_url
+        self._queues = tuple(queues)
+        self._metrics = metrics
+        self._refresh_dependencies = refresh_dependencies
+        self._interval = interval
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="metrics-sampler")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._disconnect()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.sample_once()
+            await asyncio.sleep(self._interval)
+
+    async def sample_once(self) -> None:
+        """Take one sample of everything; never raises (a failure shows as missing series)."""
+        with contextlib.suppress(Exception):
+            await self._refresh_dependencies()
+        try:
+            await self._sample_queues()
+        except Exception as exc:
+            self._forget_queues()
+            await self._disconnect()
+            if not self._failing:  # once per outage, not once per interval
+                log.warning("could not sample queue depths", error=f"{type(exc).__name__}: {exc}"[:300])
+            self._failing = True
+        else:
+            self._failing = False
+
+    async def _sample_queues(self) -> None:
+        for name in self._queues:
+            channel = await self._open_channel()
+            try:
+                queue = await channel.declare_queue(name, passive=True, timeout=5)
+            except aio_pika.exceptions.ChannelClosed:
+                # the queue does not exist (yet, or any more): nothing to report; the channel is gone
+                self._channel = None
+                for gauge in (self._metrics.queue_messages, self._metrics.queue_consumers):
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(name)
+                continue
+            result = queue.declaration_result
+            self._metrics.queue_messages.labels(name).set(result.message_count or 0)
+            self._metrics.queue_consumers.labels(name).set(result.consumer_count or 0)
+
+    async def _open_channel(self) -> AbstractChannel:
+        if self._connection is None or self._connection.is_closed:
+            self._connection = await aio_pika.connect(
+                self._url, timeout=10, client_properties={"connection_name": "ltm-worker metrics sampler"}
+            )
+            self._channel = None
+        if self._channel is None or self._channel.is_closed:
+            self._channel = await self._connection.channel(publisher_confirms=False)
+        return self._channel
+
+    def _forget_queues(self) -> None:
+        self._metrics.queue_messages.clear()
+        self._metrics.queue_consumers.clear()
+
+    async def _disconnect(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=5)
