@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from typing import Any
 
 import orjson
@@ -36,7 +37,9 @@ class InvalidationPublisher:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((orjson.dumps(invalidation), done))
         if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+            # the flusher serves every waiting event, not the one that started it: an empty context, so it
+            # carries no event's log fields or span
+            self._flusher = asyncio.create_task(self._flush(), context=contextvars.Context())
         await done
 
     async def _flush(self) -> None:

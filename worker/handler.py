@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -25,12 +26,18 @@ from worker.metrics import Metrics
 from worker.pipeline import outcome
 from worker.settle import DeadLetter, RetryPolicy, route_failure
 from worker.store.unit_of_work import ProcessedEvent, utcnow
-from worker.tracing import Attribute, EventSpan, EventTracer
+from worker.tracing import Attribute, EventSpan, EventTracer, in_step
 
 log = structlog.get_logger("worker")
 
 #: pause before a delivery the worker could not route is handed back (no hot loop through the broker)
 UNSETTLED_REQUEUE_SECONDS = 1.0
+#: attributes of the Postgres step (a child span): the event's whole trip through the batcher, i.e. its wait
+#: for a batch, the batch's read and its ltm_save_events statement
+_POSTGRES_STEP: dict[str, Attribute] = {
+    "db.system.name": "postgresql",
+    "db.operation.name": "ltm_save_events",
+}
 
 
 class EventProcessor(Protocol):
@@ -91,12 +98,14 @@ class EventHandler:
             timestamp=message.timestamp,
             redelivered=bool(message.redelivered),
         )
-        fields = {
-            "event_id": str(event.event_id),
-            "tool_call_id": event.tool_call_id,
-            "shard_id": event.shard_id,
-            "attempts": attempt,
-        }
+        # every log line of this event carries these; each delivery runs in a task of its own (aiormq), so
+        # they stay with this event
+        structlog.contextvars.bind_contextvars(
+            event_id=str(event.event_id),
+            tool_call_id=event.tool_call_id,
+            shard_id=event.shard_id,
+            attempts=attempt,
+        )
         span_attributes: dict[str, Attribute] = {
             "messaging.message.id": str(event.event_id),
             "ltm.tool_call_id": event.tool_call_id,
@@ -107,7 +116,8 @@ class EventHandler:
             processed: ProcessedEvent | None = None
             self._metrics.in_flight.inc()
             try:
-                processed = await self._processor.process(event, attempt)
+                with span.step("postgres ltm_save_events", _POSTGRES_STEP, kind="client"):
+                    processed = await self._processor.process(event, attempt)
                 span.set(
                     {
                         "ltm.status": processed.status,
@@ -115,14 +125,12 @@ class EventHandler:
                         "ltm.replayed": processed.replayed,
                     }
                 )
-                await self._publish(event, processed, span.traceparent)
+                await self._publish(event, processed, span)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 span.fail(exc)
-                await self._fail(
-                    message, event, attempt, exc, committed=processed is not None, fields=fields, span=span
-                )
+                await self._fail(message, event, attempt, exc, committed=processed is not None, span=span)
                 return
             finally:
                 self._metrics.in_flight.dec()
@@ -135,37 +143,45 @@ class EventHandler:
             if processed.replayed:
                 self._metrics.replayed.inc()
             if processed.memory_id is not None:
-                log.debug(
-                    "memory content",
-                    event_id=fields["event_id"],
-                    content=processed.result["data"].get("content_saved"),
-                )
+                log.debug("memory content", content=processed.result["data"].get("content_saved"))
             log.info(
                 "event processed",
-                **fields,
                 status=processed.status,
                 memory_id=processed.memory_id,
                 replayed=processed.replayed,
                 duration_ms=round(elapsed * 1000, 1),
             )
 
-    async def _publish(
-        self, event: ToolCallEvent, processed: ProcessedEvent, traceparent: str | None
-    ) -> None:
+    async def _publish(self, event: ToolCallEvent, processed: ProcessedEvent, span: EventSpan) -> None:
         """Result and notice (confirmed) and the invalidation, side by side: all must succeed before the ack,
-        none waits for another. The invalidation succeeds once it is in Redis or pending in the outbox."""
-        outputs = [
-            self._publisher.publish_outputs(
-                event_id=event.event_id,
-                tool_call_id=event.tool_call_id,
-                shard_id=event.shard_id,
-                result=processed.result,
-                notification=processed.notification,
-                traceparent=traceparent,
-            )
+        none waits for another. The invalidation succeeds once it is in Redis or pending in the outbox.
+        Each is a step (child span) of the event's span."""
+        publish = self._publisher.publish_outputs(
+            event_id=event.event_id,
+            tool_call_id=event.tool_call_id,
+            shard_id=event.shard_id,
+            result=processed.result,
+            notification=processed.notification,
+            traceparent=span.traceparent,
+        )
+        exchange, channel = self._topology.results_exchange, self._topology.invalidation_channel
+        sent: dict[str, Attribute] = {
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "publish",
+            "messaging.destination.name": exchange,
+            "ltm.notice": processed.notification is not None,  # the notice goes to tomori.notifications
+        }
+        outputs: list[Awaitable[None]] = [
+            in_step(span, f"{exchange} publish", sent, publish, kind="producer")
         ]
         if processed.invalidation is not None:
-            outputs.append(self._invalidations.publish(event.event_id, processed.invalidation))
+            invalidate = self._invalidations.publish(event.event_id, processed.invalidation)
+            sent = {
+                "messaging.system": "redis",
+                "messaging.operation.type": "publish",
+                "messaging.destination.name": channel,
+            }
+            outputs.append(in_step(span, f"{channel} publish", sent, invalidate, kind="producer"))
         await asyncio.gather(*outputs)
 
     async def _dead_letter_unreadable(self, message: AbstractIncomingMessage, parsed: Unreadable) -> None:
@@ -199,7 +215,6 @@ class EventHandler:
         exc: Exception,
         *,
         committed: bool,
-        fields: dict[str, object],
         span: EventSpan,
     ) -> None:
         """Carry out :func:`route_failure`'s decision for a failed attempt."""
@@ -207,15 +222,15 @@ class EventHandler:
         if channel_closed(message):
             # the connection is gone: this delivery can be neither routed nor acked, and the broker
             # redelivers it after the reconnect (answered from the ledger if it committed)
-            log.warning("connection lost mid-event; it will be redelivered", **fields, error=reason)
+            log.warning("connection lost mid-event; it will be redelivered", error=reason)
             return
         decision = route_failure(exc, attempt, committed=committed, policy=self._policy)
         try:
             if isinstance(decision, DeadLetter):
                 if decision.kind == "internal":
-                    log.error("internal error; dead-lettered", **fields, error=reason, exc_info=exc)
+                    log.error("internal error; dead-lettered", error=reason, exc_info=exc)
                 else:
-                    log.error("transient fault outlasted every retry; dead-lettered", **fields, error=reason)
+                    log.error("transient fault outlasted every retry; dead-lettered", error=reason)
                 span.set({"ltm.status": decision.failure.status if decision.failure else None})
                 ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
                 await self._dead_letter(
@@ -234,15 +249,12 @@ class EventHandler:
                 )
                 self._metrics.retries.inc()
                 await ack(message)
-                log.warning(
-                    "transient fault; retrying later", **fields, error=reason, retry_in_ms=decision.delay_ms
-                )
+                log.warning("transient fault; retrying later", error=reason, retry_in_ms=decision.delay_ms)
         except Exception as routing_error:
             # the broker refused the retry or dead-letter copy: the delivery is handed back to the work
             # queue (see _settle_leftover), or requeued by the broker if the connection is gone
             log.warning(
                 "could not route a failed event; it will be redelivered",
-                **fields,
                 error=describe(routing_error),
             )
 

@@ -5,6 +5,17 @@ object, and outputs carry the incoming ``traceparent`` unchanged. With ``otlp`` 
 ``tracing`` extra installed) each event gets a span ``<queue> process`` whose parent is the shard's span,
 and the outputs carry the same trace id with the new span's id (CONTRACT.md "Details fixed here").
 
+Inside the event's span, :meth:`EventSpan.step` opens child spans for where the time goes: the event's
+trip through Postgres (its wait for the batch and the batch's statements), the publish of result and
+notice, and the Redis invalidation. They are made here by hand rather than by the OpenTelemetry
+instrumentations for asyncpg, aio-pika and redis: a Postgres batch and a Redis pipeline serve several
+events at once from a task of their own, so an instrumentation would hang their statements under whichever
+event started that task; the aio-pika one would add a second CONSUMER span per event and inject its own
+``traceparent`` into the outputs, whose header the contract fixes.
+
+While the span is open, the event's log lines carry its ``trace_id`` and ``span_id`` (structlog context
+variables), so logs and traces join on them.
+
 The runner only sees :class:`EventTracer` and :class:`EventSpan`; the SDK stays in this module.
 """
 
@@ -12,15 +23,15 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Awaitable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import structlog
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span
+    from opentelemetry.trace import Span, Tracer
 
 log = structlog.get_logger("worker.tracing")
 
@@ -37,6 +48,9 @@ _missing_reported = False
 
 #: what an attribute may be; ``None`` means "not known" and is left off the span
 Attribute = str | int | float | bool | None
+#: the span kinds a step may have (OpenTelemetry's SpanKind, by name)
+StepKind = Literal["internal", "client", "producer"]
+T = TypeVar("T")
 
 
 class EventSpan(Protocol):
@@ -51,6 +65,19 @@ class EventSpan(Protocol):
 
     def fail(self, exc: BaseException) -> None:
         """Record an exception the runner handled itself and mark the span as failed."""
+
+    def step(
+        self, name: str, attributes: Mapping[str, Attribute], *, kind: StepKind = "internal"
+    ) -> AbstractContextManager[None]:
+        """A child span around one part of the event's handling; an exception marks it failed."""
+
+
+async def in_step(
+    span: EventSpan, name: str, attributes: Mapping[str, Attribute], work: Awaitable[T], *, kind: StepKind
+) -> T:
+    """Await ``work`` inside a child span of ``span`` (for work run side by side with ``gather``)."""
+    with span.step(name, attributes, kind=kind):
+        return await work
 
 
 class EventTracer(Protocol):
@@ -85,6 +112,11 @@ class _Untraced:
     def fail(self, exc: BaseException) -> None:
         return None
 
+    def step(
+        self, name: str, attributes: Mapping[str, Attribute], *, kind: StepKind = "internal"
+    ) -> AbstractContextManager[None]:
+        return nullcontext()
+
 
 class UntracedEvents:
     """The tracer when tracing is off (or OpenTelemetry is not installed)."""
@@ -99,10 +131,11 @@ class UntracedEvents:
 
 
 class _RecordedSpan:
-    __slots__ = ("_span", "traceparent")
+    __slots__ = ("_span", "_tracer", "traceparent")
 
-    def __init__(self, span: Span, traceparent: str | None) -> None:
+    def __init__(self, span: Span, traceparent: str | None, tracer: Tracer) -> None:
         self._span = span
+        self._tracer = tracer
         self.traceparent = traceparent
 
     def set(self, attributes: Mapping[str, Attribute]) -> None:
@@ -113,6 +146,21 @@ class _RecordedSpan:
 
         self._span.record_exception(exc)
         self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+
+    @contextmanager
+    def step(
+        self, name: str, attributes: Mapping[str, Attribute], *, kind: StepKind = "internal"
+    ) -> Iterator[None]:
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        # the event's span is the parent explicitly: a step may run in a task of its own
+        with self._tracer.start_as_current_span(
+            name,
+            context=set_span_in_context(self._span),
+            kind=SpanKind[kind.upper()],
+            attributes={k: v for k, v in attributes.items() if v is not None},
+        ):
+            yield
 
 
 class TracedEvents:
@@ -150,12 +198,17 @@ class TracedEvents:
         ) as span:
             carrier: dict[str, str] = {}
             self._propagator.inject(carrier)  # the current context: this span
-            handle = _RecordedSpan(span, carrier.get(_TRACEPARENT, traceparent))
-            try:
-                yield handle
-            except BaseException as exc:  # cancelled (connection lost, stop) or a bug: the span says so
-                handle.fail(exc)
-                raise
+            handle = _RecordedSpan(span, carrier.get(_TRACEPARENT, traceparent), self._tracer)
+            ids = span.get_span_context()
+            # every log line of the event from here on names its trace and span
+            with structlog.contextvars.bound_contextvars(
+                trace_id=format(ids.trace_id, "032x"), span_id=format(ids.span_id, "016x")
+            ):
+                try:
+                    yield handle
+                except BaseException as exc:  # cancelled (connection lost, stop) or a bug: the span says so
+                    handle.fail(exc)
+                    raise
 
     def shutdown(self) -> None:
         # a collector that does not answer must not hold the exit: wait a bounded time, then leave the

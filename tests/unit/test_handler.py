@@ -7,6 +7,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -36,6 +37,8 @@ class FakeMessage:
     headers: dict[str, Any] = field(default_factory=dict)
     message_id: str | None = None
     delivery_tag: int = 1
+    timestamp: datetime | None = None  # the AMQP property (ltm_queue_wait_seconds reads it)
+    redelivered: bool = False
     channel: FakeChannel = field(default_factory=FakeChannel)
     settled: list[str] = field(default_factory=list)
     ack_fails: bool = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import http.server
 import json
 import subprocess
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -20,7 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.e2e.harness import REPO
 from worker import tracing
 from worker.config import load_settings
-from worker.tracing import TracedEvents, UntracedEvents, create_tracer
+from worker.tracing import TracedEvents, UntracedEvents, create_tracer, in_step
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
@@ -174,6 +177,62 @@ def test_a_failure_the_runner_handles_marks_the_span(
     assert recorded.status.description == "ConnectionError: postgres went away"
     assert [event.name for event in recorded.events] == ["exception"]
     assert (recorded.attributes or {})["ltm.status"] == "memory_save_failed_db_error"
+
+
+async def test_steps_are_children_of_the_event_span_even_in_a_task_of_their_own(
+    traced: TracedEvents, exporter: InMemorySpanExporter
+) -> None:
+    async def publish() -> str:
+        await asyncio.sleep(0)
+        return "confirmed"
+
+    with traced.event_span(TRACEPARENT, EVENT_ATTRIBUTES) as span:
+        with span.step("postgres ltm_save_events", {"db.system.name": "postgresql"}, kind="client"):
+            await asyncio.sleep(0)
+        # a task started with no context at all (like a shared batch) still hangs the step under the event
+        elsewhere = asyncio.create_task(
+            in_step(span, "tomori.tool_results publish", {"ltm.notice": True}, publish(), kind="producer"),
+            context=contextvars.Context(),
+        )
+        assert await elsewhere == "confirmed"
+    spans = {recorded.name: recorded for recorded in exporter.get_finished_spans()}
+    event = spans.pop("ltm.create_memory process")
+    assert [(s.name, s.kind) for s in spans.values()] == [
+        ("postgres ltm_save_events", SpanKind.CLIENT),
+        ("tomori.tool_results publish", SpanKind.PRODUCER),
+    ]
+    for step in spans.values():
+        assert step.parent is not None
+        assert step.parent.span_id == event.context.span_id
+        assert step.context.trace_id == event.context.trace_id
+    assert (spans["tomori.tool_results publish"].attributes or {})["ltm.notice"] is True
+
+
+def test_a_failing_step_is_marked_and_the_error_goes_on(
+    traced: TracedEvents, exporter: InMemorySpanExporter
+) -> None:
+    with (
+        traced.event_span(TRACEPARENT, EVENT_ATTRIBUTES) as span,
+        pytest.raises(ConnectionError),
+        span.step("tomori:cache-invalidation publish", {}, kind="producer"),
+    ):
+        raise ConnectionError("redis went away")
+    step = next(s for s in exporter.get_finished_spans() if s.name == "tomori:cache-invalidation publish")
+    assert step.status.status_code is StatusCode.ERROR
+    assert [event.name for event in step.events] == ["exception"]
+
+
+def test_log_lines_inside_the_span_carry_its_trace_and_span_ids(traced: TracedEvents) -> None:
+    with traced.event_span(TRACEPARENT, EVENT_ATTRIBUTES) as span:
+        bound = structlog.contextvars.get_contextvars()
+        trace_id, span_id, _ = parse(span.traceparent)
+    assert (bound["trace_id"], bound["span_id"]) == (trace_id, span_id)
+    assert trace_id == TRACE_ID
+    assert "trace_id" not in structlog.contextvars.get_contextvars()
+    with UntracedEvents().event_span(TRACEPARENT, EVENT_ATTRIBUTES) as untraced:
+        assert "trace_id" not in structlog.contextvars.get_contextvars()
+        with untraced.step("postgres ltm_save_events", {}, kind="client"):
+            pass
 
 
 @pytest.mark.parametrize("traceparent", [TRACEPARENT, None, "garbage"])

@@ -17,6 +17,7 @@ nothing is written unless all of the batch commits.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -112,7 +113,9 @@ class Batcher:
             del self._waiting[: self._max_batch]
             if not batch:
                 continue
-            task = asyncio.create_task(self._run(batch))
+            # a batch serves several events: it must not inherit the log fields and span of the one whose
+            # arrival started it (an empty context)
+            task = asyncio.create_task(self._run(batch), context=contextvars.Context())
             self._running.add(task)
             task.add_done_callback(self._finished)
 
