@@ -103,8 +103,9 @@ class Sampler:
             channel = await self._open_channel()
             try:
                 queue = await channel.declare_queue(name, passive=True, timeout=5)
-            except aio_pika.exceptions.ChannelClosed:
-                # the queue does not exist (yet, or any more): nothing to report; the channel is gone
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                # the queue does not exist (yet, or any more): nothing to report; the broker closed the
+                # channel. Any other refusal (access) fails the whole sample, and is logged
                 self._channel = None
                 for gauge in (self._metrics.queue_messages, self._metrics.queue_consumers):
                     with contextlib.suppress(KeyError):
