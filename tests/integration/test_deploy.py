@@ -59,6 +59,8 @@ from worker.broker.topology import (
     work_queue_arguments,
 )
 from worker.config import Settings, Topology
+from worker.metrics import Metrics
+from worker.sampler import Sampler
 
 pytestmark = pytest.mark.integration
 
@@ -638,6 +640,29 @@ async def test_keda_may_read_the_work_queue_depth(deployed: Deployed) -> None:
         channel = await keda.channel()
         queue = await channel.declare_queue(TOPOLOGY.work_queue, passive=True)
         assert queue.declaration_result.message_count is not None
+
+
+async def test_the_worker_user_may_sample_every_queue_for_metrics(deployed: Deployed) -> None:
+    """The metrics sampler of `worker run` passively declares every queue it reports, as `worker`."""
+    queues = [
+        TOPOLOGY.work_queue,
+        *[retry_queue_name(TOPOLOGY, delay) for delay in retry_delays(1000, 60000, 5)],
+        TOPOLOGY.dead_letter_queue,
+    ]
+
+    async def no_check() -> None:
+        return None
+
+    metrics = Metrics()
+    sampler = Sampler(deployed.urls["worker"], queues, metrics, no_check)
+    try:
+        await sampler.sample_once()
+    finally:
+        await sampler.close()
+    sampled = {
+        sample.labels["queue"] for family in metrics.queue_messages.collect() for sample in family.samples
+    }
+    assert sampled == set(queues)
 
 
 Action = Callable[[AbstractChannel], Awaitable[object]]
