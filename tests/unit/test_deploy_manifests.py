@@ -43,6 +43,7 @@ CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): SCHEMAS / "scaledobject-keda-v1alpha1.json",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): SCHEMAS / "triggerauthentication-keda-v1alpha1.json",
     ("monitoring.coreos.com/v1", "PodMonitor"): SCHEMAS / "podmonitor-monitoring-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule-monitoring-v1.json",
 }
 NON_ROOT_UID = 10001
 #: a Kubernetes resource quantity (the schemas only say "string or integer")
@@ -98,6 +99,7 @@ def test_every_kind_we_ship_is_validated() -> None:
         "TriggerAuthentication",
         "Service",
         "PodMonitor",
+        "PrometheusRule",
     }
 
 
@@ -172,6 +174,18 @@ def test_the_validators_refuse_mistakes() -> None:
     ]
     for mistake in mistakes:
         broken = json.loads(json.dumps(monitor))
+        mistake(broken)
+        assert not validator.is_valid(broken)
+
+    rule = one("PrometheusRule")
+    validator = crd_validator(rule)
+    mistakes = [
+        lambda d: d["spec"]["groups"][0]["rules"][0].__setitem__("for", "five minutes"),
+        lambda d: d["spec"]["groups"][0]["rules"][0].__setitem__("severity", "warning"),  # belongs in labels
+        lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr"),
+    ]
+    for mistake in mistakes:
+        broken = json.loads(json.dumps(rule))
         mistake(broken)
         assert not validator.is_valid(broken)
 
@@ -272,6 +286,13 @@ def test_the_service_and_the_podmonitor_reach_the_worker_pods_on_the_http_port()
     assert {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"} in endpoint[
         "relabelings"
     ]
+
+
+def test_the_prometheusrule_holds_exactly_the_alert_rules_promtool_checks() -> None:
+    """deploy/prometheus/alerts.yaml is the source (promtool checks and unit-tests it); the operator's copy
+    must not drift from it."""
+    source = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text(encoding="utf-8"))
+    assert one("PrometheusRule", "ltm-worker")["spec"]["groups"] == source["groups"]
 
 
 def test_keda_watches_the_work_queue_with_the_keda_user() -> None:
