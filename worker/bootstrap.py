@@ -24,8 +24,8 @@ from worker.metrics import Metrics
 from worker.outbox import InvalidationOutbox
 from worker.probes import Readiness, migrations_problem, probe
 from worker.sampler import Sampler, sampled_queues
+from worker.service.batcher import Batcher
 from worker.settle import RetryPolicy
-from worker.store.batcher import Batcher
 from worker.store.pool import create_pool
 from worker.tracing import EventTracer, create_tracer
 

@@ -24,8 +24,8 @@ from worker.config import Topology
 from worker.faults import describe
 from worker.metrics import Metrics
 from worker.pipeline import outcome
+from worker.service.process import ProcessedEvent, utcnow
 from worker.settle import DeadLetter, RetryPolicy, route_failure
-from worker.store.unit_of_work import ProcessedEvent, utcnow
 from worker.tracing import Attribute, EventSpan, EventTracer, in_step
 
 log = structlog.get_logger("worker")
@@ -41,7 +41,7 @@ _POSTGRES_STEP: dict[str, Attribute] = {
 
 
 class EventProcessor(Protocol):
-    """Processes an event exactly once against Postgres (:class:`worker.store.batcher.Batcher`)."""
+    """Processes an event exactly once against Postgres (:class:`worker.service.batcher.Batcher`)."""
 
     async def process(self, event: ToolCallEvent, attempts: int = 1) -> ProcessedEvent: ...
 

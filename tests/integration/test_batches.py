@@ -15,8 +15,8 @@ from contracts.models import ToolCallEvent
 from tests.e2e.outages import Gate
 from tests.factories import BotRows, World, event, member
 from worker.config import Limits
-from worker.store.batcher import Batcher
-from worker.store.unit_of_work import ProcessedEvent, process_batch, process_event
+from worker.service.batcher import Batcher
+from worker.service.process import ProcessedEvent, process_batch, process_event
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import pytest
 
 from tests.factories import BotRows, event, member
 from worker.config import Limits
+from worker.service.process import process_event
 from worker.store.pool import create_pool
-from worker.store.unit_of_work import process_event
 
 pytestmark = pytest.mark.integration
 

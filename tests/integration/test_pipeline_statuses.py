@@ -9,7 +9,7 @@ import pytest
 
 from tests.factories import BOT, GUILD, TRIGGER, BotRows, event, member, participant
 from worker.config import Limits
-from worker.store.unit_of_work import ProcessedEvent, process_event
+from worker.service.process import ProcessedEvent, process_event
 
 pytestmark = pytest.mark.integration
 

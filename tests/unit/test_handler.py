@@ -17,8 +17,8 @@ from worker.config import Topology
 from worker.faults import TransientError
 from worker.handler import EventHandler
 from worker.metrics import Metrics
+from worker.service.process import ProcessedEvent
 from worker.settle import RetryPolicy
-from worker.store.unit_of_work import ProcessedEvent
 from worker.tracing import UntracedEvents
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)

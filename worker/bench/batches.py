@@ -2,7 +2,7 @@
 
 The store alone, on one connection: the bench's world and event mix, a warmup of single events followed
 by ``ANALYZE`` (as autovacuum would), then for each batch size the same number of events through
-:func:`~worker.store.unit_of_work.process_batch`, one batch after another. Prints, per batch size: events/s,
+:func:`~worker.service.process.process_batch`, one batch after another. Prints, per batch size: events/s,
 and CPU milliseconds per event of the Postgres backend (read from ``/proc``, so Postgres must run on this
 machine) and of this process (the worker's side: asyncpg, the pipeline, the payloads). No RabbitMQ, no
 Redis, no concurrency: the figures isolate what batching changes. Uses a fresh ``ltm_bench_<hex>``
@@ -26,8 +26,8 @@ from worker.bench.seed import Prefill, analyze, seed_database
 from worker.bench.workload import build_workload
 from worker.bench.world import build_world
 from worker.config import load_settings
+from worker.service.process import process_batch
 from worker.store.pool import create_pool
-from worker.store.unit_of_work import process_batch
 
 WARMUP = 1000
 

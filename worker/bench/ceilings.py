@@ -4,7 +4,7 @@
     bench-only quorum queue declared like ``ltm.create_memory``; W echo processes (``worker.bench.echo``)
     with the worker's prefetch consume it, publish a result of the worker's average result size (and a
     notice of the average notice size for the events the worker saved), confirmed, and ack.
-(b) Postgres alone: the worker's own store path (:class:`~worker.store.batcher.Batcher`, which hands
+(b) Postgres alone: the worker's own store path (:class:`~worker.service.batcher.Batcher`, which hands
     Postgres the events that are ready together, as the worker does) called directly on a second database
     seeded identically, with the same events (parsed beforehand), the worker fleet's total concurrency
     (``LTM_CONCURRENCY`` x W lanes) and total pool (``LTM_POSTGRES_POOL_SIZE`` x W connections, one batch
@@ -29,7 +29,7 @@ from worker.bench.workload import PlannedEvent
 from worker.broker.topology import work_queue_arguments
 from worker.config import Limits, Topology
 from worker.faults import is_transient
-from worker.store.batcher import Batcher
+from worker.service.batcher import Batcher
 
 ECHO_EXCHANGE = "bench.echo"
 ECHO_QUEUE = "bench.echo.work"

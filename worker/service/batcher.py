@@ -3,7 +3,7 @@
 Each delivery calls :meth:`Batcher.process` and awaits its own answer. When no batch is at Postgres, an
 event starts one at once (a quiet worker adds no latency: a batch of one). While one is, the events that
 arrive wait for it to come back and then leave together (up to ``max_batch``): two round trips and one
-commit for the lot instead of each (:func:`~worker.store.unit_of_work.process_batch`). The busier the
+commit for the lot instead of each (:func:`~worker.service.process.process_batch`). The busier the
 worker, the larger the batches. Another connection (up to ``max_running``) is only taken when half a
 batch is already waiting (a deep queue) or when an event has waited ``max_wait`` (10 ms) for the batch
 at Postgres to come back (a slow commit, a lock wait).
@@ -26,7 +26,7 @@ import asyncpg
 
 from contracts.models import ToolCallEvent
 from worker.config import Limits
-from worker.store.unit_of_work import ProcessedEvent, process_batch, utcnow
+from worker.service.process import ProcessedEvent, process_batch, utcnow
 
 
 @dataclass(slots=True)
