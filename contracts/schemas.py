@@ -176,7 +176,7 @@ def _result_schema(schema: dict[str, Any]) -> dict[str, Any]:
         "Status": {"title": "Status", "type": "string", "enum": list(get_args(Status))},
         "ResultData": {
             "title": "ResultData",
-            "description": "The `data` of a result: the keys SPEC.md lists for its status.",
+            "description": "The `data` of a result: the keys contracts/CONTRACT.md lists for its status.",
             "oneOf": data["anyOf"],
         },
     }
