@@ -34,6 +34,17 @@ EVENT_TYPE = "tool_call.v1"
 RESULT_TYPE = "tool_result.v1"
 NOTIFICATION_TYPE = "notification.v1"
 
+ShardQueueKind = Literal["results", "notifications"]
+
+
+def shard_queue(shard_id: int, kind: ShardQueueKind) -> str:
+    """The durable queue shard ``shard_id`` declares and binds with ``shard.<id>`` (contracts/CONTRACT.md).
+
+    ``results`` is bound to ``tomori.tool_results``, ``notifications`` to ``tomori.notifications``.
+    """
+    return f"tomori.shard.{shard_id}.{kind}"
+
+
 #: A body larger than this is dead-lettered as ``schema`` without being parsed.
 MAX_BODY_BYTES = 256 * 1024
 MAX_GUILD_MEMBERS = 1000
