@@ -143,44 +143,47 @@ def _tidy(schema: dict[str, Any], *, closed: bool, named: bool) -> dict[str, Any
     return tidy
 
 
+def _branch_name(status: str) -> str:
+    """``memory_save_failed_user_not_found`` -> ``UserNotFoundResult``; the success is ``SavedResult``."""
+    if status == "memory_saved_successfully":
+        return "SavedResult"
+    return "".join(word.title() for word in status.removeprefix("memory_save_failed_").split("_")) + "Result"
+
+
 def _result_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The tool result's schema with ``data`` typed per status and a ``oneOf`` branch for each status."""
+    """The tool result as a ``oneOf`` with one closed, complete branch per status.
+
+    Each branch fixes ``success``, ``status``, ``message``, ``error`` and the shape of ``data`` for its
+    status and lists every other key too: a branch that left them to a closed top level would have to stay
+    open, and json2ts would give every branch an index signature (``[k: string]: unknown``).
+    """
     shapes = [shape for status in get_args(Status) for shape in RESULT_DATA[status]]
     shape_union: Any = Union[tuple(shapes)]  # noqa: UP007 (a union built at run time)
     data = TypeAdapter(shape_union).json_schema(mode="serialization", schema_generator=_OutboundJsonSchema)
-    data = _tidy(data, closed=True, named=True)
-    properties = schema["properties"]
-    properties["status"] = {"$ref": "#/$defs/Status"}
-    properties["data"] = {"$ref": "#/$defs/ResultData"}
+    defs: dict[str, Any] = _tidy(data, closed=True, named=True)["$defs"]
     branches = []
     for status in get_args(Status):
         refs = [{"$ref": f"#/$defs/{shape.__name__}"} for shape in RESULT_DATA[status]]
         saved = status == "memory_saved_successfully"
-        branches.append(
-            {
-                "type": "object",
-                "required": ["success", "status", "message", "error", "data"],
-                "properties": {
-                    "success": {"const": saved},
-                    "status": {"const": status},
-                    "message": {"const": SAVED_MESSAGE} if saved else {"type": "null"},
-                    "error": {"type": "null"} if saved else {"type": "string"},
-                    "data": refs[0] if len(refs) == 1 else {"oneOf": refs},
-                },
-            }
-        )
-    # not closed: a branch only narrows keys that the closed top level lists
-    schema["oneOf"] = branches
-    schema["$defs"] = {
-        **data["$defs"],
-        "Status": {"title": "Status", "type": "string", "enum": list(get_args(Status))},
-        "ResultData": {
-            "title": "ResultData",
-            "description": "The `data` of a result: the keys contracts/CONTRACT.md lists for its status.",
-            "oneOf": data["anyOf"],
-        },
-    }
-    return schema
+        properties = {
+            **schema["properties"],
+            "success": {"const": saved},
+            "status": {"const": status},
+            "message": {"const": SAVED_MESSAGE} if saved else {"type": "null"},
+            "error": {"type": "null"} if saved else {"type": "string"},
+            "data": refs[0] if len(refs) == 1 else {"oneOf": refs},
+        }
+        name = _branch_name(status)
+        defs[name] = {
+            "title": name,
+            "description": f"A result with status `{status}`.",
+            "type": "object",
+            "properties": properties,
+            "required": schema["required"],
+            "additionalProperties": False,
+        }
+        branches.append({"$ref": f"#/$defs/{name}"})
+    return {"oneOf": branches, "$defs": defs}
 
 
 def _inline(schema: Any, defs: dict[str, Any], names: set[str]) -> Any:
