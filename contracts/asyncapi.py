@@ -3,6 +3,10 @@
 The payloads point at the schema files in the same folder (``tool_call_event.v1.json`` …), so the
 document and the schemas cannot disagree; ``python -m contracts.schemas`` writes both and ``--check``
 fails when either drifts from the models.
+
+It targets AsyncAPI 3.0.0, which every 3.x tool reads (3.1.0 adds nothing this document needs), and
+the AMQP bindings 0.3.0: ``deliveryMode`` and ``mandatory`` are operation bindings there, the message
+binding carries only ``messageType``. ``@asyncapi/parser`` 3.x parses it without errors.
 """
 
 from __future__ import annotations
@@ -46,9 +50,7 @@ def _message(
                 "traceparent": {"type": "string", "description": "W3C trace context, carried through"}
             },
         }
-        message["bindings"] = {
-            "amqp": {"deliveryMode": 2, "messageType": amqp_type, "bindingVersion": _AMQP},
-        }
+        message["bindings"] = {"amqp": {"messageType": amqp_type, "bindingVersion": _AMQP}}
         message["description"] = (
             f"AMQP properties: content_type=application/json, delivery_mode=2, type={amqp_type}, "
         )
@@ -89,7 +91,9 @@ def asyncapi_document() -> dict[str, Any]:
             "toolResults": {
                 "address": "shard.{shardId}",
                 "title": "tomori.tool_results",
-                "description": "Exactly one logical result per event; may be re-emitted with replayed=true.",
+                "description": "Exactly one logical result per event; may be re-emitted with replayed=true. "
+                "Each shard declares and binds its own durable queue tomori.shard.{shardId}.results with "
+                "shard.{shardId} (contracts/CONTRACT.md).",
                 "parameters": shard_parameter,
                 "servers": [{"$ref": "#/servers/rabbitmq"}],
                 "messages": {"toolResult": {"$ref": "#/components/messages/toolResult"}},
@@ -98,7 +102,9 @@ def asyncapi_document() -> dict[str, Any]:
             "notifications": {
                 "address": "shard.{shardId}",
                 "title": "tomori.notifications",
-                "description": "The notice to show in the channel, after a successful save only.",
+                "description": "The notice to show in the channel, after a successful save only. Each "
+                "shard declares and binds its own durable queue tomori.shard.{shardId}.notifications with "
+                "shard.{shardId} (contracts/CONTRACT.md).",
                 "parameters": shard_parameter,
                 "servers": [{"$ref": "#/servers/rabbitmq"}],
                 "messages": {"notification": {"$ref": "#/components/messages/notification"}},
@@ -124,10 +130,12 @@ def asyncapi_document() -> dict[str, Any]:
             },
         },
         "operations": {
-            "receiveToolCall": _operation("receive", "toolCalls", "toolCall"),
-            "sendToolResult": _operation("send", "toolResults", "toolResult"),
-            "sendNotification": _operation("send", "notifications", "notification"),
-            "sendDeadLetter": _operation("send", "deadLetters", "deadLetter"),
+            # the worker acks an event only once its outputs are confirmed
+            "receiveToolCall": _operation("receive", "toolCalls", "toolCall", {"ack": True}),
+            # persistent, mandatory (an unroutable output is a transient fault) and publisher-confirmed
+            "sendToolResult": _operation("send", "toolResults", "toolResult", _PUBLISH),
+            "sendNotification": _operation("send", "notifications", "notification", _PUBLISH),
+            "sendDeadLetter": _operation("send", "deadLetters", "deadLetter", _PUBLISH),
             "sendCacheInvalidation": _operation("send", "cacheInvalidation", "cacheInvalidation"),
         },
         "components": {
@@ -168,9 +176,15 @@ def asyncapi_document() -> dict[str, Any]:
     }
 
 
-def _operation(action: str, channel: str, message: str) -> dict[str, Any]:
-    return {
+_PUBLISH = {"deliveryMode": 2, "mandatory": True}
+
+
+def _operation(action: str, channel: str, message: str, amqp: dict[str, Any] | None = None) -> dict[str, Any]:
+    operation: dict[str, Any] = {
         "action": action,
         "channel": {"$ref": f"#/channels/{channel}"},
         "messages": [{"$ref": f"#/channels/{channel}/messages/{message}"}],
     }
+    if amqp is not None:
+        operation["bindings"] = {"amqp": {**amqp, "bindingVersion": _AMQP}}
+    return operation

@@ -8,7 +8,7 @@ These models do no I/O and import nothing from the worker: a shard author reads 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 from uuid import UUID
 
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
 )
+from typing_extensions import TypedDict  # pydantic reads only this TypedDict on Python 3.11
 
 SCHEMA_VERSION = 1
 
@@ -32,6 +33,17 @@ ToolName = Literal["create_long_term_memory", "remember_this_fact"]
 EVENT_TYPE = "tool_call.v1"
 RESULT_TYPE = "tool_result.v1"
 NOTIFICATION_TYPE = "notification.v1"
+
+ShardQueueKind = Literal["results", "notifications"]
+
+
+def shard_queue(shard_id: int, kind: ShardQueueKind) -> str:
+    """The durable queue shard ``shard_id`` declares and binds with ``shard.<id>`` (contracts/CONTRACT.md).
+
+    ``results`` is bound to ``tomori.tool_results``, ``notifications`` to ``tomori.notifications``.
+    """
+    return f"tomori.shard.{shard_id}.{kind}"
+
 
 #: A body larger than this is dead-lettered as ``schema`` without being parsed.
 MAX_BODY_BYTES = 256 * 1024
@@ -69,6 +81,9 @@ Status = Literal[
     "memory_save_failed_internal_error",
     "memory_save_failed_db_error",
 ]
+
+#: ``message`` of a successful result (``null`` on failure, when ``error`` holds the sentence).
+SAVED_MESSAGE = "Memory saved successfully"
 
 DeadLetterKind = Literal["malformed", "schema", "transient_exhausted", "internal"]
 
@@ -146,6 +161,127 @@ class ToolResult(_Model):
     replayed: StrictBool = False
 
 
+# The ``data`` of a tool result, per status: exactly the keys the worker writes (SPEC.md, reference 1.3).
+# Keys marked NotRequired appear only in some branches of one status. ``ToolResult.data`` stays a plain dict
+# for the worker; these types describe it for the JSON Schema and for shard authors.
+
+
+class SavedServerWideData(TypedDict):
+    """``memory_saved_successfully``: a server-wide memory was saved."""
+
+    status: Literal["memory_saved_successfully"]
+    scope: Literal["server_wide"]
+    memory_id: int
+    content_saved: str
+
+
+class SavedTargetUserData(TypedDict):
+    """``memory_saved_successfully``: a personal memory about ``target_user`` was saved."""
+
+    status: Literal["memory_saved_successfully"]
+    scope: Literal["target_user"]
+    target_user: str
+    memory_id: int
+    content_saved: str
+
+
+class InvalidArgsData(TypedDict):
+    """``memory_save_failed_invalid_args``; ``scope`` only when a target_user scope lacked its target."""
+
+    status: Literal["memory_save_failed_invalid_args"]
+    scope: NotRequired[Literal["target_user"]]
+    reason: str
+
+
+class InvalidContentData(TypedDict):
+    """``memory_save_failed_invalid_content``: empty or too long after sanitising."""
+
+    status: Literal["memory_save_failed_invalid_content"]
+    reason: str
+
+
+class DisabledData(TypedDict):
+    """``memory_save_failed_disabled``: self-teaching is off for the server."""
+
+    status: Literal["memory_save_failed_disabled"]
+    reason: str
+
+
+class ServerLimitExceededData(TypedDict):
+    """``memory_save_failed_limit_exceeded`` for the server-wide scope."""
+
+    status: Literal["memory_save_failed_limit_exceeded"]
+    scope: Literal["server_wide"]
+    current_count: int
+    max_allowed: int
+    reason: str
+
+
+class PersonalLimitExceededData(TypedDict):
+    """``memory_save_failed_limit_exceeded`` for a personal memory about ``target_user``."""
+
+    status: Literal["memory_save_failed_limit_exceeded"]
+    scope: Literal["target_user"]
+    target_user: str
+    current_count: int
+    max_allowed: int
+    reason: str
+
+
+class AmbiguousUserData(TypedDict):
+    """``memory_save_failed_ambiguous_user``: up to three candidate labels."""
+
+    status: Literal["memory_save_failed_ambiguous_user"]
+    scope: Literal["target_user"]
+    candidates: Annotated[list[str], Field(max_length=3)]
+    reason: str
+
+
+class UserNotFoundData(TypedDict):
+    """``memory_save_failed_user_not_found``: no such user, or one the bot does not know yet."""
+
+    status: Literal["memory_save_failed_user_not_found"]
+    scope: Literal["target_user"]
+    reason: str
+
+
+class PrivacyRestrictedData(TypedDict):
+    """``memory_save_failed_privacy_restricted``: the target restricts personal memories."""
+
+    status: Literal["memory_save_failed_privacy_restricted"]
+    scope: Literal["target_user"]
+    reason: str
+
+
+class InternalErrorData(TypedDict):
+    """``memory_save_failed_internal_error``: missing state, lineage 0, or a dead letter's answer."""
+
+    status: Literal["memory_save_failed_internal_error"]
+    reason: str
+
+
+class DbErrorData(TypedDict):
+    """``memory_save_failed_db_error``: the database stayed unavailable through every retry."""
+
+    status: Literal["memory_save_failed_db_error"]
+    reason: str
+
+
+#: Every ``data`` shape, by the status it goes with (the order of :data:`Status`).
+RESULT_DATA: dict[str, tuple[type, ...]] = {
+    "memory_saved_successfully": (SavedServerWideData, SavedTargetUserData),
+    "memory_save_failed_invalid_args": (InvalidArgsData,),
+    "memory_save_failed_invalid_content": (InvalidContentData,),
+    "memory_save_failed_disabled": (DisabledData,),
+    "memory_save_failed_limit_exceeded": (ServerLimitExceededData, PersonalLimitExceededData),
+    "memory_save_failed_ambiguous_user": (AmbiguousUserData,),
+    "memory_save_failed_user_not_found": (UserNotFoundData,),
+    "memory_save_failed_privacy_restricted": (PrivacyRestrictedData,),
+    "memory_save_failed_internal_error": (InternalErrorData,),
+    "memory_save_failed_db_error": (DbErrorData,),
+}
+
+
 class Notice(_Model):
     kind: Literal["server_memory", "personal_memory"]
     title: StrictStr
@@ -186,6 +322,7 @@ class UserInvalidation(_Model):
     user_disc_id: StrictStr
 
 
+# pydantic picks the class by ``kind``; the JSON Schema spells it as plain ``oneOf`` + ``const``
 CacheInvalidation = Annotated[ServerStateInvalidation | UserInvalidation, Field(discriminator="kind")]
 
 

@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +26,8 @@ from typing import Any
 import aio_pika
 import redis.asyncio as aioredis
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from contracts.models import ShardQueueKind, shard_queue
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL_ROUTING_KEY = "tool.create_long_term_memory"
@@ -125,11 +126,20 @@ class Received:
 
 
 class Shard:
-    """A bot shard: publishes tool-call events and consumes its results and notices (plain JSON)."""
+    """A bot shard: publishes tool-call events and consumes its results and notices (plain JSON).
 
-    def __init__(self, url: str, shard_id: int = 3) -> None:
+    It uses the contract's queue pattern, which the least-privilege ``bot`` user may: it checks the
+    exchanges (passive) and declares and binds its durable queues ``tomori.shard.<id>.results`` and
+    ``.notifications`` with ``shard.<id>``. The queues outlive it, like a real shard's over a restart, until
+    the test's vhost goes; two shards with the same id at once would share them (no test does).
+    ``declare_exchanges`` first declares the exchanges on a separate channel, standing in for the
+    definitions file a production broker loads (a test may open its shard before any worker declared them).
+    """
+
+    def __init__(self, url: str, shard_id: int = 3, *, declare_exchanges: bool = True) -> None:
         self.url = url
         self.shard_id = shard_id
+        self.declare_exchanges = declare_exchanges
         self.received = Received()
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -137,17 +147,23 @@ class Shard:
 
     async def __aenter__(self) -> Shard:
         self._connection = await aio_pika.connect_robust(self.url)
+        if self.declare_exchanges:
+            setup = await self._connection.channel()
+            for name in ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications"):
+                await setup.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+            await setup.close()
         self._channel = await self._connection.channel(publisher_confirms=True)
-        topic = aio_pika.ExchangeType.TOPIC
-        for exchange_name, kind in (("tomori.tool_results", "result"), ("tomori.notifications", "notice")):
-            exchange = await self._channel.declare_exchange(exchange_name, topic, durable=True)
-            queue = await self._channel.declare_queue(
-                f"test-shard-{self.shard_id}-{kind}s-{uuid.uuid4().hex[:6]}", durable=True
-            )
+        bindings: tuple[tuple[str, ShardQueueKind], ...] = (
+            ("tomori.tool_results", "results"),
+            ("tomori.notifications", "notifications"),
+        )
+        for exchange_name, kind in bindings:
+            exchange = await self._channel.get_exchange(exchange_name)  # passive: checkExchange
+            queue = await self._channel.declare_queue(shard_queue(self.shard_id, kind), durable=True)
             await queue.bind(exchange, f"shard.{self.shard_id}")
-            await queue.consume(self._collector(kind))
+            await queue.consume(self._collector("result" if kind == "results" else "notice"))
             self._queues.append(queue)
-        await self._channel.declare_exchange("tomori.tool_calls", topic, durable=True)
+        await self._channel.get_exchange("tomori.tool_calls")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -36,6 +36,9 @@ import aiormq.exceptions
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
+from contracts.models import shard_queue as shard_queue_name
+from tests.e2e.harness import Shard as HarnessShard
+from tests.factories import event_body
 from tests.services import (
     RABBITMQ,
     ManagementApi,
@@ -49,6 +52,7 @@ from tests.services import (
     run_async,
     with_path,
 )
+from worker.bench.shards import Shard as BenchShard
 from worker.broker.publisher import Publisher
 from worker.broker.topology import (
     dead_letter_queue_arguments,
@@ -738,3 +742,37 @@ async def test_a_user_is_refused_what_it_does_not_need(deployed: Deployed, user:
         channel = await connection.channel(publisher_confirms=True)
         with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
             await action(channel)
+
+
+async def test_the_shard_simulations_need_only_what_bot_may(deployed: Deployed) -> None:
+    """`worker bench`'s shards and the e2e harness's shard, connected as `bot`: each checks the exchanges,
+    declares and binds its own `tomori.shard.<id>.*` queues, and receives what the worker routes to it."""
+    bench_id, harness_id = SHARD_ID + 1, SHARD_ID + 2
+    bench = BenchShard(bench_id, deployed.urls["bot"])
+    async with deployed.connect("worker") as worker:
+        results = await (await worker.channel(publisher_confirms=True, on_return_raises=True)).get_exchange(
+            TOPOLOGY.results_exchange, ensure=False
+        )
+        try:
+            await bench.open(TOPOLOGY)
+            # mandatory: an unbound shard queue would make this publish come back as unroutable
+            message = aio_pika.Message(b'{"event_id": "bench"}')
+            await results.publish(message, f"shard.{bench_id}", mandatory=True)
+        finally:
+            await bench.close()
+
+        async with HarnessShard(deployed.urls["bot"], harness_id, declare_exchanges=False) as shard:
+            await shard.publish(event_body({}, persona_id=1), routing_key="tool.not_bound_here")
+            await results.publish(
+                aio_pika.Message(b'{"event_id": "harness"}'), f"shard.{harness_id}", mandatory=True
+            )
+            await shard.wait_for_results(["harness"], timeout=WAIT_SECONDS)
+
+    async with deployed.connect("bot") as bot:
+        channel = await bot.channel()
+        with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
+            await channel.get_queue(shard_queue_name(bench_id, "results"))  # the bench deletes its queues
+        channel = await bot.channel()
+        for kind in ("results", "notifications"):
+            # the harness leaves its own, as a shard does over a restart; bot may delete them
+            await (await channel.get_queue(shard_queue_name(harness_id, kind))).delete()

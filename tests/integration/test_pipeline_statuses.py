@@ -1,4 +1,8 @@
-"""Every status of CONTRACT.md, each produced by the database state that causes it (real Postgres)."""
+"""Every status of CONTRACT.md, each produced by the database state that causes it (real Postgres).
+
+Every output these tests produce (result, notice, invalidation) is also held against the committed JSON
+Schema files, so the schemas a shard generates its types from describe what the worker really sends.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,29 @@ from typing import Any
 import asyncpg
 import pytest
 
+from contracts.models import ToolCallEvent
 from tests.factories import BOT, GUILD, TRIGGER, BotRows, event, member, participant
+from tests.schemas import assert_conforms
 from worker.config import Limits
-from worker.service.process import ProcessedEvent, process_event
+from worker.service import process
+from worker.service.process import ProcessedEvent
 
 pytestmark = pytest.mark.integration
 
 SPARROW = "1150000000000000201"
 OTHER = "1150000000000000202"
+
+
+async def process_event(pool: asyncpg.Pool, ev: ToolCallEvent, limits: Limits) -> ProcessedEvent:
+    """The unit of work, with every output it returns checked against the committed JSON Schemas."""
+    done = await process.process_event(pool, ev, limits)
+    assert_conforms("tool_result.v1.json", done.result)
+    assert_conforms("tool_result.v1.json", done.as_replay().result)
+    if done.notification is not None:
+        assert_conforms("notification.v1.json", done.notification)
+    if done.invalidation is not None:
+        assert_conforms("cache_invalidation.v1.json", done.invalidation)
+    return done
 
 
 def server_args(content: str = "{user} likes dogs") -> dict[str, Any]:

@@ -5,22 +5,36 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+from uuid import UUID
 
 import pytest
+from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.models import (
+    RESULT_DATA,
     CacheInvalidation,
     DeadLetterHeaders,
     Notification,
     ServerStateInvalidation,
+    Status,
     ToolCallEvent,
     ToolResult,
     UserInvalidation,
 )
-from contracts.schemas import REGENERATE_COMMAND, contract_files, json_schemas, main, stale_files, write_files
+from contracts.schemas import (
+    REGENERATE_COMMAND,
+    SCHEMA_DIR,
+    contract_files,
+    json_schemas,
+    main,
+    stale_files,
+    write_files,
+)
+from tests.schemas import assert_conforms, errors
 
 # The example body of CONTRACT.md "Tool-call event", comments removed and `{ ... }` filled in.
 CONTRACT_EVENT: dict[str, Any] = {
@@ -118,13 +132,20 @@ def test_every_contract_message_has_a_schema_with_id_title_and_description() -> 
         assert schema["description"], name
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schemas["tool_call_event.v1.json"]["description"].startswith("Shard -> worker")
-    assert set(schemas["cache_invalidation.v1.json"]["discriminator"]["mapping"]) == {"tomori_state", "user"}
     assert "x-ltm-error-kind" in schemas["dead_letter_headers.v1.json"]["properties"]
 
 
+def result_branches() -> list[dict[str, Any]]:
+    """The tool result's ``oneOf`` branches, one per status, in the order of :data:`Status`."""
+    schema = json_schemas()["tool_result.v1.json"]
+    return [schema["$defs"][ref["$ref"].removeprefix("#/$defs/")] for ref in schema["oneOf"]]
+
+
 def test_outbound_schemas_require_every_field_the_worker_writes() -> None:
-    result = json_schemas()["tool_result.v1.json"]
-    assert set(result["required"]) == set(result["properties"])
+    for branch in result_branches():
+        assert set(branch["required"]) == set(branch["properties"]) == set(ToolResult.model_fields)
+    notification = json_schemas()["notification.v1.json"]
+    assert set(notification["required"]) == set(notification["properties"])
 
 
 def test_check_names_missing_changed_and_extra_files(tmp_path: Path) -> None:
@@ -286,7 +307,7 @@ def test_a_result_serialises_with_every_contract_field() -> None:
     )
     dumped = json.loads(result.model_dump_json())
 
-    assert set(dumped) == set(json_schemas()["tool_result.v1.json"]["properties"])
+    assert set(dumped) == set(result_branches()[0]["properties"])
     assert dumped["schema_version"] == 1
     assert dumped["event_id"] == EVENT_ID
     assert dumped["replayed"] is False
@@ -380,3 +401,271 @@ def test_asyncapi_document_covers_every_channel_and_points_at_existing_schemas()
     for operation in document["operations"].values():
         channel = operation["channel"]["$ref"].removeprefix("#/channels/")
         assert channel in document["channels"]
+
+
+# --- the schema files as JSON Schema tools read them ------------------------------------------------
+# Node's Ajv (strict), json-schema-to-typescript and @asyncapi/parser run in contracts/typescript's checks;
+# these tests hold the properties those tools depend on, and the messages against the files with the
+# `jsonschema` package.
+
+SCHEMA_KEYWORDS_ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else")
+SCHEMA_KEYWORDS_MAP = ("properties", "patternProperties", "$defs")
+SCHEMA_KEYWORDS_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
+
+
+def subschemas(schema: dict[str, Any], where: str = "#") -> list[tuple[str, dict[str, Any]]]:
+    """``schema`` and every schema inside it, with a JSON pointer (property names are not keywords)."""
+    found = [(where, schema)]
+    for key in SCHEMA_KEYWORDS_ONE:
+        if isinstance(schema.get(key), dict):
+            found += subschemas(schema[key], f"{where}/{key}")
+    for key in SCHEMA_KEYWORDS_MAP:
+        for name, sub in schema.get(key, {}).items():
+            found += subschemas(sub, f"{where}/{key}/{name}")
+    for key in SCHEMA_KEYWORDS_LIST:
+        for index, sub in enumerate(schema.get(key, [])):
+            found += subschemas(sub, f"{where}/{key}/{index}")
+    return found
+
+
+def result_of(outcome: Any, *, event_id: str = EVENT_ID) -> dict[str, Any]:
+    from worker.pipeline.outcome import Outcome
+
+    assert isinstance(outcome, Outcome)
+    return outcome.result_for(
+        UUID(event_id), "call_8731", "create_long_term_memory", datetime(2026, 12, 2, 8, tzinfo=UTC)
+    ).model_dump(mode="json")
+
+
+@pytest.mark.parametrize("name", sorted(json_schemas()))
+def test_every_file_is_a_valid_2020_12_schema(name: str) -> None:
+    Draft202012Validator.check_schema(json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("name", sorted(json_schemas()))
+def test_no_discriminator_and_titles_only_where_they_name_a_type(name: str) -> None:
+    for where, sub in subschemas(json_schemas()[name]):
+        assert "discriminator" not in sub, where  # Ajv strict: unknown keyword
+        if where != "#" and (not where.startswith("#/$defs/") or where.count("/") > 2):
+            assert "title" not in sub, where  # json2ts would export an alias per field title
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["tool_call_event.v1.json", "tool_result.v1.json", "notification.v1.json", "cache_invalidation.v1.json"],
+)
+def test_objects_whose_keys_the_contract_fixes_are_closed(name: str) -> None:
+    objects = [(where, sub) for where, sub in subschemas(json_schemas()[name]) if "properties" in sub]
+
+    assert objects
+    for where, sub in objects:
+        assert sub.get("additionalProperties") is False, where
+
+
+def test_dead_letter_headers_stay_open_for_the_headers_the_message_had() -> None:
+    schema = json_schemas()["dead_letter_headers.v1.json"]
+    headers = {
+        "x-ltm-error": "body is not JSON",
+        "x-ltm-error-kind": "malformed",
+        "x-ltm-attempts": 1,
+        "x-ltm-failed-at": "2026-12-02T08:00:00Z",
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    }
+
+    assert "additionalProperties" not in schema
+    assert_conforms("dead_letter_headers.v1.json", headers)
+    assert errors("dead_letter_headers.v1.json", {**headers, "x-ltm-error-kind": "bug"})
+
+
+def test_each_type_name_is_declared_by_one_file_only() -> None:
+    # json2ts exports a type per title; one name in two files clashes in a barrel module (TS2308)
+    everything = [sub for schema in json_schemas().values() for _, sub in subschemas(schema)]
+    names = [sub["title"] for sub in everything if "title" in sub]
+    assert len(names) == len(set(names)), sorted(name for name in names if names.count(name) > 1)
+
+
+def test_cache_invalidation_is_a_plain_one_of_by_kind() -> None:
+    schema = json_schemas()["cache_invalidation.v1.json"]
+    kinds = {
+        schema["$defs"][ref["$ref"].removeprefix("#/$defs/")]["properties"]["kind"]["const"]
+        for ref in schema["oneOf"]
+    }
+    assert kinds == {"tomori_state", "user"}
+
+    for message in (
+        {"schema_version": 1, "event_id": EVENT_ID, "kind": "tomori_state", "server_disc_id": "1"},
+        {"schema_version": 1, "event_id": EVENT_ID, "kind": "user", "user_disc_id": "2"},
+    ):
+        assert_conforms("cache_invalidation.v1.json", message)
+    mixed = {"schema_version": 1, "event_id": EVENT_ID, "kind": "user", "server_disc_id": "1"}
+    assert errors("cache_invalidation.v1.json", mixed)
+    assert errors("cache_invalidation.v1.json", {**mixed, "kind": "guild"})
+
+
+def test_arguments_is_the_any_schema() -> None:
+    # exactly {}: json2ts types it `unknown`; a description or default beside it makes it an object
+    assert json_schemas()["tool_call_event.v1.json"]["properties"]["arguments"] == {}
+
+
+def test_the_contract_example_conforms_to_the_event_schema() -> None:
+    assert_conforms("tool_call_event.v1.json", CONTRACT_EVENT)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"memory_content": "x"}, {}, ["a", 1], "a string", None, 3, 2.5, True],
+    ids=["object", "empty object", "array", "string", "null", "integer", "float", "boolean"],
+)
+def test_the_event_schema_takes_arguments_of_any_json_type(arguments: Any) -> None:
+    assert_conforms("tool_call_event.v1.json", event(arguments=arguments))
+    body = event()
+    del body["arguments"]
+    assert_conforms("tool_call_event.v1.json", body)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"shard_id": "3"}, id="string shard_id"),
+        pytest.param({"shard_id": -1}, id="negative shard_id"),
+        pytest.param({"shard_id": True}, id="boolean shard_id"),
+        pytest.param({"event_id": "not-a-uuid"}, id="non-UUID event_id"),
+        pytest.param({"schema_version": 2}, id="unknown schema_version"),
+        pytest.param({"schema_version": "1"}, id="string schema_version"),
+        pytest.param({"tool_name": "forget_everything"}, id="unknown tool_name"),
+        pytest.param({"tool_call_id": 8731}, id="numeric tool_call_id"),
+        pytest.param({"issued_at": "2026-12-02T08:00:00"}, id="issued_at without offset"),
+        pytest.param({"context": None}, id="null context"),
+        pytest.param({"guild_memberz": []}, id="misspelt top-level key"),
+    ],
+)
+def test_the_event_schema_rejects_what_the_worker_rejects_and_typos(changes: dict[str, Any]) -> None:
+    assert errors("tool_call_event.v1.json", event(**changes))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("channel_disc_id", "1234"), ("persona_id", "7"), ("guild_memberz", []), ("guild_members", [{}])],
+)
+def test_the_event_schema_checks_the_context(field: str, value: Any) -> None:
+    body = event()
+    body["context"][field] = value
+    assert errors("tool_call_event.v1.json", body)
+
+
+def test_the_event_schema_caps_guild_members() -> None:
+    body = event()
+    body["context"]["guild_members"] = body["context"]["guild_members"] * 1001
+    assert errors("tool_call_event.v1.json", body)
+
+
+NOTIFICATION = Notification.model_validate(
+    {
+        "event_id": EVENT_ID,
+        "guild_disc_id": "1150000000000000001",
+        "channel_disc_id": "1150000000000000100",
+        "thread_id": None,
+        "reply_via": {"webhook_disc_id": "1150000000000000300", "username": "Alt", "avatar_url": None},
+        "notice": {
+            "kind": "personal_memory",
+            "title": "t",
+            "description": "d",
+            "footer": "f",
+            "full_content": "c",
+            "expandable": True,
+        },
+    }
+)
+
+
+def every_outcome() -> list[Any]:
+    """One real outcome of the pipeline's own builders per status and per shape of its data."""
+    from worker.pipeline import outcome, steps
+
+    def saved(scope: str, label: str | None) -> Any:
+        invalidation = ServerStateInvalidation(event_id=UUID(EVENT_ID), server_disc_id="1")
+        plan = steps.SavePlan(scope, 1, 10000, "{user} likes dogs", 7, 1, label, NOTIFICATION, invalidation)
+        return steps.saved(plan, 123)
+
+    return [
+        outcome.content_missing(),
+        outcome.target_missing(),
+        outcome.invalid_arguments("Invalid parameters: arguments must be an object"),
+        outcome.disabled(),
+        outcome.critical_state_missing(),
+        outcome.ambiguous_user("Sparrow", ("A", "B", "C", "D")),
+        outcome.user_not_found("Nobody"),
+        outcome.content_too_long(1000),
+        outcome.content_empty(),
+        outcome.lineage_zero(),
+        outcome.server_limit_reached(100, 100),
+        outcome.target_unknown("sparrow"),
+        outcome.privacy_restricted("sparrow"),
+        outcome.personal_limit_reached("sparrow", 3, 3),
+        outcome.database_error(),
+        outcome.internal_error("ValueError: boom"),
+        saved("target_user", "Sparrow (@sparrow_ow)"),
+        saved("server_wide", None),
+    ]
+
+
+def test_every_status_has_an_outcome_here() -> None:
+    assert {outcome.status for outcome in every_outcome()} == set(get_args(Status))
+
+
+@pytest.mark.parametrize("outcome", every_outcome(), ids=lambda outcome: outcome.status)
+def test_every_real_result_conforms(outcome: Any) -> None:
+    result = result_of(outcome)
+
+    assert_conforms("tool_result.v1.json", result)
+    assert_conforms("tool_result.v1.json", {**result, "replayed": True})
+
+
+def test_a_misspelt_or_unknown_key_in_a_result_fails() -> None:
+    saved = result_of(every_outcome()[-1])
+
+    assert errors("tool_result.v1.json", {**saved, "replayd": True})
+    assert errors("tool_result.v1.json", {**saved, "data": {**saved["data"], "memory": 1}})
+    failed = result_of(every_outcome()[0])
+    assert errors("tool_result.v1.json", {**failed, "data": {**failed["data"], "memory_id": 1}})
+
+
+def test_a_result_whose_parts_disagree_with_its_status_fails() -> None:
+    saved = result_of(every_outcome()[-1])
+    failed = result_of(every_outcome()[0])
+
+    assert errors("tool_result.v1.json", {**saved, "success": False})
+    assert errors("tool_result.v1.json", {**saved, "error": "x"})
+    assert errors("tool_result.v1.json", {**saved, "data": failed["data"]})
+    assert errors("tool_result.v1.json", {**failed, "status": "memory_save_failed_db_error"})
+    assert errors("tool_result.v1.json", {**failed, "message": "Memory saved successfully"})
+    assert errors("tool_result.v1.json", {**failed, "data": {**failed["data"], "candidates": ["a"] * 4}})
+
+
+def test_data_shapes_cover_every_status_in_the_order_of_status() -> None:
+    assert list(RESULT_DATA) == list(get_args(Status))
+    statuses = [branch["properties"]["status"]["const"] for branch in result_branches()]
+    assert statuses == list(get_args(Status))
+
+
+def test_a_real_notification_conforms_and_a_typo_fails() -> None:
+    notification = NOTIFICATION.model_dump(mode="json")
+
+    assert_conforms("notification.v1.json", notification)
+    assert errors("notification.v1.json", {**notification, "notice": {**notification["notice"], "colour": 1}})
+    assert errors("notification.v1.json", {**notification, "reply_via": {"username": "Alt"}})
+
+
+def test_asyncapi_amqp_bindings_follow_the_0_3_0_binding_schemas() -> None:
+    # @asyncapi/parser rejects deliveryMode in a message binding: it is an operation binding in 0.3.0
+    from contracts.asyncapi import asyncapi_document
+
+    document = asyncapi_document()
+    for name, message in document["components"]["messages"].items():
+        amqp = message.get("bindings", {}).get("amqp", {})
+        assert set(amqp) <= {"contentEncoding", "messageType", "bindingVersion"}, name
+    sends = [op for op in document["operations"].values() if "bindings" in op and op["action"] == "send"]
+    assert len(sends) == 3
+    for operation in sends:
+        assert operation["bindings"]["amqp"]["deliveryMode"] == 2
+        assert operation["bindings"]["amqp"]["bindingVersion"] == "0.3.0"

@@ -1,8 +1,9 @@
 """The bench's shards: S AMQP connections that publish tool-call events and consume their own results.
 
-Each shard has its own connection, a confirm-mode channel to publish on, and two exclusive queues bound
-to ``shard.<id>`` on the results and notifications exchanges, as a bot shard would. A phase plays a list
-of events per shard in one of two modes:
+Each shard has its own connection, a confirm-mode channel to publish on, and the two durable queues a bot
+shard declares (contracts/CONTRACT.md), ``tomori.shard.<id>.results`` and ``.notifications``, bound with
+``shard.<id>``; it only checks the exchanges, as the least-privilege ``bot`` user must, and deletes its
+queues when it closes. A phase plays a list of events per shard in one of two modes:
 
 - closed loop: at most ``window`` events per shard are unanswered; a result frees a slot (throughput);
 - open loop: events leave at a fixed total rate whatever happens, and the latency of each is measured
@@ -25,8 +26,15 @@ from typing import Any
 
 import aio_pika
 import orjson
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractConnection,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+)
 
+from contracts.models import ShardQueueKind, shard_queue
 from worker.bench.cpu import CpuUsage, snapshot, usage
 from worker.bench.workload import PlannedEvent
 from worker.config import Topology
@@ -211,24 +219,35 @@ class Shard:
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
+        self._queues: list[AbstractQueue] = []
 
     async def open(self, topology: Topology) -> None:
+        """Connect, declare and bind this shard's two queues, and consume them.
+
+        The exchanges must exist (the bench declares the topology first, as the definitions file does in
+        production): a shard only checks them, since ``bot`` may not declare exchanges.
+        """
         self._connection = await aio_pika.connect(self.url, timeout=10)
         self._channel = await self._connection.channel(publisher_confirms=True)
         consume = await self._connection.channel(publisher_confirms=False)
-        topic = aio_pika.ExchangeType.TOPIC
         key = f"shard.{self.shard_id}"
-        for exchange_name, callback in (
-            (topology.results_exchange, self._on_result),
-            (topology.notifications_exchange, self._on_notice),
-        ):
-            exchange = await consume.declare_exchange(exchange_name, topic, durable=True)
-            queue = await consume.declare_queue(exclusive=True, auto_delete=True)
+        queues: tuple[tuple[str, ShardQueueKind, Callable[[AbstractIncomingMessage], Any]], ...] = (
+            (topology.results_exchange, "results", self._on_result),
+            (topology.notifications_exchange, "notifications", self._on_notice),
+        )
+        for exchange_name, kind, callback in queues:
+            exchange = await consume.get_exchange(exchange_name)  # passive: checkExchange
+            queue = await consume.declare_queue(shard_queue(self.shard_id, kind), durable=True)
+            self._queues.append(queue)
             await queue.bind(exchange, key)
             await queue.consume(callback, no_ack=True)
 
     async def close(self) -> None:
+        """Delete this shard's queues (the run is over: nothing in them is wanted) and disconnect."""
         if self._connection is not None:
+            with contextlib.suppress(Exception):
+                for queue in self._queues:
+                    await asyncio.wait_for(queue.delete(if_unused=False, if_empty=False), 10)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._connection.close(), 10)
 

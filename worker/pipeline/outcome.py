@@ -11,6 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from contracts.models import (
+    SAVED_MESSAGE,
     Notification,
     ServerStateInvalidation,
     ToolCallEvent,
@@ -31,8 +32,6 @@ DB_ERROR = "memory_save_failed_db_error"
 
 SERVER_WIDE = "server_wide"
 TARGET_USER = "target_user"
-
-SAVED_MESSAGE = "Memory saved successfully"
 
 Invalidation = ServerStateInvalidation | UserInvalidation
 
