@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -67,9 +68,11 @@ async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalida
                 "SELECT count(*) FROM ltm_processed_events WHERE invalidation_pending_since IS NOT NULL"
             )
             await proxy.restore()
+            restored_at = time.monotonic()
             await wait_for_results(shard, stream.event_ids, timeout=90, workers=[worker])
             saved = [e for e in stream.event_ids if shard.received.results[e][0]["status"] == SAVED]
             await wait_until(lambda: all(listener.messages.get(e) for e in saved), timeout=30)
+            flushed_in = time.monotonic() - restored_at
             await wait_until(lambda: False, timeout=0.5)  # a late duplicate would show up now
             worker.signal(signal.SIGTERM)
             assert await worker.wait_exit(timeout=30) == 0
@@ -98,3 +101,9 @@ async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalida
     assert worker.count("transient fault; retrying later") == 0
     assert worker.count("transient fault outlasted every retry; dead-lettered") == 0
     assert worker.count("redis answers again; pending invalidations published") >= 1
+    print(
+        f"{EVENTS} events, Redis cut for {OUTAGE_S:.1f} s: {answered_during} answered during the cut, "
+        f"{int(deferred)} invalidations deferred ({pending_during} pending mid-cut), "
+        f"all {len(saved)} published "
+        f"{flushed_in:.2f} s after Redis returned; 0 retries, 0 dead letters, {len(stream)} results"
+    )
