@@ -1,0 +1,411 @@
+import { randomUUID } from "node:crypto";
+
+import * as amqp from "amqplib";
+
+import {
+  LtmClosedError,
+  LtmPublishRejectedError,
+  LtmTimeoutError,
+  LtmUnroutableError,
+} from "./errors.js";
+import type { EventContext, Notification, ToolCallEvent, ToolName, ToolResult } from "./generated/index.js";
+import { consoleLogger, type Logger } from "./logger.js";
+import { SeenSet } from "./seen.js";
+import type { ResultStatus } from "./types.js";
+
+/** Exchange and queue names of CONTRACT.md (fixed). */
+export const TOOL_CALLS_EXCHANGE = "tomori.tool_calls";
+export const TOOL_RESULTS_EXCHANGE = "tomori.tool_results";
+export const NOTIFICATIONS_EXCHANGE = "tomori.notifications";
+
+/** The shard's own durable queues (deploy/README.md; the `bot` user may declare only these). */
+export function shardQueues(shardId: number): { results: string; notifications: string; routingKey: string } {
+  return {
+    results: `tomori.shard.${shardId}.results`,
+    notifications: `tomori.shard.${shardId}.notifications`,
+    routingKey: `shard.${shardId}`,
+  };
+}
+
+/**
+ * Default time a call waits for its result. The worker retries a transient fault 5 times with delays of
+ * 1 + 2 + 4 + 8 s = 15 s (LTM_RETRY_* defaults) before it answers `memory_save_failed_db_error`; the attempts
+ * themselves take a few seconds more, so 30 s covers the whole retry budget with room to spare.
+ */
+export const DEFAULT_TIMEOUT_MS = 30_000;
+
+/** Why a result was handed to `onLateResult` instead of a call. */
+export type LateResultReason =
+  /** the call had already failed with LtmTimeoutError */
+  | "timed_out"
+  /** no call of this client waits for it (the shard restarted, or the call was closed) */
+  | "unknown"
+  /** a second result with another status for an event already answered (a replayed dead letter) */
+  | "different_status";
+
+export interface LateResultInfo {
+  reason: LateResultReason;
+  /** the status this client saw first for the event, for `different_status` */
+  previousStatus?: ResultStatus;
+}
+
+export interface LtmClientOptions {
+  /** AMQP URL with the vhost, e.g. `amqp://bot:secret@rabbitmq:5672/`. */
+  url: string;
+  /** This shard's id (integer >= 0): results and notices come back with routing key `shard.<id>`. */
+  shardId: number;
+  /** How long `createMemory` waits for the result, unless the call says otherwise. Default 30 s. */
+  timeoutMs?: number;
+  /** A notice to show after a save; once per event id, also when the call is no longer waiting. */
+  onNotice?: (notification: Notification) => void | Promise<void>;
+  /** A result no call receives (see LateResultReason). Default: a warning through `logger`. */
+  onLateResult?: (result: ToolResult, info: LateResultInfo) => void | Promise<void>;
+  logger?: Logger;
+  /** How many event ids the duplicate filters remember (default 10,000) and for how long (default 1 h). */
+  dedupe?: { capacity?: number; ttlMs?: number };
+  /** Reconnect backoff: first delay (default 200 ms), cap (default 10 s), retries before the first
+   * connection succeeds (default 5: a wrong URL fails `connect`; after that the client retries forever). */
+  reconnect?: { initialDelayMs?: number; maxDelayMs?: number; startupRetries?: number };
+  /** Unacked results and notices the broker may push ahead (default 32). */
+  prefetch?: number;
+}
+
+export interface CreateMemoryRequest {
+  /** The model's tool-call id, echoed back in the result. */
+  toolCallId: string;
+  /** The model's arguments, verbatim (the worker validates them). */
+  arguments: unknown;
+  context: EventContext;
+  /** Default `create_long_term_memory`; `remember_this_fact` is the alias. */
+  toolName?: ToolName;
+  /** W3C trace context, carried through to everything the worker emits. */
+  traceparent?: string;
+  /** This call's timeout, overriding the client's. */
+  timeoutMs?: number;
+  /** The idempotency key; a fresh UUID unless given (give the same one to retry a timed-out call). */
+  eventId?: string;
+  /** When the model issued the call; default now. */
+  issuedAt?: Date;
+}
+
+interface PendingCall {
+  eventId: string;
+  toolCallId: string;
+  routingKey: string;
+  body: Buffer;
+  headers: Record<string, string>;
+  /** the broker confirmed the publish: a reconnect needs no republish */
+  confirmed: boolean;
+  timer: NodeJS.Timeout;
+  resolve: (result: ToolResult) => void;
+  reject: (error: Error) => void;
+}
+
+/** Publishes `create_long_term_memory` events and hands back their results; see README.md. */
+export class LtmClient {
+  private readonly logger: Logger;
+  private readonly timeoutMs: number;
+  private readonly pending = new Map<string, PendingCall>();
+  /** status of the result seen per event id (duplicates with the same status are dropped) */
+  private readonly results: SeenSet<ResultStatus>;
+  private readonly notices: SeenSet<true>;
+  private readonly timedOut: SeenSet<true>;
+  private connection: amqp.RecoveringChannelModel | null = null;
+  private publisher: amqp.ConfirmChannel | null = null;
+  private closed = false;
+
+  private constructor(readonly options: LtmClientOptions) {
+    if (!Number.isSafeInteger(options.shardId) || options.shardId < 0) {
+      throw new RangeError(`shardId must be an integer >= 0, got ${String(options.shardId)}`);
+    }
+    this.logger = options.logger ?? consoleLogger;
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const capacity = options.dedupe?.capacity ?? 10_000;
+    const ttlMs = options.dedupe?.ttlMs ?? 3_600_000;
+    this.results = new SeenSet(capacity, ttlMs);
+    this.notices = new SeenSet(capacity, ttlMs);
+    this.timedOut = new SeenSet(capacity, ttlMs);
+  }
+
+  /**
+   * Connect, check the exchanges, declare and bind this shard's queues and start consuming them.
+   * Rejects when the first connection fails `reconnect.startupRetries` times in a row.
+   */
+  static async connect(options: LtmClientOptions): Promise<LtmClient> {
+    const client = new LtmClient(options);
+    const reconnect = options.reconnect ?? {};
+    const connection = await amqp.connect(options.url, {
+      recovery: {
+        initialDelay: reconnect.initialDelayMs ?? 200,
+        maxDelay: reconnect.maxDelayMs ?? 10_000,
+        factor: 2,
+        jitter: 0.5,
+        maxRetries: Infinity,
+        initialMaxRetries: reconnect.startupRetries ?? 5,
+        waitForConnect: false,
+        setup: (model: amqp.ChannelModel) => client.setup(model),
+      },
+    });
+    client.connection = connection;
+    connection.on("disconnect", (error: Error) => {
+      client.publisher = null;
+      client.logger.warn("RabbitMQ connection lost; reconnecting", { error: error.message });
+    });
+    connection.on("connect-failed", (error: Error) =>
+      client.logger.warn("RabbitMQ connection attempt failed", { error: error.message }),
+    );
+    connection.on("error", (error: Error) => client.logger.debug("RabbitMQ error", { error: error.message }));
+    try {
+      await connection.waitForConnect();
+    } catch (error) {
+      client.closed = true;
+      await connection.close().catch(() => {});
+      throw error;
+    }
+    return client;
+  }
+
+  /** Events published and not answered yet. */
+  get inFlight(): number {
+    return this.pending.size;
+  }
+
+  /**
+   * Publish one tool-call event and resolve with its result. Rejects with LtmTimeoutError when no result
+   * arrives in time (the memory may still be saved), LtmUnroutableError when nothing is bound to the
+   * routing key, LtmPublishRejectedError on a broker nack, LtmClosedError on `close()`.
+   */
+  createMemory(request: CreateMemoryRequest): Promise<ToolResult> {
+    if (this.closed) return Promise.reject(new LtmClosedError(null));
+    const eventId = request.eventId ?? randomUUID();
+    if (this.pending.has(eventId)) {
+      return Promise.reject(new RangeError(`event ${eventId} is already waiting for its result`));
+    }
+    const toolName = request.toolName ?? "create_long_term_memory";
+    const event: ToolCallEvent = {
+      schema_version: 1,
+      event_id: eventId,
+      tool_call_id: request.toolCallId,
+      tool_name: toolName,
+      issued_at: (request.issuedAt ?? new Date()).toISOString(),
+      shard_id: this.options.shardId,
+      arguments: request.arguments as ToolCallEvent["arguments"],
+      context: request.context,
+    };
+    const timeoutMs = request.timeoutMs ?? this.timeoutMs;
+    return new Promise<ToolResult>((resolve, reject) => {
+      const call: PendingCall = {
+        eventId,
+        toolCallId: request.toolCallId,
+        routingKey: `tool.${toolName}`,
+        body: Buffer.from(JSON.stringify(event)),
+        headers: request.traceparent === undefined ? {} : { traceparent: request.traceparent },
+        confirmed: false,
+        timer: setTimeout(() => this.expire(eventId, timeoutMs), timeoutMs),
+        resolve,
+        reject,
+      };
+      this.pending.set(eventId, call);
+      // while disconnected the call waits: the next connection's setup publishes it
+      if (this.publisher !== null) this.publish(this.publisher, call);
+    });
+  }
+
+  /** Stop consuming and close the connection; calls still waiting reject with LtmClosedError. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const call of this.pending.values()) this.settle(call, new LtmClosedError(call.eventId));
+    this.publisher = null;
+    await this.connection?.close();
+  }
+
+  /** Run after every (re)connection, before the client counts as connected. */
+  private async setup(model: amqp.ChannelModel): Promise<void> {
+    const { results, notifications, routingKey } = shardQueues(this.options.shardId);
+    const consumer = await model.createChannel();
+    this.watch(model, consumer, "consumer");
+    // passive checks only: the `bot` user may not declare the exchanges (they come from the definitions)
+    for (const exchange of [TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, NOTIFICATIONS_EXCHANGE]) {
+      await consumer.checkExchange(exchange);
+    }
+    await consumer.assertQueue(results, { durable: true });
+    await consumer.assertQueue(notifications, { durable: true });
+    await consumer.bindQueue(results, TOOL_RESULTS_EXCHANGE, routingKey);
+    await consumer.bindQueue(notifications, NOTIFICATIONS_EXCHANGE, routingKey);
+    await consumer.prefetch(this.options.prefetch ?? 32);
+    await consumer.consume(results, (message) => this.deliver(model, consumer, message, "result"), {
+      noAck: false,
+    });
+    await consumer.consume(notifications, (message) => this.deliver(model, consumer, message, "notice"), {
+      noAck: false,
+    });
+
+    const publisher = await model.createConfirmChannel();
+    this.watch(model, publisher, "publisher");
+    publisher.on("return", (message: amqp.Message) => this.returned(message));
+    this.publisher = publisher;
+    // every event the broker has not confirmed goes again, with the same event id: the worker answers
+    // an event it already processed from its ledger (`replayed: true`), which the result filter drops
+    let republished = 0;
+    for (const call of this.pending.values()) {
+      if (!call.confirmed) {
+        this.publish(publisher, call);
+        republished += 1;
+      }
+    }
+    this.logger.info("connected to RabbitMQ", { shardId: this.options.shardId, republished });
+  }
+
+  /** A channel the broker closes (an error on it) takes the connection down, so recovery rebuilds all. */
+  private watch(model: amqp.ChannelModel, channel: amqp.Channel, name: string): void {
+    channel.on("error", (error: Error) => this.logger.warn(`${name} channel error`, { error: error.message }));
+    channel.on("close", () => {
+      if (channel === this.publisher) this.publisher = null;
+      if (!this.closed) model.close().catch(() => {});
+    });
+  }
+
+  private publish(channel: amqp.ConfirmChannel, call: PendingCall): void {
+    const options: amqp.Options.Publish = {
+      mandatory: true,
+      persistent: true,
+      contentType: "application/json",
+      messageId: call.eventId,
+      correlationId: call.toolCallId,
+      type: "tool_call.v1",
+      headers: call.headers,
+    };
+    try {
+      channel.publish(TOOL_CALLS_EXCHANGE, call.routingKey, call.body, options, (error: unknown) => {
+        if (this.pending.get(call.eventId) !== call) return; // answered, returned, timed out or closed
+        if (error === null || error === undefined) {
+          call.confirmed = true;
+        } else if (error instanceof Error && error.message === "channel closed") {
+          // no verdict: the next connection republishes it
+        } else {
+          this.settle(call, new LtmPublishRejectedError(call.eventId));
+        }
+      });
+    } catch (error) {
+      // the channel closed under us; the next connection republishes the call
+      this.logger.debug("publish deferred to the next connection", {
+        eventId: call.eventId,
+        error: error instanceof Error ? error.message : String(error),
+      });
+    }
+  }
+
+  /** basic.return: a mandatory publish that no queue took (it precedes the confirm). */
+  private returned(message: amqp.Message): void {
+    const eventId = String(message.properties.messageId ?? "");
+    const call = this.pending.get(eventId);
+    if (call === undefined) return;
+    const fields = message.fields as { routingKey?: string; replyText?: string };
+    this.settle(call, new LtmUnroutableError(eventId, fields.routingKey ?? call.routingKey, fields.replyText ?? "NO_ROUTE"));
+  }
+
+  private expire(eventId: string, timeoutMs: number): void {
+    const call = this.pending.get(eventId);
+    if (call === undefined) return;
+    this.timedOut.set(eventId, true);
+    this.settle(call, new LtmTimeoutError(eventId, call.toolCallId, timeoutMs));
+  }
+
+  /** Remove a call and resolve or reject it. */
+  private settle(call: PendingCall, outcome: ToolResult | Error): void {
+    clearTimeout(call.timer);
+    this.pending.delete(call.eventId);
+    if (outcome instanceof Error) call.reject(outcome);
+    else call.resolve(outcome);
+  }
+
+  private deliver(
+    model: amqp.ChannelModel,
+    channel: amqp.Channel,
+    message: amqp.ConsumeMessage | null,
+    kind: "result" | "notice",
+  ): void {
+    if (message === null) {
+      // the broker cancelled the consumer (queue deleted): rebuild everything
+      this.logger.warn(`the ${kind} consumer was cancelled by the broker; reconnecting`);
+      model.close().catch(() => {});
+      return;
+    }
+    let body: unknown;
+    try {
+      body = JSON.parse(message.content.toString("utf8"));
+    } catch {
+      body = undefined;
+    }
+    const eventId = typeof body === "object" && body !== null ? (body as { event_id?: unknown }).event_id : undefined;
+    const handled =
+      typeof eventId !== "string"
+        ? (this.logger.warn(`dropped a ${kind} that is not a contract message`, {
+            messageId: message.properties.messageId,
+          }),
+          Promise.resolve())
+        : kind === "result"
+          ? this.onResult(body as ToolResult)
+          : this.onNotice(body as Notification);
+    // ack after the callback: a crash inside it gets the message again (the filters drop a copy
+    // that was already handled)
+    handled
+      .catch((error: unknown) =>
+        this.logger.error(`the ${kind} callback failed`, {
+          eventId,
+          error: error instanceof Error ? error.message : String(error),
+        }),
+      )
+      .finally(() => {
+        try {
+          channel.ack(message);
+        } catch {
+          // the channel is gone; the broker redelivers and the filters drop the copy
+        }
+      });
+  }
+
+  private async onResult(result: ToolResult): Promise<void> {
+    const eventId = result.event_id;
+    const previous = this.results.get(eventId);
+    if (previous === result.status) {
+      this.logger.debug("duplicate result dropped", { eventId, status: result.status, replayed: result.replayed });
+      return;
+    }
+    this.results.set(eventId, result.status);
+    if (previous !== undefined) {
+      await this.late(result, { reason: "different_status", previousStatus: previous });
+      return;
+    }
+    const call = this.pending.get(eventId);
+    if (call !== undefined) {
+      this.settle(call, result);
+      return;
+    }
+    await this.late(result, { reason: this.timedOut.has(eventId) ? "timed_out" : "unknown" });
+  }
+
+  private async late(result: ToolResult, info: LateResultInfo): Promise<void> {
+    if (this.options.onLateResult !== undefined) {
+      await this.options.onLateResult(result, info);
+      return;
+    }
+    this.logger.warn("a result no call waits for", {
+      eventId: result.event_id,
+      toolCallId: result.tool_call_id,
+      status: result.status,
+      reason: info.reason,
+      previousStatus: info.previousStatus,
+    });
+  }
+
+  private async onNotice(notification: Notification): Promise<void> {
+    if (this.notices.has(notification.event_id)) {
+      this.logger.debug("duplicate notice dropped", { eventId: notification.event_id });
+      return;
+    }
+    this.notices.set(notification.event_id, true);
+    await this.options.onNotice?.(notification);
+  }
+}

@@ -1,0 +1,43 @@
+// @tomoribot/ltm-client: everything a shard needs to talk to the LTM worker (see README.md).
+export * from "./generated/index.js";
+export type { InvalidationKind, NoticeKind, ReplyVia, ResultStatus } from "./types.js";
+export {
+  DEFAULT_TIMEOUT_MS,
+  LtmClient,
+  NOTIFICATIONS_EXCHANGE,
+  TOOL_CALLS_EXCHANGE,
+  TOOL_RESULTS_EXCHANGE,
+  shardQueues,
+  type CreateMemoryRequest,
+  type LateResultInfo,
+  type LateResultReason,
+  type LtmClientOptions,
+} from "./client.js";
+export {
+  INVALIDATION_CHANNEL,
+  InvalidationSubscriber,
+  type InvalidationSubscriberOptions,
+  type ServerStateInvalidation,
+  type UserInvalidation,
+} from "./invalidation.js";
+export {
+  MAX_GUILD_MEMBERS,
+  buildContext,
+  noticeToEmbed,
+  parseColor,
+  type ContextInput,
+  type MemberInput,
+  type NoticeEmbed,
+  type ParticipantInput,
+  type RenderedNotice,
+} from "./builders.js";
+export {
+  InvalidContextError,
+  LtmClientError,
+  LtmClosedError,
+  LtmPublishRejectedError,
+  LtmTimeoutError,
+  LtmUnroutableError,
+} from "./errors.js";
+export { consoleLogger, type Logger } from "./logger.js";
+export { SeenSet } from "./seen.js";

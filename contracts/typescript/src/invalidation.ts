@@ -1,0 +1,126 @@
+import { Redis } from "ioredis";
+
+import type { CacheInvalidation } from "./generated/index.js";
+import { consoleLogger, type Logger } from "./logger.js";
+
+/** After a server-wide save: `server_disc_id` (the guild, or the user's id in a DM). */
+export type ServerStateInvalidation = Extract<CacheInvalidation, { kind: "tomori_state" }>;
+/** After a personal save: `user_disc_id`. */
+export type UserInvalidation = Extract<CacheInvalidation, { kind: "user" }>;
+
+/** The Redis pub/sub channel of CONTRACT.md. */
+export const INVALIDATION_CHANNEL = "tomori:cache-invalidation";
+
+export interface InvalidationSubscriberOptions {
+  /** Redis URL, e.g. `redis://redis:6379/0`. */
+  url: string;
+  /** A server-wide save: drop what you cache for this server (`server_disc_id`). */
+  onServerState?: (message: ServerStateInvalidation) => void | Promise<void>;
+  /** A personal save: drop what you cache for this user (`user_disc_id`). */
+  onUser?: (message: UserInvalidation) => void | Promise<void>;
+  /**
+   * The subscription is back after a lost connection. Pub/sub keeps no history, so invalidations sent
+   * while it was down are gone: drop every cache this subscriber guards.
+   */
+  onResubscribed?: () => void | Promise<void>;
+  logger?: Logger;
+  /** Reconnect backoff cap in ms (default 5,000); delays grow 100, 200, ... with jitter. */
+  maxReconnectDelayMs?: number;
+}
+
+/** Listens to `tomori:cache-invalidation` and dispatches by `kind`; see README.md. */
+export class InvalidationSubscriber {
+  private readonly logger: Logger;
+  private subscriptions = 0;
+  private closed = false;
+
+  private constructor(
+    private readonly redis: Redis,
+    private readonly options: InvalidationSubscriberOptions,
+  ) {
+    this.logger = options.logger ?? consoleLogger;
+  }
+
+  /** Connect and subscribe; resolves once the first subscription is confirmed by Redis. */
+  static async start(options: InvalidationSubscriberOptions): Promise<InvalidationSubscriber> {
+    const cap = options.maxReconnectDelayMs ?? 5_000;
+    const redis = new Redis(options.url, {
+      lazyConnect: true,
+      // we subscribe ourselves on every "ready", so the resubscription is known to be done when
+      // onResubscribed runs
+      autoResubscribe: false,
+      maxRetriesPerRequest: null,
+      retryStrategy: (attempt: number) => Math.round(Math.min(cap, 100 * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2)),
+    });
+    const subscriber = new InvalidationSubscriber(redis, options);
+    redis.on("message", (channel: string, text: string) => subscriber.dispatch(channel, text));
+    redis.on("error", (error: Error) => subscriber.logger.debug("redis error", { error: error.message }));
+    redis.on("close", () => {
+      if (!subscriber.closed) subscriber.logger.warn("redis connection lost; invalidations are missed until it is back");
+    });
+    const first = new Promise<void>((resolve, reject) => {
+      redis.on("ready", () => {
+        subscriber.subscribe().then(resolve, reject);
+      });
+    });
+    await redis.connect();
+    await first;
+    return subscriber;
+  }
+
+  /** How many times the subscription was made (1 + reconnections). */
+  get subscriptionCount(): number {
+    return this.subscriptions;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.redis.quit().catch(() => this.redis.disconnect());
+  }
+
+  private async subscribe(): Promise<void> {
+    try {
+      await this.redis.subscribe(INVALIDATION_CHANNEL);
+    } catch (error) {
+      this.logger.warn("subscribing to the invalidation channel failed", {
+        error: error instanceof Error ? error.message : String(error),
+      });
+      throw error;
+    }
+    this.subscriptions += 1;
+    if (this.subscriptions > 1) {
+      this.logger.info("resubscribed to the invalidation channel; caches must be dropped");
+      await this.guard("onResubscribed", () => this.options.onResubscribed?.());
+    }
+  }
+
+  private dispatch(channel: string, text: string): void {
+    if (channel !== INVALIDATION_CHANNEL) return;
+    let message: CacheInvalidation;
+    try {
+      message = JSON.parse(text) as CacheInvalidation;
+    } catch {
+      this.logger.warn("dropped an invalidation that is not JSON");
+      return;
+    }
+    switch (message?.kind) {
+      case "tomori_state":
+        void this.guard("onServerState", () => this.options.onServerState?.(message as ServerStateInvalidation));
+        return;
+      case "user":
+        void this.guard("onUser", () => this.options.onUser?.(message as UserInvalidation));
+        return;
+      default:
+        this.logger.warn("dropped an invalidation of an unknown kind", { kind: (message as { kind?: unknown })?.kind });
+    }
+  }
+
+  private async guard(name: string, run: () => void | Promise<void>): Promise<void> {
+    try {
+      await run();
+    } catch (error) {
+      this.logger.error(`${name} failed`, { error: error instanceof Error ? error.message : String(error) });
+    }
+  }
+}

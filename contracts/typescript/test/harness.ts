@@ -1,0 +1,418 @@
+// Test harness: real services, one RabbitMQ vhost and one Postgres database per test, `worker run` as a child
+// process. Services come from LTM_TEST_POSTGRES_DSN / LTM_TEST_RABBITMQ_URL / LTM_TEST_REDIS_URL, else the
+// local defaults (the same variables the Python suite reads); vhosts are made with rabbitmqctl.
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync, chmodSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+
+import pg from "pg";
+
+const run = promisify(execFile);
+
+/** The package root (build/test/harness.js -> ../..). */
+export const PACKAGE_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
+export const REPO_ROOT = resolve(PACKAGE_ROOT, "../..");
+
+export const POSTGRES_DSN = process.env.LTM_TEST_POSTGRES_DSN ?? "postgresql://postgres@127.0.0.1:5432/postgres";
+export const RABBITMQ_URL = process.env.LTM_TEST_RABBITMQ_URL ?? "amqp://guest:guest@127.0.0.1:5672/";
+export const REDIS_URL = process.env.LTM_TEST_REDIS_URL ?? "redis://127.0.0.1:6379/0";
+
+// Discord ids of the seeded world (those of tests/factories.py)
+export const GUILD = "1150000000000000001";
+export const CHANNEL = "1150000000000000100";
+export const TRIGGER = "1150000000000000200";
+export const SPARROW = "1150000000000000201";
+export const BOT = "1150000000000000999";
+
+/** `worker`: LTM_WORKER_BIN, else the repository's .venv, else the one on PATH. */
+export function workerBin(): string {
+  if (process.env.LTM_WORKER_BIN) return process.env.LTM_WORKER_BIN;
+  const venv = join(REPO_ROOT, ".venv/bin/worker");
+  return existsSync(venv) ? venv : "worker";
+}
+
+export function hex(): string {
+  return randomBytes(4).toString("hex");
+}
+
+/** Poll until `check` returns a value other than undefined/false; fail after `timeoutMs` naming `what`. */
+export async function waitFor<T>(what: string, check: () => T | undefined | false | Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined && value !== false) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((done) => setTimeout(done, ms));
+}
+
+/** rabbitmqctl, against the machine's node or `node`. */
+export async function rabbitmqctl(args: string[], node?: string): Promise<string> {
+  const full = node === undefined ? args : ["-n", node, ...args];
+  try {
+    const { stdout } = await run("rabbitmqctl", full, { timeout: 60_000 });
+    return stdout;
+  } catch (error) {
+    const e = error as { stderr?: string; message: string };
+    throw new Error(`rabbitmqctl ${full.join(" ")} failed: ${e.stderr ?? e.message}`);
+  }
+}
+
+function withVhost(url: string, vhost: string): string {
+  const u = new URL(url);
+  u.pathname = `/${encodeURIComponent(vhost)}`;
+  return u.toString();
+}
+
+function withDatabase(dsn: string, database: string): string {
+  const u = new URL(dsn);
+  u.pathname = `/${database}`;
+  return u.toString();
+}
+
+/** A free TCP port on loopback (for private servers). */
+export async function freePort(): Promise<number> {
+  return new Promise((done, fail) => {
+    const server = createServer();
+    server.once("error", fail);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      const port = typeof address === "object" && address !== null ? address.port : 0;
+      server.close(() => done(port));
+    });
+  });
+}
+
+/** `worker run` as a child process with its own JSON log file. */
+export class WorkerProcess {
+  private child: ChildProcess | null = null;
+  private exitCode: number | null = null;
+
+  constructor(
+    readonly env: NodeJS.ProcessEnv,
+    readonly logPath: string,
+  ) {}
+
+  start(): this {
+    const fd = openSync(this.logPath, "a");
+    this.exitCode = null;
+    const child = spawn(workerBin(), ["run", "--log-format", "json"], {
+      env: this.env,
+      stdio: ["ignore", fd, fd],
+      detached: true,
+    });
+    closeSync(fd);
+    child.on("exit", (code, signal) => {
+      this.exitCode = code ?? (signal === null ? -1 : 128);
+    });
+    this.child = child;
+    return this;
+  }
+
+  lines(): Array<Record<string, unknown>> {
+    if (!existsSync(this.logPath)) return [];
+    const out: Array<Record<string, unknown>> = [];
+    for (const raw of readFileSync(this.logPath, "utf8").split("\n")) {
+      try {
+        const line: unknown = JSON.parse(raw);
+        if (typeof line === "object" && line !== null) out.push(line as Record<string, unknown>);
+      } catch {
+        // not a JSON line
+      }
+    }
+    return out;
+  }
+
+  count(event: string): number {
+    return this.lines().filter((line) => line.event === event).length;
+  }
+
+  /** Wait until the log has `atLeast` lines with this `event`; fail early if the process exits. */
+  async waitForLog(event: string, atLeast = 1, timeoutMs = 30_000): Promise<void> {
+    await waitFor(`worker log "${event}" x${atLeast}`, () => {
+      if (this.exitCode !== null) {
+        throw new Error(`worker exited (${this.exitCode}) before logging ${event}:\n${this.tail()}`);
+      }
+      return this.count(event) >= atLeast;
+    }, timeoutMs).catch((error: Error) => {
+      throw new Error(`${error.message}\n${this.tail()}`);
+    });
+  }
+
+  tail(): string {
+    return existsSync(this.logPath) ? readFileSync(this.logPath, "utf8").slice(-3000) : "";
+  }
+
+  /** SIGTERM and wait for the clean exit. */
+  async stop(): Promise<number> {
+    const child = this.child;
+    if (child === null || this.exitCode !== null) return this.exitCode ?? 0;
+    child.kill("SIGTERM");
+    return waitFor("worker exit", () => (this.exitCode === null ? undefined : this.exitCode), 30_000);
+  }
+
+  /** SIGKILL the process group (no cleanup, as a crash). */
+  kill(): void {
+    const child = this.child;
+    if (child?.pid !== undefined && this.exitCode === null) {
+      try {
+        process.kill(-child.pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
+
+export interface StackOptions {
+  /** a RabbitMQ URL of another broker (a private node); its vhost is used as it is */
+  rabbitmqUrl?: string;
+  /** run on the private node's default vhost instead of creating one on the machine's broker */
+  ownVhost?: boolean;
+}
+
+/** A database and a vhost of its own, the bot rows a save needs, and worker processes. */
+export class Stack {
+  readonly workers: WorkerProcess[] = [];
+  personaId = 0;
+
+  private constructor(
+    readonly name: string,
+    readonly dir: string,
+    readonly amqpUrl: string,
+    readonly vhost: string | null,
+    readonly database: string,
+    readonly dsn: string,
+    readonly db: pg.Client,
+  ) {}
+
+  static async create(options: StackOptions = {}): Promise<Stack> {
+    const name = `ltm_ts_${hex()}`;
+    const dir = mkdtempSync(join(tmpdir(), "ltm-ts-"));
+    let vhost: string | null = null;
+    let amqpUrl = options.rabbitmqUrl ?? RABBITMQ_URL;
+    if (options.rabbitmqUrl === undefined) {
+      vhost = name.replaceAll("_", "-");
+      await rabbitmqctl(["add_vhost", vhost]);
+      const user = decodeURIComponent(new URL(RABBITMQ_URL).username || "guest");
+      await rabbitmqctl(["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]);
+      amqpUrl = withVhost(RABBITMQ_URL, vhost);
+    }
+    const admin = new pg.Client({ connectionString: POSTGRES_DSN });
+    await admin.connect();
+    try {
+      await admin.query(`CREATE DATABASE ${name}`);
+    } finally {
+      await admin.end();
+    }
+    const dsn = withDatabase(POSTGRES_DSN, name);
+    const db = new pg.Client({ connectionString: dsn });
+    await db.connect();
+    const stack = new Stack(name, dir, amqpUrl, vhost, name, dsn, db);
+    await stack.runWorker(["migrate"]);
+    await stack.seed();
+    return stack;
+  }
+
+  /** The rows the original bot would have: a server, its persona, the triggering user and Sparrow. */
+  private async seed(): Promise<void> {
+    const server = await this.db.query<{ server_id: number }>(
+      "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id",
+      [GUILD],
+    );
+    const serverId = server.rows[0]?.server_id;
+    const persona = await this.db.query<{ persona_id: number }>(
+      "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori') RETURNING persona_id",
+      [serverId],
+    );
+    this.personaId = persona.rows[0]?.persona_id ?? 0;
+    await this.db.query("INSERT INTO users (user_disc_id) VALUES ($1), ($2)", [TRIGGER, SPARROW]);
+  }
+
+  /** The environment a worker command of this stack runs with; short retries for speed. */
+  env(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+    return {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      LTM_POSTGRES_DSN: this.dsn,
+      LTM_RABBITMQ_URL: this.amqpUrl,
+      LTM_REDIS_URL: REDIS_URL,
+      LTM_RETRY_BASE_DELAY_MS: "50",
+      LTM_RETRY_MAX_DELAY_MS: "400",
+      LTM_SHUTDOWN_GRACE_SECONDS: "5",
+      LTM_LOG_FORMAT: "json",
+      ...extra,
+    };
+  }
+
+  /** Start `worker run` and wait until it consumes. */
+  async worker(extra: Record<string, string> = {}): Promise<WorkerProcess> {
+    const process = new WorkerProcess(this.env(extra), join(this.dir, `worker-${this.workers.length}.log`));
+    this.workers.push(process);
+    process.start();
+    await process.waitForLog("consuming");
+    return process;
+  }
+
+  /** Run a one-shot worker command (`migrate`, `dlq replay`, ...) and return its output. */
+  async runWorker(args: string[], extra: Record<string, string> = {}): Promise<string> {
+    try {
+      const { stdout, stderr } = await run(workerBin(), args, { env: this.env(extra), timeout: 60_000 });
+      return stdout + stderr;
+    } catch (error) {
+      const e = error as { stdout?: string; stderr?: string; message: string };
+      throw new Error(`worker ${args.join(" ")} failed: ${e.message}\n${e.stdout ?? ""}${e.stderr ?? ""}`);
+    }
+  }
+
+  async dispose(): Promise<void> {
+    for (const worker of this.workers) worker.kill();
+    await this.db.end().catch(() => {});
+    const admin = new pg.Client({ connectionString: POSTGRES_DSN });
+    await admin.connect();
+    try {
+      await admin.query(`DROP DATABASE IF EXISTS ${this.database} WITH (FORCE)`);
+    } finally {
+      await admin.end();
+    }
+    if (this.vhost !== null) await rabbitmqctl(["delete_vhost", this.vhost]).catch(() => {});
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+/** A RabbitMQ node of its own (ports, data dir), for the broker-restart test; the machine's is untouched. */
+export class PrivateRabbit {
+  private constructor(
+    readonly node: string,
+    readonly port: number,
+    readonly dir: string,
+  ) {}
+
+  get url(): string {
+    return `amqp://guest:guest@127.0.0.1:${this.port}/`;
+  }
+
+  static async start(): Promise<PrivateRabbit> {
+    const id = hex();
+    const node = `ltmts${id}@localhost`;
+    const port = await freePort();
+    const distPort = await freePort();
+    const dir = mkdtempSync(join(tmpdir(), "ltm-ts-rabbit-"));
+    writeFileSync(join(dir, "enabled_plugins"), "[].\n");
+    writeFileSync(join(dir, "rabbitmq.conf"), `listeners.tcp.local = 127.0.0.1:${port}\n`);
+    writeFileSync(join(dir, "rabbitmq-env.conf"), "");
+    // the packaged rabbitmq-server runs the node as the rabbitmq user, which must write here
+    chmodSync(dir, 0o777);
+    await run("chown", ["-R", "rabbitmq:rabbitmq", dir]).catch(() => {});
+    const env = {
+      ...process.env,
+      RABBITMQ_NODENAME: node,
+      RABBITMQ_NODE_PORT: String(port),
+      RABBITMQ_DIST_PORT: String(distPort),
+      RABBITMQ_MNESIA_BASE: join(dir, "mnesia"),
+      RABBITMQ_LOG_BASE: join(dir, "log"),
+      RABBITMQ_ENABLED_PLUGINS_FILE: join(dir, "enabled_plugins"),
+      RABBITMQ_CONFIG_FILE: join(dir, "rabbitmq.conf"),
+      RABBITMQ_CONF_ENV_FILE: join(dir, "rabbitmq-env.conf"),
+      RABBITMQ_PID_FILE: join(dir, "pid"),
+      ERL_EPMD_ADDRESS: "127.0.0.1",
+      ERL_FLAGS: "-kernel inet_dist_use_interface {127,0,0,1}",
+    };
+    await run("rabbitmq-server", ["-detached"], { env, timeout: 60_000 });
+    const rabbit = new PrivateRabbit(node, port, dir);
+    // the detached node registers with epmd a moment later; until then await_startup says "not running"
+    await waitFor(`private RabbitMQ node ${node}`, async () => {
+      try {
+        await rabbitmqctl(["await_startup", "--timeout", "60"], node);
+        return true;
+      } catch {
+        return false;
+      }
+    }, 90_000);
+    return rabbit;
+  }
+
+  async stopApp(): Promise<void> {
+    await rabbitmqctl(["stop_app"], this.node);
+  }
+
+  async startApp(): Promise<void> {
+    await rabbitmqctl(["start_app"], this.node);
+    await rabbitmqctl(["await_startup", "--timeout", "60"], this.node);
+  }
+
+  async stop(): Promise<void> {
+    await rabbitmqctl(["stop"], this.node).catch(() => {});
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+/** A redis-server of its own on a spare port, restartable (the machine's 6379 is never touched). */
+export class PrivateRedis {
+  private child: ChildProcess | null = null;
+
+  private constructor(readonly port: number) {}
+
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}/0`;
+  }
+
+  static async start(): Promise<PrivateRedis> {
+    const redis = new PrivateRedis(await freePort());
+    await redis.launch();
+    return redis;
+  }
+
+  private async launch(): Promise<void> {
+    const child = spawn(
+      "redis-server",
+      ["--port", String(this.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+      { stdio: "ignore" },
+    );
+    this.child = child;
+    await waitFor(`redis-server on ${this.port}`, async () => {
+      try {
+        const { stdout } = await run("redis-cli", ["-p", String(this.port), "ping"]);
+        return stdout.trim() === "PONG";
+      } catch {
+        return false;
+      }
+    }, 20_000);
+  }
+
+  /** Stop the server (SIGTERM) and wait until it has exited. */
+  async stop(): Promise<void> {
+    const child = this.child;
+    this.child = null;
+    if (child === null || child.exitCode !== null) return;
+    const exited = new Promise<void>((done) => child.once("exit", () => done()));
+    child.kill("SIGTERM");
+    await exited;
+  }
+
+  async restart(): Promise<void> {
+    await this.stop();
+    await this.launch();
+  }
+}
+
+/** Collects what a callback receives. */
+export class Inbox<T> {
+  readonly items: T[] = [];
+  readonly push = (item: T): void => {
+    this.items.push(item);
+  };
+
+  async waitFor(what: string, predicate: (item: T) => boolean, timeoutMs = 30_000): Promise<T> {
+    return waitFor(what, () => this.items.find(predicate), timeoutMs);
+  }
+}
