@@ -170,6 +170,18 @@ export class LtmClient {
     return this.pending.size;
   }
 
+  /** Of those, the events the broker has not confirmed yet (republished after a reconnect). */
+  get unconfirmed(): number {
+    let n = 0;
+    for (const call of this.pending.values()) if (!call.confirmed) n += 1;
+    return n;
+  }
+
+  /** True while a connection is up and set up (exchanges checked, queues consumed). */
+  get connected(): boolean {
+    return this.publisher !== null;
+  }
+
   /**
    * Publish one tool-call event and resolve with its result. Rejects with LtmTimeoutError when no result
    * arrives in time (the memory may still be saved), LtmUnroutableError when nothing is bound to the
