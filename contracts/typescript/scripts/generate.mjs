@@ -26,13 +26,14 @@ const options = {
 
 /** The names worth exporting from a generated module: object types and unions of string literals
  * (per-field aliases such as `EventId = string` or `Error = string | null` only add noise). */
-function exportedNames(source) {
+function exportedNames(source, root) {
   const interfaces = [...source.matchAll(/^export interface (\w+)/gm)].map((m) => m[1]);
   const unions = [...source.matchAll(/^export type (\w+) =\s*((?:\s*\|?\s*"[^"]*")+);/gm)].map((m) => m[1]);
   const objectUnions = [...source.matchAll(/^export type (\w+) =\s*((?:\s*\|?\s*[A-Z]\w*)+);/gm)]
     .filter((m) => !/\b(string|number|boolean|null|unknown)\b/.test(m[2]))
     .map((m) => m[1]);
-  return [...interfaces, ...unions, ...objectUnions];
+  // the schema's own type (its title) always: it may be an intersection json2ts builds from a oneOf
+  return [...new Set([root, ...interfaces, ...unions, ...objectUnions])];
 }
 
 async function render() {
@@ -46,7 +47,7 @@ async function render() {
     const body = await compile(schema, title, { ...options, cwd: schemasDir });
     const module = file.replace(/\.json$/, "");
     out.set(`${module}.ts`, banner(file) + "\n" + body);
-    for (const name of exportedNames(body)) {
+    for (const name of exportedNames(body, title)) {
       names.set(name, [...(names.get(name) ?? []), module]);
     }
   }

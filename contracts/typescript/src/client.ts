@@ -8,10 +8,10 @@ import {
   LtmTimeoutError,
   LtmUnroutableError,
 } from "./errors.js";
-import type { EventContext, Notification, ToolCallEvent, ToolName, ToolResult } from "./generated/index.js";
+import type { EventContext, Notification, ToolCallEvent, ToolResult } from "./generated/index.js";
 import { consoleLogger, type Logger } from "./logger.js";
 import { SeenSet } from "./seen.js";
-import type { ResultStatus } from "./types.js";
+import type { ResultStatus, ToolName } from "./types.js";
 
 /** Exchange and queue names of CONTRACT.md (fixed). */
 export const TOOL_CALLS_EXCHANGE = "tomori.tool_calls";

@@ -1,6 +1,6 @@
 // @tomoribot/ltm-client: everything a shard needs to talk to the LTM worker (see README.md).
 export * from "./generated/index.js";
-export type { InvalidationKind, NoticeKind, ReplyVia, ResultStatus } from "./types.js";
+export type { InvalidationKind, NoticeKind, ResultStatus, ToolName } from "./types.js";
 export {
   DEFAULT_TIMEOUT_MS,
   LtmClient,
@@ -17,8 +17,6 @@ export {
   INVALIDATION_CHANNEL,
   InvalidationSubscriber,
   type InvalidationSubscriberOptions,
-  type ServerStateInvalidation,
-  type UserInvalidation,
 } from "./invalidation.js";
 export {
   MAX_GUILD_MEMBERS,

@@ -59,6 +59,7 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
     assert.equal(personal.status, "memory_saved_successfully");
     assert.equal(personal.tool_name, "remember_this_fact");
     // the target is named by the matching participant's display label
+    assert.ok("target_user" in personal.data, "a personal save's data names its target");
     assert.equal(personal.data.target_user, "Sparrow");
 
     // the event as published: every property of the contract

@@ -3,33 +3,25 @@
 // Run `npm run generate` after changing the schemas.
 
 /**
- * Redis pub/sub message on `tomori:cache-invalidation`, published after a successful save: `tomori_state` after a server-wide save, `user` after a personal save (discriminated by `kind`).
+ * Redis pub/sub message on `tomori:cache-invalidation`, published after a successful save: `tomori_state` after a server-wide save, `user` after a personal save (one branch per `kind`).
  */
 export type CacheInvalidation = ServerStateInvalidation | UserInvalidation;
-export type EventId = string;
-export type Kind = "tomori_state";
-export type SchemaVersion = 1;
-export type ServerDiscId = string;
-export type EventId1 = string;
-export type Kind1 = "user";
-export type SchemaVersion1 = 1;
-export type UserDiscId = string;
 
 /**
  * Redis: drop the cached server state after a server-wide save.
  */
 export interface ServerStateInvalidation {
-  event_id: EventId;
-  kind: Kind;
-  schema_version: SchemaVersion;
-  server_disc_id: ServerDiscId;
+  event_id: string;
+  kind: "tomori_state";
+  schema_version: 1;
+  server_disc_id: string;
 }
 /**
  * Redis: drop the cached user after a personal save (the target's Discord id).
  */
 export interface UserInvalidation {
-  event_id: EventId1;
-  kind: Kind1;
-  schema_version: SchemaVersion1;
-  user_disc_id: UserDiscId;
+  event_id: string;
+  kind: "user";
+  schema_version: 1;
+  user_disc_id: string;
 }

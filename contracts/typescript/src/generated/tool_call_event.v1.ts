@@ -3,95 +3,65 @@
 // Run `npm run generate` after changing the schemas.
 
 /**
- * Discord snowflake
- */
-export type BotUserDiscId = string;
-/**
- * Discord snowflake
- */
-export type ChannelDiscId = string;
-export type GuildDiscId = string | null;
-export type GlobalName = string | null;
-export type IsBot = boolean;
-export type Nickname = string | null;
-/**
- * Discord snowflake
- */
-export type UserDiscId = string;
-export type Username = string;
-/**
- * @maxItems 1000
- */
-export type GuildMembers = GuildMember[];
-export type Aliases = string[];
-export type DisplayLabel = string;
-export type IsBridge = boolean;
-export type TargetId = string;
-export type Participants = Participant[];
-export type PersonaId = number;
-export type AvatarUrl = string | null;
-export type Username1 = string;
-export type WebhookDiscId = string;
-export type ThreadId = string | null;
-export type TriggeringUserDiscId = string | null;
-export type EventId = string;
-export type IssuedAt = string;
-export type SchemaVersion = 1;
-export type ShardId = number;
-export type ToolCallId = string;
-export type ToolName = "create_long_term_memory" | "remember_this_fact";
-
-/**
- * Shard -> worker: the model called ``create_long_term_memory`` (or its alias).
+ * Shard -> worker: the model called ``create_long_term_memory`` (or its alias). `arguments` is the model's output, verbatim and untrusted: any JSON value (null when absent); the worker judges it and answers bad arguments with memory_save_failed_invalid_args, never a dead letter. The worker ignores unknown keys (CONTRACT.md), so a shard may send more; this schema lists the keys of version 1 and forbids others so that a shard validating what it sends catches a misspelt key (`guild_memberz`) before the worker silently ignores it. A key added to version 1 later is optional and appears here first.
  */
 export interface ToolCallEvent {
-  arguments?: Arguments;
+  arguments?: unknown;
   context: EventContext;
-  event_id: EventId;
-  issued_at: IssuedAt;
-  schema_version: SchemaVersion;
-  shard_id: ShardId;
-  tool_call_id: ToolCallId;
-  tool_name: ToolName;
-}
-export interface Arguments {
-  [k: string]: unknown | undefined;
+  event_id: string;
+  issued_at: string;
+  schema_version: 1;
+  shard_id: number;
+  tool_call_id: string;
+  tool_name: "create_long_term_memory" | "remember_this_fact";
 }
 export interface EventContext {
-  bot_user_disc_id: BotUserDiscId;
-  channel_disc_id: ChannelDiscId;
-  guild_disc_id?: GuildDiscId;
-  guild_members?: GuildMembers;
-  participants?: Participants;
-  persona_id: PersonaId;
+  /**
+   * Discord snowflake
+   */
+  bot_user_disc_id: string;
+  /**
+   * Discord snowflake
+   */
+  channel_disc_id: string;
+  guild_disc_id?: string | null;
+  /**
+   * @maxItems 1000
+   */
+  guild_members?: GuildMember[];
+  participants?: Participant[];
+  persona_id: number;
   reply_via?: ReplyVia | null;
-  thread_id?: ThreadId;
-  triggering_user_disc_id?: TriggeringUserDiscId;
+  thread_id?: string | null;
+  triggering_user_disc_id?: string | null;
 }
 /**
  * A guild member the shard knows; the worker's only view of the guild.
  */
 export interface GuildMember {
-  global_name?: GlobalName;
-  is_bot?: IsBot;
-  nickname?: Nickname;
-  user_disc_id: UserDiscId;
-  username: Username;
+  global_name?: string | null;
+  is_bot?: boolean;
+  nickname?: string | null;
+  /**
+   * Discord snowflake
+   */
+  user_disc_id: string;
+  username: string;
 }
 /**
  * One of the conversation's tool-target references.
  */
 export interface Participant {
-  aliases?: Aliases;
-  display_label: DisplayLabel;
-  is_bridge?: IsBridge;
-  target_id: TargetId;
+  aliases?: string[];
+  display_label: string;
+  is_bridge?: boolean;
+  target_id: string;
 }
 /**
  * Deliver the notice through this webhook (an alter persona) instead of the channel.
  */
 export interface ReplyVia {
-  avatar_url?: AvatarUrl;
-  username: Username1;
-  webhook_disc_id: WebhookDiscId;
+  avatar_url?: string | null;
+  username: string;
+  webhook_disc_id: string;
 }
