@@ -61,7 +61,8 @@ export interface LtmClientOptions {
   /** A result no call receives (see LateResultReason). Default: a warning through `logger`. */
   onLateResult?: (result: ToolResult, info: LateResultInfo) => void | Promise<void>;
   logger?: Logger;
-  /** How many event ids the duplicate filters remember (default 10,000) and for how long (default 1 h). */
+  /** How many event ids the duplicate filters remember (default 100,000) and for how long (default 24 h,
+   * CONTRACT.md section 9: "at least a day"); the oldest go first when the cap is reached. */
   dedupe?: { capacity?: number; ttlMs?: number };
   /** Reconnect backoff: first delay (default 200 ms), cap (default 10 s), retries before the first
    * connection succeeds (default 5: a wrong URL fails `connect`; after that the client retries forever). */
@@ -120,8 +121,8 @@ export class LtmClient {
     }
     this.logger = options.logger ?? consoleLogger;
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    const capacity = options.dedupe?.capacity ?? 10_000;
-    const ttlMs = options.dedupe?.ttlMs ?? 3_600_000;
+    const capacity = options.dedupe?.capacity ?? 100_000;
+    const ttlMs = options.dedupe?.ttlMs ?? 86_400_000;
     this.results = new SeenSet(capacity, ttlMs);
     this.notices = new SeenSet(capacity, ttlMs);
     this.timedOut = new SeenSet(capacity, ttlMs);

@@ -12,7 +12,7 @@ import {
   type UserInvalidation,
 } from "../src/index.js";
 import { GUILD, Inbox, REDIS_URL, SPARROW, Stack } from "./harness.js";
-import { callId, connectClient, worldContext } from "./kit.js";
+import { callId, connectClient, worldContext, type Harnessed } from "./kit.js";
 
 const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
@@ -22,9 +22,10 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
   const users = new Inbox<UserInvalidation>();
   const invalidations = await InvalidationSubscriber.start({ url: REDIS_URL, onServerState: states.push, onUser: users.push });
   let spy: amqp.ChannelModel | null = null;
-  await stack.worker();
-  const kit = await connectClient(stack.amqpUrl);
+  let kit: Harnessed | undefined;
   try {
+    await stack.worker();
+    kit = await connectClient(stack.amqpUrl);
     // a second queue on the events' exchange shows what the kit puts on the wire
     spy = await amqp.connect(stack.amqpUrl);
     const spyChannel = await spy.createChannel();
@@ -96,7 +97,7 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
     assert.equal(kit.late.items.length, 0);
   } finally {
     await spy?.close().catch(() => {});
-    await kit.client.close();
+    await kit?.client.close();
     await invalidations.close();
     await stack.dispose();
   }
@@ -104,9 +105,10 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
 
 test("bad arguments: memory_save_failed_invalid_args, no notice", async () => {
   const stack = await Stack.create();
-  await stack.worker();
-  const kit = await connectClient(stack.amqpUrl);
+  let kit: Harnessed | undefined;
   try {
+    await stack.worker();
+    kit = await connectClient(stack.amqpUrl);
     const notAnObject = await kit.client.createMemory({
       toolCallId: callId(),
       arguments: "remember that",
@@ -128,16 +130,17 @@ test("bad arguments: memory_save_failed_invalid_args, no notice", async () => {
     assert.equal(count.rows[0].n, 0);
     assert.equal(kit.late.items.length, 0);
   } finally {
-    await kit.client.close();
+    await kit?.client.close();
     await stack.dispose();
   }
 });
 
 test("a result re-emitted after a worker restart (replayed: true) is dropped: the call got exactly one", async () => {
   const stack = await Stack.create();
-  const first = await stack.worker();
-  const kit = await connectClient(stack.amqpUrl);
+  let kit: Harnessed | undefined;
   try {
+    const first = await stack.worker();
+    kit = await connectClient(stack.amqpUrl);
     const request = {
       toolCallId: callId(),
       arguments: { memory_content: "{user} likes tea", memory_scope: "server_wide" },
@@ -187,7 +190,7 @@ test("a result re-emitted after a worker restart (replayed: true) is dropped: th
     const count = await stack.db.query("SELECT count(*)::int AS n FROM server_memories");
     assert.equal(count.rows[0].n, 1);
   } finally {
-    await kit.client.close();
+    await kit?.client.close();
     await stack.dispose();
   }
 });
