@@ -19,7 +19,7 @@ test("a broker restart mid-call: the unconfirmed event is republished, every cal
             toolCallId,
             arguments: { memory_content: content, memory_scope: "server_wide" },
             context: worldContext(stack.personaId),
-            timeoutMs: 60_000,
+            timeoutMs: 30_000,
           });
         assert.equal((await save("before")).status, "memory_saved_successfully");
 

@@ -173,6 +173,20 @@ export class WorkerProcess {
   }
 }
 
+/** A vhost of its own on the machine's broker (guest may do anything in it); `delete()` removes it. */
+export async function createVhost(): Promise<{ url: string; delete: () => Promise<void> }> {
+  const vhost = `ltm-ts-${hex()}`;
+  await rabbitmqctl(["add_vhost", vhost]);
+  const user = decodeURIComponent(new URL(RABBITMQ_URL).username || "guest");
+  await rabbitmqctl(["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]);
+  return {
+    url: withVhost(RABBITMQ_URL, vhost),
+    delete: async () => {
+      await rabbitmqctl(["delete_vhost", vhost]).catch(() => {});
+    },
+  };
+}
+
 export interface StackOptions {
   /** a RabbitMQ URL of another broker (a private node); its vhost is used as it is */
   rabbitmqUrl?: string;

@@ -135,7 +135,7 @@ test("bad arguments: memory_save_failed_invalid_args, no notice", async () => {
   }
 });
 
-test("a result re-emitted after a worker restart (replayed: true) is dropped: the call got exactly one", async () => {
+test("a result and notice re-emitted after a worker restart (replayed: true) are dropped: one result, one notice", async () => {
   const stack = await Stack.create();
   let kit: Harnessed | undefined;
   try {
@@ -185,6 +185,11 @@ test("a result re-emitted after a worker restart (replayed: true) is dropped: th
     );
     assert.equal(dropped.fields.replayed, true);
     assert.equal(dropped.fields.status, "memory_saved_successfully");
+    // the re-emit carries the notice again: shown once all the same
+    await kit.log.waitFor(
+      "the re-emitted notice to be dropped",
+      (line) => line.message === "duplicate notice dropped" && line.fields.eventId === result.event_id,
+    );
     assert.equal(kit.late.items.length, 0, "a same-status copy must not reach onLateResult");
     assert.equal(kit.notices.items.filter((n) => n.event_id === result.event_id).length, 1);
     const count = await stack.db.query("SELECT count(*)::int AS n FROM server_memories");

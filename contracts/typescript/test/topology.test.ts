@@ -1,0 +1,75 @@
+// What the client does when the topology is not there: no exchanges (connect fails), or exchanges but no
+// work queue bound (the publish is returned: LtmUnroutableError). No worker needed.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import * as amqp from "amqplib";
+
+import { LtmClient, LtmUnroutableError } from "../src/index.js";
+import { createVhost } from "./harness.js";
+import { callId, connectClient, recordingLogger, worldContext } from "./kit.js";
+
+test("connect fails when the exchanges do not exist (the client never declares them)", async () => {
+  const vhost = await createVhost();
+  try {
+    const { logger } = recordingLogger();
+    await assert.rejects(
+      LtmClient.connect({ url: vhost.url, shardId: 1, logger, reconnect: { startupRetries: 0 } }),
+      /NOT_FOUND - no exchange 'tomori\.tool_calls'/,
+    );
+    // and it did not create them behind our back
+    const raw = await amqp.connect(vhost.url);
+    try {
+      const channel = await raw.createChannel();
+      channel.on("error", () => {});
+      await assert.rejects(channel.checkExchange("tomori.tool_calls"), /NOT_FOUND/);
+    } finally {
+      await raw.close().catch(() => {});
+    }
+  } finally {
+    await vhost.delete();
+  }
+});
+
+test("an event nothing is bound to is returned by the broker: the call rejects with LtmUnroutableError", async () => {
+  const vhost = await createVhost();
+  try {
+    const raw = await amqp.connect(vhost.url);
+    try {
+      const channel = await raw.createChannel();
+      for (const exchange of ["tomori.tool_calls", "tomori.tool_results", "tomori.notifications"]) {
+        await channel.assertExchange(exchange, "topic", { durable: true });
+      }
+    } finally {
+      await raw.close();
+    }
+    const kit = await connectClient(vhost.url);
+    try {
+      const error = await kit.client
+        .createMemory({ toolCallId: callId(), arguments: { memory_content: "x" }, context: worldContext(7) })
+        .then(
+          () => assert.fail("an unroutable event resolved"),
+          (e: unknown) => e,
+        );
+      assert.ok(error instanceof LtmUnroutableError, String(error));
+      assert.equal(error.routingKey, "tool.create_long_term_memory");
+      assert.match(error.message, /NO_ROUTE/);
+      assert.equal(kit.client.inFlight, 0);
+      // the shard's own queues were declared and bound by the client
+      const check = await amqp.connect(vhost.url);
+      try {
+        const channel = await check.createChannel();
+        const results = await channel.checkQueue("tomori.shard.3.results");
+        assert.equal(results.consumerCount, 1);
+        const notices = await channel.checkQueue("tomori.shard.3.notifications");
+        assert.equal(notices.consumerCount, 1);
+      } finally {
+        await check.close();
+      }
+    } finally {
+      await kit.client.close();
+    }
+  } finally {
+    await vhost.delete();
+  }
+});
