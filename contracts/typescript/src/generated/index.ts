@@ -6,4 +6,4 @@ export type { CacheInvalidation, ServerStateInvalidation, UserInvalidation } fro
 export type { DeadLetterHeaders } from "./dead_letter_headers.v1.js";
 export type { Notice, Notification } from "./notification.v1.js";
 export type { EventContext, GuildMember, Participant, ReplyVia, ToolCallEvent } from "./tool_call_event.v1.js";
-export type { AmbiguousUserData, DbErrorData, DisabledData, InternalErrorData, InvalidArgsData, InvalidContentData, PersonalLimitExceededData, PrivacyRestrictedData, ResultData, SavedServerWideData, SavedTargetUserData, ServerLimitExceededData, Status, ToolResult, UserNotFoundData } from "./tool_result.v1.js";
+export type { AmbiguousUserData, AmbiguousUserResult, DbErrorData, DbErrorResult, DisabledData, DisabledResult, InternalErrorData, InternalErrorResult, InvalidArgsData, InvalidArgsResult, InvalidContentData, InvalidContentResult, LimitExceededResult, PersonalLimitExceededData, PrivacyRestrictedData, PrivacyRestrictedResult, SavedResult, SavedServerWideData, SavedTargetUserData, ServerLimitExceededData, ToolResult, UserNotFoundData, UserNotFoundResult } from "./tool_result.v1.js";

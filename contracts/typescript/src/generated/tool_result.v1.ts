@@ -5,118 +5,34 @@
 /**
  * Worker -> shard: exactly one logical result per event (may be re-emitted with ``replayed``). One branch per status: `success`, `message`, `error` and the keys of `data` follow from `status`.
  */
-export type ToolResult = {
-  data: ResultData;
-  error: string | null;
+export type ToolResult =
+  | SavedResult
+  | InvalidArgsResult
+  | InvalidContentResult
+  | DisabledResult
+  | LimitExceededResult
+  | AmbiguousUserResult
+  | UserNotFoundResult
+  | PrivacyRestrictedResult
+  | InternalErrorResult
+  | DbErrorResult;
+
+/**
+ * A result with status `memory_saved_successfully`.
+ */
+export interface SavedResult {
+  data: SavedServerWideData | SavedTargetUserData;
+  error: null;
   event_id: string;
-  message: string | null;
+  message: "Memory saved successfully";
   processed_at: string;
   replayed: boolean;
   schema_version: 1;
-  status: Status;
-  success: boolean;
+  status: "memory_saved_successfully";
+  success: true;
   tool_call_id: string;
   tool_name: string;
-} & (
-  | {
-      data: SavedServerWideData | SavedTargetUserData;
-      error: null;
-      message: "Memory saved successfully";
-      status: "memory_saved_successfully";
-      success: true;
-    }
-  | {
-      data: InvalidArgsData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_invalid_args";
-      success: false;
-    }
-  | {
-      data: InvalidContentData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_invalid_content";
-      success: false;
-    }
-  | {
-      data: DisabledData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_disabled";
-      success: false;
-    }
-  | {
-      data: ServerLimitExceededData | PersonalLimitExceededData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_limit_exceeded";
-      success: false;
-    }
-  | {
-      data: AmbiguousUserData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_ambiguous_user";
-      success: false;
-    }
-  | {
-      data: UserNotFoundData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_user_not_found";
-      success: false;
-    }
-  | {
-      data: PrivacyRestrictedData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_privacy_restricted";
-      success: false;
-    }
-  | {
-      data: InternalErrorData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_internal_error";
-      success: false;
-    }
-  | {
-      data: DbErrorData;
-      error: string;
-      message: null;
-      status: "memory_save_failed_db_error";
-      success: false;
-    }
-);
-/**
- * The `data` of a result: the keys contracts/CONTRACT.md lists for its status.
- */
-export type ResultData =
-  | SavedServerWideData
-  | SavedTargetUserData
-  | InvalidArgsData
-  | InvalidContentData
-  | DisabledData
-  | ServerLimitExceededData
-  | PersonalLimitExceededData
-  | AmbiguousUserData
-  | UserNotFoundData
-  | PrivacyRestrictedData
-  | InternalErrorData
-  | DbErrorData;
-export type Status =
-  | "memory_saved_successfully"
-  | "memory_save_failed_invalid_args"
-  | "memory_save_failed_invalid_content"
-  | "memory_save_failed_disabled"
-  | "memory_save_failed_limit_exceeded"
-  | "memory_save_failed_ambiguous_user"
-  | "memory_save_failed_user_not_found"
-  | "memory_save_failed_privacy_restricted"
-  | "memory_save_failed_internal_error"
-  | "memory_save_failed_db_error";
-
+}
 /**
  * ``memory_saved_successfully``: a server-wide memory was saved.
  */
@@ -137,12 +53,44 @@ export interface SavedTargetUserData {
   target_user: string;
 }
 /**
+ * A result with status `memory_save_failed_invalid_args`.
+ */
+export interface InvalidArgsResult {
+  data: InvalidArgsData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_invalid_args";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
+}
+/**
  * ``memory_save_failed_invalid_args``; ``scope`` only when a target_user scope lacked its target.
  */
 export interface InvalidArgsData {
   reason: string;
   scope?: "target_user";
   status: "memory_save_failed_invalid_args";
+}
+/**
+ * A result with status `memory_save_failed_invalid_content`.
+ */
+export interface InvalidContentResult {
+  data: InvalidContentData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_invalid_content";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
 }
 /**
  * ``memory_save_failed_invalid_content``: empty or too long after sanitising.
@@ -152,11 +100,43 @@ export interface InvalidContentData {
   status: "memory_save_failed_invalid_content";
 }
 /**
+ * A result with status `memory_save_failed_disabled`.
+ */
+export interface DisabledResult {
+  data: DisabledData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_disabled";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
+}
+/**
  * ``memory_save_failed_disabled``: self-teaching is off for the server.
  */
 export interface DisabledData {
   reason: string;
   status: "memory_save_failed_disabled";
+}
+/**
+ * A result with status `memory_save_failed_limit_exceeded`.
+ */
+export interface LimitExceededResult {
+  data: ServerLimitExceededData | PersonalLimitExceededData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_limit_exceeded";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
 }
 /**
  * ``memory_save_failed_limit_exceeded`` for the server-wide scope.
@@ -180,6 +160,22 @@ export interface PersonalLimitExceededData {
   target_user: string;
 }
 /**
+ * A result with status `memory_save_failed_ambiguous_user`.
+ */
+export interface AmbiguousUserResult {
+  data: AmbiguousUserData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_ambiguous_user";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
+}
+/**
  * ``memory_save_failed_ambiguous_user``: up to three candidate labels.
  */
 export interface AmbiguousUserData {
@@ -192,12 +188,44 @@ export interface AmbiguousUserData {
   status: "memory_save_failed_ambiguous_user";
 }
 /**
+ * A result with status `memory_save_failed_user_not_found`.
+ */
+export interface UserNotFoundResult {
+  data: UserNotFoundData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_user_not_found";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
+}
+/**
  * ``memory_save_failed_user_not_found``: no such user, or one the bot does not know yet.
  */
 export interface UserNotFoundData {
   reason: string;
   scope: "target_user";
   status: "memory_save_failed_user_not_found";
+}
+/**
+ * A result with status `memory_save_failed_privacy_restricted`.
+ */
+export interface PrivacyRestrictedResult {
+  data: PrivacyRestrictedData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_privacy_restricted";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
 }
 /**
  * ``memory_save_failed_privacy_restricted``: the target restricts personal memories.
@@ -208,11 +236,43 @@ export interface PrivacyRestrictedData {
   status: "memory_save_failed_privacy_restricted";
 }
 /**
+ * A result with status `memory_save_failed_internal_error`.
+ */
+export interface InternalErrorResult {
+  data: InternalErrorData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_internal_error";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
+}
+/**
  * ``memory_save_failed_internal_error``: missing state, lineage 0, or a dead letter's answer.
  */
 export interface InternalErrorData {
   reason: string;
   status: "memory_save_failed_internal_error";
+}
+/**
+ * A result with status `memory_save_failed_db_error`.
+ */
+export interface DbErrorResult {
+  data: DbErrorData;
+  error: string;
+  event_id: string;
+  message: null;
+  processed_at: string;
+  replayed: boolean;
+  schema_version: 1;
+  status: "memory_save_failed_db_error";
+  success: false;
+  tool_call_id: string;
+  tool_name: string;
 }
 /**
  * ``memory_save_failed_db_error``: the database stayed unavailable through every retry.
