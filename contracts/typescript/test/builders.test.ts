@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { InvalidContextError, MAX_GUILD_MEMBERS, SeenSet, buildContext, noticeToEmbed, parseColor, type Notification } from "../src/index.js";
+import { InvalidContextError, MAX_GUILD_MEMBERS, SeenSet, buildContext, noticeToEmbed, parseColor, type Notification, type ToolResult } from "../src/index.js";
 
 const base = {
   guildId: "1150000000000000001",
@@ -129,4 +129,35 @@ test("SeenSet forgets after its TTL and keeps at most its capacity, oldest out f
   assert.equal(seen.has("d"), false);
   seen.set("e", "5");
   assert.equal(seen.size, 1, "expired entries are evicted on insert");
+});
+
+/** What a shard writes to read a result: `status` narrows `data` (this file does not compile otherwise). */
+function describe(result: ToolResult): string {
+  switch (result.status) {
+    case "memory_saved_successfully":
+      return result.data.scope === "target_user"
+        ? `memory ${result.data.memory_id} about ${result.data.target_user}`
+        : `memory ${result.data.memory_id}`;
+    case "memory_save_failed_limit_exceeded":
+      return `limit ${result.data.current_count}/${result.data.max_allowed}: ${result.error}`;
+    default:
+      return result.error;
+  }
+}
+
+test("the generated ToolResult narrows by status", () => {
+  const saved = {
+    schema_version: 1,
+    event_id: "6f1c1a9e-3b0e-4a53-9a55-6a4f0f0b9a11",
+    tool_call_id: "call_1",
+    tool_name: "create_long_term_memory",
+    success: true,
+    status: "memory_saved_successfully",
+    message: "Memory saved successfully",
+    error: null,
+    data: { status: "memory_saved_successfully", scope: "server_wide", memory_id: 123, content_saved: "x" },
+    processed_at: "2026-12-02T08:00:00.120Z",
+    replayed: false,
+  } as const satisfies ToolResult;
+  assert.equal(describe(saved), "memory 123");
 });
