@@ -382,6 +382,14 @@ export class LtmClient {
   private async onResult(result: ToolResult): Promise<void> {
     const eventId = result.event_id;
     const previous = this.results.get(eventId);
+    const call = this.pending.get(eventId);
+    if (call !== undefined) {
+      // a waiting call takes the first result for its event id, also when the id was seen before (a call
+      // retried with the event id of one that timed out gets the stored answer, `replayed: true`)
+      this.results.set(eventId, result.status);
+      this.settle(call, result);
+      return;
+    }
     if (previous === result.status) {
       this.logger.debug("duplicate result dropped", { eventId, status: result.status, replayed: result.replayed });
       return;
@@ -389,11 +397,6 @@ export class LtmClient {
     this.results.set(eventId, result.status);
     if (previous !== undefined) {
       await this.late(result, { reason: "different_status", previousStatus: previous });
-      return;
-    }
-    const call = this.pending.get(eventId);
-    if (call !== undefined) {
-      this.settle(call, result);
       return;
     }
     await this.late(result, { reason: this.timedOut.has(eventId) ? "timed_out" : "unknown" });

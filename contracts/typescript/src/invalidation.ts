@@ -60,7 +60,11 @@ export class InvalidationSubscriber {
     });
     const first = new Promise<void>((resolve, reject) => {
       redis.on("ready", () => {
-        subscriber.subscribe().then(resolve, reject);
+        subscriber.subscribe().then(resolve, (error: unknown) => {
+          reject(error);
+          // after the first time nobody awaits this: drop the connection so the retry strategy tries again
+          if (subscriber.subscriptions > 0 && !subscriber.closed) redis.disconnect(true);
+        });
       });
     });
     await redis.connect();

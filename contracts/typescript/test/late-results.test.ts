@@ -40,6 +40,19 @@ test("no worker: the call times out; the result that comes later goes to onLateR
       // the notice is still delivered once: the memory was saved
       await kit.notices.waitFor("the late notice", (n) => n.event_id === error.eventId);
       assert.equal(kit.late.items.length, 1);
+
+      // retrying with the same event id is safe: the worker answers from its ledger, nothing is saved twice
+      const retried = await kit.client.createMemory({
+        toolCallId,
+        eventId: error.eventId,
+        arguments: { memory_content: "{user} likes rain", memory_scope: "server_wide" },
+        context: worldContext(stack.personaId),
+      });
+      assert.equal(retried.status, "memory_saved_successfully");
+      assert.equal(retried.replayed, true);
+      assert.equal(retried.data.memory_id, late.result.data.memory_id);
+      const count = await stack.db.query("SELECT count(*)::int AS n FROM server_memories");
+      assert.equal(count.rows[0].n, 1);
     } finally {
       await kit.client.close();
     }
