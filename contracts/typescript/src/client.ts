@@ -4,6 +4,7 @@ import * as amqp from "amqplib";
 
 import {
   LtmClosedError,
+  LtmEventTooLargeError,
   LtmPublishRejectedError,
   LtmTimeoutError,
   LtmUnroutableError,
@@ -33,6 +34,9 @@ export function shardQueues(shardId: number): { results: string; notifications: 
  * themselves take a few seconds more, so 30 s covers the whole retry budget with room to spare.
  */
 export const DEFAULT_TIMEOUT_MS = 30_000;
+
+/** CONTRACT.md: a body over 256 KiB is dead-lettered unparsed, and no result is sent for it. */
+export const MAX_EVENT_BYTES = 256 * 1024;
 
 /** Why a result was handed to `onLateResult` instead of a call. */
 export type LateResultReason =
@@ -186,7 +190,8 @@ export class LtmClient {
   /**
    * Publish one tool-call event and resolve with its result. Rejects with LtmTimeoutError when no result
    * arrives in time (the memory may still be saved), LtmUnroutableError when nothing is bound to the
-   * routing key, LtmPublishRejectedError on a broker nack, LtmClosedError on `close()`.
+   * routing key, LtmPublishRejectedError on a broker nack, LtmClosedError on `close()`, and at once with
+   * LtmEventTooLargeError for a body over 256 KiB.
    */
   createMemory(request: CreateMemoryRequest): Promise<ToolResult> {
     if (this.closed) return Promise.reject(new LtmClosedError(null));
@@ -206,12 +211,14 @@ export class LtmClient {
       context: request.context,
     };
     const timeoutMs = request.timeoutMs ?? this.timeoutMs;
+    const body = Buffer.from(JSON.stringify(event));
+    if (body.length > MAX_EVENT_BYTES) return Promise.reject(new LtmEventTooLargeError(eventId, body.length));
     return new Promise<ToolResult>((resolve, reject) => {
       const call: PendingCall = {
         eventId,
         toolCallId: request.toolCallId,
         routingKey: `tool.${toolName}`,
-        body: Buffer.from(JSON.stringify(event)),
+        body,
         headers: request.traceparent === undefined ? {} : { traceparent: request.traceparent },
         confirmed: false,
         timer: setTimeout(() => this.expire(eventId, timeoutMs), timeoutMs),

@@ -45,6 +45,17 @@ export class LtmPublishRejectedError extends LtmClientError {
   }
 }
 
+/** The event's body is over the worker's 256 KiB limit: it would be dead-lettered without an answer. */
+export class LtmEventTooLargeError extends LtmClientError {
+  override name = "LtmEventTooLargeError";
+  constructor(
+    readonly eventId: string,
+    readonly bytes: number,
+  ) {
+    super(`event ${eventId} is ${bytes} bytes, over the contract's 256 KiB: not published (the worker answers no such event)`);
+  }
+}
+
 /** The client was closed while the call waited for its result. */
 export class LtmClosedError extends LtmClientError {
   override name = "LtmClosedError";

@@ -4,6 +4,7 @@ export type { InvalidationKind, NoticeKind, ResultStatus, ToolName } from "./typ
 export {
   DEFAULT_TIMEOUT_MS,
   LtmClient,
+  MAX_EVENT_BYTES,
   NOTIFICATIONS_EXCHANGE,
   TOOL_CALLS_EXCHANGE,
   TOOL_RESULTS_EXCHANGE,
@@ -33,6 +34,7 @@ export {
   InvalidContextError,
   LtmClientError,
   LtmClosedError,
+  LtmEventTooLargeError,
   LtmPublishRejectedError,
   LtmTimeoutError,
   LtmUnroutableError,

@@ -5,7 +5,7 @@ import { test } from "node:test";
 
 import * as amqp from "amqplib";
 
-import { LtmClient, LtmUnroutableError } from "../src/index.js";
+import { LtmClient, LtmEventTooLargeError, LtmUnroutableError } from "../src/index.js";
 import { createVhost } from "./harness.js";
 import { callId, connectClient, recordingLogger, worldContext } from "./kit.js";
 
@@ -54,6 +54,12 @@ test("an event nothing is bound to is returned by the broker: the call rejects w
       assert.ok(error instanceof LtmUnroutableError, String(error));
       assert.equal(error.routingKey, "tool.create_long_term_memory");
       assert.match(error.message, /NO_ROUTE/);
+      assert.equal(kit.client.inFlight, 0);
+      // a body over 256 KiB is refused before it is published (the worker would answer nothing)
+      await assert.rejects(
+        kit.client.createMemory({ toolCallId: callId(), arguments: { memory_content: "x".repeat(300_000) }, context: worldContext(7) }),
+        (e: unknown) => e instanceof LtmEventTooLargeError && e.bytes > 300_000,
+      );
       assert.equal(kit.client.inFlight, 0);
       // the shard's own queues were declared and bound by the client
       const check = await amqp.connect(vhost.url);
