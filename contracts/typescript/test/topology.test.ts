@@ -5,8 +5,8 @@ import { test } from "node:test";
 
 import * as amqp from "amqplib";
 
-import { LtmClient, LtmEventTooLargeError, LtmUnroutableError } from "../src/index.js";
-import { createVhost } from "./harness.js";
+import { LtmClient, LtmClosedError, LtmEventTooLargeError, LtmUnroutableError } from "../src/index.js";
+import { createVhost, waitFor } from "./harness.js";
 import { callId, connectClient, recordingLogger, worldContext } from "./kit.js";
 
 test("connect fails when the exchanges do not exist (the client never declares them)", async () => {
@@ -75,6 +75,37 @@ test("an event nothing is bound to is returned by the broker: the call rejects w
     } finally {
       await kit.client.close();
     }
+  } finally {
+    await vhost.delete();
+  }
+});
+
+test("close() ends the calls still waiting with LtmClosedError; later calls fail at once", async () => {
+  const vhost = await createVhost();
+  try {
+    const raw = await amqp.connect(vhost.url);
+    try {
+      const channel = await raw.createChannel();
+      for (const exchange of ["tomori.tool_calls", "tomori.tool_results", "tomori.notifications"]) {
+        await channel.assertExchange(exchange, "topic", { durable: true });
+      }
+      // a queue that takes the events and never answers, like a stopped worker's
+      await channel.assertQueue("parked", { durable: true });
+      await channel.bindQueue("parked", "tomori.tool_calls", "tool.#");
+    } finally {
+      await raw.close();
+    }
+    const kit = await connectClient(vhost.url);
+    // the outcome is taken at once, so the rejection close() causes is handled when it happens
+    const waiting = kit.client
+      .createMemory({ toolCallId: callId(), arguments: {}, context: worldContext(7) })
+      .then(() => null, (e: unknown) => e);
+    await waitFor("the broker's confirm", () => kit.client.unconfirmed === 0);
+    await kit.client.close();
+    const error = await waiting;
+    assert.ok(error instanceof LtmClosedError, String(error));
+    assert.match(error.message, /may still be saved/);
+    await assert.rejects(kit.client.createMemory({ toolCallId: callId(), arguments: {}, context: worldContext(7) }), LtmClosedError);
   } finally {
     await vhost.delete();
   }
