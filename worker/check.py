@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from worker.config import Settings
 from worker.config import redact_url as redact
 from worker.store.migrate import pending_migrations
+from worker.store.pool import describe_failure
 
 TIMEOUT = 5.0
 
@@ -89,6 +90,8 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         try:
             return await asyncio.wait_for(check(settings), timeout=TIMEOUT * 3)
         except Exception as exc:
+            if name == "postgres":
+                return CheckResult(name, redact(url), False, describe_failure(exc))
             reason = " ".join(str(exc).split()) or type(exc).__name__
             return CheckResult(name, redact(url), False, f"{type(exc).__name__}: {reason}")
 

@@ -319,7 +319,10 @@ def _run_fast(main: Coroutine[Any, Any, int]) -> int:
 
 
 async def _migrate(dsn: str) -> int:
+    import asyncpg
+
     from worker.store.migrate import MigrationError, apply_migrations
+    from worker.store.pool import describe_failure
 
     log = structlog.get_logger("worker.migrate")
     try:
@@ -327,8 +330,14 @@ async def _migrate(dsn: str) -> int:
     except MigrationError as exc:
         log.error("migration refused", error=str(exc))
         return 1
-    except (OSError, ConnectionError) as exc:
-        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=str(exc))
+    except ValueError as exc:  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
+        log.error("invalid Postgres connection string", dsn=redact_url(dsn), error=describe_failure(exc))
+        return 1
+    except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:  # refused, unresolvable, cut mid-way
+        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
+        return 1
+    except asyncpg.PostgresError as exc:  # the server said no: no such database or role, a privilege
+        log.error("migration failed", dsn=redact_url(dsn), error=describe_failure(exc))
         return 1
     if applied:
         log.info("migrations applied", applied=applied)
