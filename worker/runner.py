@@ -16,7 +16,7 @@ import structlog
 
 from worker.backoff import Backoff
 from worker.bootstrap import open_services
-from worker.config import Settings
+from worker.config import Settings, expected_value
 from worker.consumer import Consumer
 from worker.faults import describe
 from worker.settle import Slots
@@ -41,7 +41,13 @@ class Worker:
         """Run until stopped; the exit code (0 after a graceful stop)."""
         self._install_signal_handlers()
         for var, raw, default in self.settings.fallbacks:
-            log.warning("invalid setting, using the default", variable=var, value=raw, default=default)
+            log.warning(
+                "invalid setting, using the default",
+                variable=var,
+                value=raw,
+                default=default,
+                expected=expected_value(var),
+            )
         async with open_services(self.settings, self._stopping) as services:
             if services is None:
                 return 0

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 def cli_env(**settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-    env.update(PYTHONUNBUFFERED="1", LTM_LOG_FORMAT="json", **settings)
+    env.update({"PYTHONUNBUFFERED": "1", "LTM_LOG_FORMAT": "json", **settings})
     return env
 
 
@@ -153,3 +154,102 @@ async def test_run_waits_for_a_missing_database_naming_it(
     assert (
         waits[0]["problem"] == f'InvalidCatalogNameError: database "{urlsplit(dsn).path[1:]}" does not exist'
     )
+
+
+# --- settings that fall back, --version, check --json ----------------------------------------------------
+
+FALLBACKS = {
+    "MAX_SERVER_MEMORIES": "abc",
+    "LTM_HTTP_PORT": "notaport",
+    "LTM_LOG_FORMAT": "xml",
+    "LTM_LOG_LEVEL": "verbose",
+    "LTM_TRACING": "jaeger",
+}
+
+
+def test_version_is_the_installed_packages() -> None:
+    done = worker("--version")
+
+    assert (done.returncode, done.stdout) == (0, f"worker {version('tomoribot-ltm-worker')}\n")
+
+
+async def test_check_lists_every_fallback_as_a_warning_that_does_not_fail_it(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    services = {
+        "LTM_POSTGRES_DSN": migrated_dsn,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }
+    done = worker("check", **services, **FALLBACKS)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warn")]
+    assert warnings == [
+        "warn  MAX_SERVER_MEMORIES='abc' is not an integer > 0; using 100",
+        "warn  LTM_HTTP_PORT='notaport' is not a port number 0..65535 (0 or empty: off); using 0",
+        "warn  LTM_LOG_FORMAT='xml' is not one of auto, json, console; using 'auto'",
+        "warn  LTM_LOG_LEVEL='verbose' is not one of debug, info, warning, error; using 'info'",
+        "warn  LTM_TRACING='jaeger' is not one of off, otlp, console; using 'off'",
+    ]
+    assert done.stdout.splitlines()[-1] == "all dependencies work (5 settings fell back to the default)"
+
+    clean = worker("check", **services)
+    assert clean.returncode == 0
+    assert "warn" not in clean.stdout
+    assert clean.stdout.splitlines()[-1] == "all dependencies work"
+
+
+async def test_check_json_is_one_object_with_the_same_verdict_and_exit_code(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    services = {
+        "LTM_POSTGRES_DSN": migrated_dsn,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }
+    done = worker("check", "--json", **services, LTM_HTTP_PORT="notaport")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert list(report["dependencies"]) == ["postgres", "rabbitmq", "redis"]
+    for name, dependency in report["dependencies"].items():
+        assert set(dependency) == {"ok", "target", "detail", "problem"}, name
+        assert (dependency["ok"], dependency["problem"]) == (True, None), name
+    assert report["dependencies"]["postgres"]["detail"].endswith("schema up to date")
+    assert report["fallbacks"] == [
+        {
+            "variable": "LTM_HTTP_PORT",
+            "value": "notaport",
+            "default": 0,
+            "expected": "a port number 0..65535 (0 or empty: off)",
+        }
+    ]
+
+    broken = worker("check", "--json", **{**services, "LTM_REDIS_URL": "redis://:s3cret@127.0.0.1:1/0"})
+    assert broken.returncode == 1
+    report = json.loads(broken.stdout)
+    assert (report["ok"], report["fallbacks"]) == (False, [])
+    redis = report["dependencies"]["redis"]
+    assert redis["ok"] is False
+    assert redis["target"] == "redis://:***@127.0.0.1:1/0"
+    assert redis["problem"] == redis["detail"]
+    assert redis["problem"].startswith("ConnectionError: ")
+    assert report["dependencies"]["postgres"]["ok"] is True
+
+
+async def test_migrate_warns_about_each_fallback(migrated_dsn: str) -> None:
+    done = worker("migrate", LTM_POSTGRES_DSN=migrated_dsn, LTM_HTTP_PORT="notaport", LTM_LOG_LEVEL="verbose")
+
+    assert done.returncode == 0, done.stderr
+    lines = json_lines(done.stderr)
+    assert [(line["level"], line["event"]) for line in lines] == [
+        ("warning", "invalid setting, using the default"),
+        ("warning", "invalid setting, using the default"),
+        ("info", "schema is up to date"),
+    ]
+    assert [(line["variable"], line["value"], line["default"]) for line in lines[:2]] == [
+        ("LTM_HTTP_PORT", "notaport", 0),
+        ("LTM_LOG_LEVEL", "verbose", "info"),
+    ]
