@@ -1,8 +1,8 @@
 """What a routine connection loss leaves in a worker's log: warnings, never an ERROR an alert would page on.
 
-The broker is never stopped here (other tests share it): one case has RabbitMQ close the worker's
-connection itself (`rabbitmqctl close_connection`, the same Connection.Close 320 a restart sends), the
-other puts the worker behind a proxy that drops the connection and refuses new ones for a while.
+No service is stopped here (other tests share them): one case has RabbitMQ close the worker's connection
+itself (`rabbitmqctl close_connection`, the same Connection.Close 320 a restart sends); the others put a
+dependency behind a proxy that drops its connections and refuses new ones for a while.
 """
 
 from __future__ import annotations
@@ -95,3 +95,47 @@ async def test_a_broker_that_drops_and_refuses_connections_leaves_no_error(stack
     assert all("Connection refused" in line["error"] for line in unavailable), unavailable
     # the reader task's traceback for the dropped socket is gone (it says no more than the worker's line)
     assert not any("Cancelling cause reader exited abnormally" in str(line) for line in worker.lines())
+
+
+@pytest.mark.parametrize(
+    ("cut", "noticed", "recovered"),
+    [
+        ("postgres", "transient fault; retrying later", "event processed"),
+        (
+            "redis",
+            "redis unavailable; invalidations are kept in postgres until it answers",
+            "redis answers again; pending invalidations published",
+        ),
+    ],
+)
+async def test_postgres_or_redis_cut_mid_event_leaves_no_error(
+    stack: Stack, cut: str, noticed: str, recovered: str
+) -> None:
+    """asyncpg and redis-py log no ERROR for a lost connection (asyncpg: one WARNING from its pool)."""
+    proxies = {}
+    for name, url in (("postgres", stack.postgres_dsn), ("redis", stack.redis_url)):
+        parts = urlsplit(url)
+        proxies[name] = await CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 0).start()
+    world = await stack.rows.world()
+    body = event_body(
+        {"memory_content": "through the cut", "memory_scope": "server_wide"}, persona_id=world.persona_id
+    )
+    try:
+        worker = stack.worker(
+            LTM_POSTGRES_DSN=proxies["postgres"].url(stack.postgres_dsn),
+            LTM_REDIS_URL=proxies["redis"].url(stack.redis_url),
+        )
+        await worker.wait_for_log("consuming")
+        async with Shard(stack.rabbitmq_url) as shard:
+            await proxies[cut].cut()
+            await shard.publish(body)
+            await worker.wait_for_log(noticed)  # the client library met the cut
+            await proxies[cut].restore()
+            await worker.wait_for_log(recovered, timeout=45)
+            await shard.wait_for_results([body["event_id"]])
+            assert shard.received.results[body["event_id"]][-1]["success"] is True
+    finally:
+        for proxy in proxies.values():
+            await proxy.close()
+
+    assert errors(worker) == []
