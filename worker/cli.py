@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from worker.config import LOG_FORMATS, LOG_LEVELS, TRACING_MODES, Settings, load_settings, redact_url
-from worker.logs import configure_logging
+from worker.logs import configure_logging, log_fallbacks
 
 ENVIRONMENT_HELP = """
 configuration comes from the environment (see the README for the full table):
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings(env)
     configure_logging(settings.log_format, settings.log_level)
     if args.command == "migrate":
-        _warn_fallbacks(settings)
+        log_fallbacks(settings.fallbacks)  # `worker run` logs them itself, as it starts
         return asyncio.run(_migrate(settings.postgres_dsn))
     if args.command == "run":
         from worker.http import ListenError
@@ -310,21 +310,6 @@ def _version() -> str:
         return version("tomoribot-ltm-worker")
     except PackageNotFoundError:
         return "unknown"
-
-
-def _warn_fallbacks(settings: Settings) -> None:
-    """Log each setting that fell back to its default (``worker run`` does so itself, as it starts)."""
-    from worker.config import expected_value
-
-    log = structlog.get_logger("worker")
-    for var, raw, default in settings.fallbacks:
-        log.warning(
-            "invalid setting, using the default",
-            variable=var,
-            value=raw,
-            default=default,
-            expected=expected_value(var),
-        )
 
 
 async def _dlq(args: argparse.Namespace, settings: Settings) -> int:

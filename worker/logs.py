@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Iterable
 
 import aiormq.exceptions
 import structlog
+
+from worker.config import expected_value
 
 #: AMQP reply code of a connection the broker closes on purpose: shutdown, restart, maintenance mode, or an
 #: operator's ``rabbitmqctl close_connection``
@@ -84,6 +87,19 @@ class ExpectedDisconnects(logging.Filter):
         if template.startswith("Reconnect attempt failed"):
             return logging.WARNING if len(args) > 2 and is_connection_loss(args[2]) else None
         return None
+
+
+def log_fallbacks(fallbacks: Iterable[tuple[str, str, int | str]]) -> None:
+    """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes."""
+    log = structlog.get_logger("worker")
+    for var, raw, default in fallbacks:
+        log.warning(
+            "invalid setting, using the default",
+            variable=var,
+            value=raw,
+            default=default,
+            expected=expected_value(var),
+        )
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
