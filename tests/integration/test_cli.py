@@ -133,10 +133,11 @@ def test_check_names_a_missing_database_and_a_bad_connection_string(
         assert postgres[1].strip().startswith(problem), done.stdout
 
 
-async def test_run_waits_for_a_missing_database_naming_it(
-    postgres_dsn: str, redis_url: str, tmp_path: Path
+@pytest.mark.parametrize("broken", ["missing database", "bad sslmode"])
+async def test_run_waits_naming_the_postgres_problem_in_one_line(
+    postgres_dsn: str, redis_url: str, tmp_path: Path, broken: str
 ) -> None:
-    dsn = missing_database(postgres_dsn)
+    dsn = missing_database(postgres_dsn) if broken == "missing database" else bad_sslmode(postgres_dsn)
     process = WorkerProcess(
         cli_env(LTM_POSTGRES_DSN=dsn, LTM_REDIS_URL=redis_url), tmp_path / "worker.log"
     ).start()
@@ -149,11 +150,14 @@ async def test_run_waits_for_a_missing_database_naming_it(
 
     text = process.log_path.read_text()
     assert "Traceback" not in text
+    assert "s3cret" not in text
     waits = [line for line in process.lines() if line["event"] == "waiting for dependency"]
     assert waits[0]["dependency"] == "postgres"
-    assert (
-        waits[0]["problem"] == f'InvalidCatalogNameError: database "{urlsplit(dsn).path[1:]}" does not exist'
-    )
+    if broken == "missing database":
+        database = urlsplit(dsn).path[1:]
+        assert waits[0]["problem"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    else:
+        assert waits[0]["problem"].startswith("ClientConfigurationError: `sslmode` parameter must be one of")
 
 
 # --- settings that fall back, --version, check --json ----------------------------------------------------
