@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, WorkerProcess
+from tests.e2e.harness import Shard, WorkerProcess, free_port
 from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
 from tests.services import is_this_machine, run_command
@@ -78,7 +78,12 @@ async def test_a_broker_that_drops_and_refuses_connections_leaves_no_error(stack
     parts = urlsplit(stack.rabbitmq_url)
     proxy = await CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
     try:
-        worker = stack.worker(LTM_RABBITMQ_URL=proxy.url(stack.rabbitmq_url))
+        # the probe port on, so the metrics sampler's own connections meet the outage too
+        worker = stack.worker(
+            LTM_RABBITMQ_URL=proxy.url(stack.rabbitmq_url),
+            LTM_HTTP_PORT=str(free_port()),
+            LTM_METRICS_INTERVAL_SECONDS="1",
+        )
         await worker.wait_for_log("consuming")
 
         await proxy.cut()
