@@ -63,10 +63,10 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
         stack.push_async_callback(cache.close)
         readiness = Readiness(cache, metrics)
         if settings.http_port > 0:
-            http = HealthServer(settings.http_port, readiness.check, metrics)
+            http = HealthServer(settings.http_port, readiness.check, metrics, host=settings.http_host)
             await http.start()
             stack.push_async_callback(http.close)
-            log.info("probe endpoint listening", port=settings.http_port)
+            log.info("probe endpoint listening", host=settings.http_host, port=settings.http_port)
             # queue depths and dependency state for /metrics: sampled only when something can scrape them
             sampler = Sampler(
                 settings.rabbitmq_url,

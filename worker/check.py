@@ -1,7 +1,8 @@
 """``worker check``: try every dependency with the current configuration and say what works.
 
-For a person setting the worker up: one line per dependency, what was tried and what answered.
-Exit 0 when everything works, 1 otherwise.
+For a person setting the worker up: one line per dependency, what was tried and what answered, then a
+warning per setting that fell back to its default; or, with ``--json``, the same as one JSON object for a
+script. Exit 0 when every dependency works (fallbacks are warnings, not failures), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aio_pika
 import asyncpg
 import redis.asyncio as aioredis
 
-from worker.config import Settings
+from worker.config import Settings, expected_value
 from worker.config import redact_url as redact
 from worker.store.migrate import pending_migrations
+from worker.store.pool import describe_failure
 
 TIMEOUT = 5.0
 
@@ -89,17 +92,53 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         try:
             return await asyncio.wait_for(check(settings), timeout=TIMEOUT * 3)
         except Exception as exc:
+            if name == "postgres":
+                return CheckResult(name, redact(url), False, describe_failure(exc))
             reason = " ".join(str(exc).split()) or type(exc).__name__
             return CheckResult(name, redact(url), False, f"{type(exc).__name__}: {reason}")
 
     return list(await asyncio.gather(*(guarded(*c) for c in checks)))
 
 
-def render(results: list[CheckResult]) -> str:
+Fallback = tuple[str, str, int | str]
+
+
+def fallback_line(fallback: Fallback) -> str:
+    """``LTM_HTTP_PORT='notaport' is not a port number 0..65535 (...); using 0``, for people."""
+    var, raw, default = fallback
+    return f"{var}={raw!r} is not {expected_value(var)}; using {default!r}"
+
+
+def render(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> str:
+    """The report for a terminal: a line pair per dependency, a ``warn`` line per fallback, the verdict."""
     lines = []
     for r in results:
         mark = "ok  " if r.ok else "FAIL"
         lines.append(f"{mark}  {r.dependency:<9} {r.target}\n      {r.detail}")
+    lines.extend(f"warn  {fallback_line(fallback)}" for fallback in fallbacks)
     failed = [r.dependency for r in results if not r.ok]
-    lines.append("all dependencies work" if not failed else f"not working: {', '.join(failed)}")
+    verdict = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+    if fallbacks:
+        verdict += f" ({len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default)"
+    lines.append(verdict)
     return "\n".join(lines)
+
+
+def as_json(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> dict[str, Any]:
+    """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives."""
+    return {
+        "ok": all(r.ok for r in results),
+        "dependencies": {
+            r.dependency: {
+                "ok": r.ok,
+                "target": r.target,
+                "detail": r.detail,
+                "problem": None if r.ok else r.detail,
+            }
+            for r in results
+        },
+        "fallbacks": [
+            {"variable": var, "value": raw, "default": default, "expected": expected_value(var)}
+            for var, raw, default in fallbacks
+        ],
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -13,8 +14,8 @@ from typing import Any
 
 import structlog
 
-from worker.config import TRACING_MODES, Settings, load_settings, redact_url
-from worker.logs import configure_logging
+from worker.config import LOG_FORMATS, LOG_LEVELS, TRACING_MODES, Settings, load_settings, redact_url
+from worker.logs import configure_logging, log_fallbacks
 
 ENVIRONMENT_HELP = """
 configuration comes from the environment (see the README for the full table):
@@ -24,9 +25,11 @@ configuration comes from the environment (see the README for the full table):
   MAX_SERVER_MEMORIES, MAX_PERSONAL_MEMORIES, MAX_MEMORY_LENGTH   limits (100, 100, 1000)
   LTM_RETRY_MAX_ATTEMPTS, LTM_RETRY_BASE_DELAY_MS, LTM_RETRY_MAX_DELAY_MS   retries (5, 1000, 60000)
   LTM_PREFETCH, LTM_CONCURRENCY, LTM_POSTGRES_POOL_SIZE, LTM_SHUTDOWN_GRACE_SECONDS (64, 32, 10, 30)
-  LTM_LOG_FORMAT, LTM_LOG_LEVEL, LTM_HTTP_PORT   logs (auto, info) and the probe endpoint (0 = off)
+  LTM_LOG_FORMAT, LTM_LOG_LEVEL   logs (auto, info)
+  LTM_HTTP_PORT, LTM_HTTP_HOST    the probe endpoint: port (0 = off) and address (127.0.0.1)
   LTM_TRACING        OpenTelemetry spans: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (off)
-command-line options override the environment.
+command-line options override the environment; a value a setting does not take falls back to its
+default with a warning (`worker check` lists them).
 """
 
 
@@ -38,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     migrate = commands.add_parser(
@@ -71,14 +75,17 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="how long a stop waits for in-flight events (env LTM_SHUTDOWN_GRACE_SECONDS, 30)",
     )
-    run.add_argument("--log-format", choices=("auto", "json", "console"), help="env LTM_LOG_FORMAT (auto)")
-    run.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), help="env LTM_LOG_LEVEL (info)"
-    )
+    run.add_argument("--log-format", choices=LOG_FORMATS, help="env LTM_LOG_FORMAT (auto)")
+    run.add_argument("--log-level", choices=LOG_LEVELS, help="env LTM_LOG_LEVEL (info)")
     run.add_argument(
         "--http-port",
         type=int,
         help="serve /healthz, /readyz and /metrics on this port (env LTM_HTTP_PORT; 0 = off, the default)",
+    )
+    run.add_argument(
+        "--http-host",
+        help="address the probe endpoint listens on; 0.0.0.0 for every interface "
+        "(env LTM_HTTP_HOST; 127.0.0.1)",
     )
     run.add_argument(
         "--tracing",
@@ -91,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
         help="test every connection with the current configuration",
         description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
         "and "
-        "Redis with the current configuration; print what works and what does not. Exit 0 when everything "
+        "Redis with the current configuration; print what works and what does not, and every setting that "
+        "fell back to its default (a warning: it does not fail the check). Exit 0 when every dependency "
         "works, 1 otherwise.",
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -99,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--postgres-dsn", help="Postgres connection string (env LTM_POSTGRES_DSN)")
     check.add_argument("--rabbitmq-url", help="AMQP URL with vhost (env LTM_RABBITMQ_URL)")
     check.add_argument("--redis-url", help="Redis URL (env LTM_REDIS_URL)")
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem), "
+        "fallbacks (variable, value, default, expected); same exit codes",
+    )
     _add_dlq_parser(commands)
     from worker.bench.options import add_bench_parser
 
@@ -232,6 +246,7 @@ _OPTION_ENV = {
     "log_format": "LTM_LOG_FORMAT",
     "log_level": "LTM_LOG_LEVEL",
     "http_port": "LTM_HTTP_PORT",
+    "http_host": "LTM_HTTP_HOST",
     "tracing": "LTM_TRACING",
 }
 
@@ -247,16 +262,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings(env)
     configure_logging(settings.log_format, settings.log_level)
     if args.command == "migrate":
+        log_fallbacks(settings.fallbacks)  # `worker run` logs them itself, as it starts
         return asyncio.run(_migrate(settings.postgres_dsn))
     if args.command == "run":
+        from worker.http import ListenError
         from worker.runner import Worker
 
-        return _run_fast(Worker(settings).run())
+        try:
+            return _run_fast(Worker(settings).run())
+        except ListenError as exc:
+            structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
+            return 1
     if args.command == "check":
-        from worker.check import render, run_checks
+        from worker.check import as_json, render, run_checks
 
         results = asyncio.run(run_checks(settings))
-        print(render(results))
+        if args.json:
+            print(json.dumps(as_json(results, settings.fallbacks)))
+        else:
+            print(render(results, settings.fallbacks))
         return 0 if all(r.ok for r in results) else 1
     if args.command == "dlq":
         from worker.dlq import EXIT_INTERRUPTED
@@ -276,6 +300,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return bench(args)
     return 2
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), or ``unknown`` when run from a bare tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tomoribot-ltm-worker")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
@@ -319,7 +353,10 @@ def _run_fast(main: Coroutine[Any, Any, int]) -> int:
 
 
 async def _migrate(dsn: str) -> int:
+    import asyncpg
+
     from worker.store.migrate import MigrationError, apply_migrations
+    from worker.store.pool import describe_failure
 
     log = structlog.get_logger("worker.migrate")
     try:
@@ -327,8 +364,14 @@ async def _migrate(dsn: str) -> int:
     except MigrationError as exc:
         log.error("migration refused", error=str(exc))
         return 1
-    except (OSError, ConnectionError) as exc:
-        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=str(exc))
+    except ValueError as exc:  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
+        log.error("invalid Postgres connection string", dsn=redact_url(dsn), error=describe_failure(exc))
+        return 1
+    except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:  # refused, unresolvable, cut mid-way
+        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
+        return 1
+    except asyncpg.PostgresError as exc:  # the server said no: no such database or role, a privilege
+        log.error("migration failed", dsn=redact_url(dsn), error=describe_failure(exc))
         return 1
     if applied:
         log.info("migrations applied", applied=applied)

@@ -2,7 +2,9 @@
 
 Every variable is listed in the README. Integer settings follow the original bot's parse
 (``Number.parseInt``: leading digits count, so ``"12abc"`` is 12); a value that is not an integer > 0
-falls back to the default and the fallback is reported as a warning.
+falls back to the default. So does every other setting given a value it does not take (a port that is no
+port, an unknown log format, level or tracing mode): each fallback is recorded in ``Settings.fallbacks``,
+which ``worker run`` and ``worker migrate`` log as warnings and ``worker check`` lists.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 #: LTM_TRACING values (worker/tracing.py)
 TRACING_MODES = ("off", "otlp", "console")
+#: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/logs.py)
+LOG_FORMATS = ("auto", "json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: where the probe and metrics endpoint listens unless LTM_HTTP_HOST says otherwise: this host only
+DEFAULT_HTTP_HOST = "127.0.0.1"
 
 
 def redact_url(url: str) -> str:
@@ -47,6 +54,16 @@ def parse_positive_int(raw: str | None, default: int) -> tuple[int, bool]:
     if value <= 0:
         return default, True
     return value, False
+
+
+def parse_port(raw: str) -> int | None:
+    """A TCP port 0..65535 (empty is 0: off), or None when ``raw`` is not one."""
+    text = raw.strip()
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        return None
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +110,8 @@ class Settings:
     log_format: str = "auto"
     log_level: str = "info"
     http_port: int = 0
+    #: address the probe endpoint binds (``0.0.0.0`` for every interface, as in a container)
+    http_host: str = DEFAULT_HTTP_HOST
     #: how often queue depths and dependency state are sampled for /metrics (worker/sampler.py)
     metrics_interval_seconds: int = 15
     #: OpenTelemetry spans: ``off``, ``otlp`` or ``console`` (worker/tracing.py)
@@ -118,6 +137,19 @@ _INT_VARS = {
     "LTM_SHUTDOWN_GRACE_SECONDS": ("shutdown_grace_seconds", 30),
     "LTM_METRICS_INTERVAL_SECONDS": ("metrics_interval_seconds", 15),
 }
+#: what each setting that can fall back takes, for the warning and `worker check`
+_EXPECTED = {
+    **{var: "an integer > 0" for var in (*_LIMIT_VARS, *_INT_VARS)},
+    "LTM_HTTP_PORT": "a port number 0..65535 (0 or empty: off)",
+    "LTM_LOG_FORMAT": "one of " + ", ".join(LOG_FORMATS),
+    "LTM_LOG_LEVEL": "one of " + ", ".join(LOG_LEVELS),
+    "LTM_TRACING": "one of " + ", ".join(TRACING_MODES),
+}
+
+
+def expected_value(var: str) -> str:
+    """What the setting ``var`` takes, in words (for the message about a value that fell back)."""
+    return _EXPECTED.get(var, "a valid value")
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -132,24 +164,31 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             fallbacks.append((var, raw, default))
         return value
 
+    def choice(var: str, choices: tuple[str, ...], default: str) -> str:
+        raw = env.get(var) or ""
+        value = raw.strip().lower() or default
+        if value not in choices:
+            fallbacks.append((var, raw, default))
+            return default
+        return value
+
     limits = Limits(**{name: integer(var, default) for var, (name, default) in _LIMIT_VARS.items()})
     ints = {name: integer(var, default) for var, (name, default) in _INT_VARS.items()}
-    http_raw = env.get("LTM_HTTP_PORT", "")
-    http_port = int(http_raw) if http_raw.strip().isdigit() else 0
-    tracing_raw = env.get("LTM_TRACING") or "off"
-    tracing = tracing_raw.strip().lower()
-    if tracing not in TRACING_MODES:
-        fallbacks.append(("LTM_TRACING", tracing_raw, "off"))
-        tracing = "off"
+    http_raw = env.get("LTM_HTTP_PORT") or ""
+    http_port = parse_port(http_raw)
+    if http_port is None:
+        fallbacks.append(("LTM_HTTP_PORT", http_raw, 0))
+        http_port = 0
     return Settings(
         postgres_dsn=env.get("LTM_POSTGRES_DSN") or DEFAULT_POSTGRES_DSN,
         rabbitmq_url=env.get("LTM_RABBITMQ_URL") or DEFAULT_RABBITMQ_URL,
         redis_url=env.get("LTM_REDIS_URL") or DEFAULT_REDIS_URL,
         limits=limits,
-        log_format=(env.get("LTM_LOG_FORMAT") or "auto").lower(),
-        log_level=(env.get("LTM_LOG_LEVEL") or "info").lower(),
+        log_format=choice("LTM_LOG_FORMAT", LOG_FORMATS, "auto"),
+        log_level=choice("LTM_LOG_LEVEL", LOG_LEVELS, "info"),
         http_port=http_port,
-        tracing=tracing,
+        http_host=(env.get("LTM_HTTP_HOST") or "").strip() or DEFAULT_HTTP_HOST,
+        tracing=choice("LTM_TRACING", TRACING_MODES, "off"),
         retry_max_attempts=ints["retry_max_attempts"],
         retry_base_delay_ms=ints["retry_base_delay_ms"],
         retry_max_delay_ms=ints["retry_max_delay_ms"],

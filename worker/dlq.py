@@ -49,7 +49,7 @@ from worker.config import redact_url as redact
 REPLAYED_AT = "x-ltm-replayed-at"
 REPLAY_COUNT = "x-ltm-replay-count"
 
-EXIT_OK = 0
+EXIT_OK = 0  # also when nothing was selected: an empty list, or nothing to replay or purge, is an answer
 EXIT_FAILED = 1  # show: not found; replay: some could not be republished; purge: declined
 EXIT_USAGE = 2  # bad options; purge without --yes and without a terminal to ask on
 EXIT_UNREACHABLE = 3  # RabbitMQ cannot be reached (or the connection died mid-way)
@@ -58,7 +58,7 @@ EXIT_INTERRUPTED = 130
 
 EXIT_CODES_HELP = """
 exit codes:
-  0  done
+  0  done, also when nothing matched (list prints no lines; replay and purge move or delete 0)
   1  show: no such dead letter; replay: some dead letters could not be republished (they stay in the DLQ);
      purge: not confirmed
   2  bad options; purge without --yes when stdin is not a terminal
@@ -872,10 +872,13 @@ async def list_command(
 
     async def run() -> int:
         async with open_dead_letters(url, topology) as dlq:
-            if not as_json:
-                console.out.write(list_header() + "\n")
+            headed = as_json  # JSON lines have no header; the table's comes with its first row
 
             def emit(found: Found, now: datetime) -> None:
+                nonlocal headed
+                if not headed:
+                    console.out.write(list_header() + "\n")
+                    headed = True
                 line = json_line(found.letter) if as_json else list_line(found.letter, now)
                 console.out.write(line + "\n")
 

@@ -1,17 +1,20 @@
 """A small HTTP endpoint for probes and scraping: ``/healthz``, ``/readyz``, ``/metrics``.
 
-Off unless ``LTM_HTTP_PORT`` is set. Plain asyncio streams, GET only: a probe endpoint needs no web
-framework, and the worker stays free of one.
+Off unless ``LTM_HTTP_PORT`` is set; it listens on ``LTM_HTTP_HOST`` (``127.0.0.1`` unless set, so a bare
+host does not expose its metrics on every interface; the container image sets ``0.0.0.0``). Plain asyncio
+streams, GET only: a probe endpoint needs no web framework, and the worker stays free of one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 
 import orjson
 
+from worker.config import DEFAULT_HTTP_HOST
 from worker.metrics import Metrics
 
 #: answers {dependency: None when it works, else what is wrong}
@@ -20,10 +23,16 @@ ReadinessCheck = Callable[[], Awaitable[dict[str, str | None]]]
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
+class ListenError(Exception):
+    """The probe endpoint could not listen on its address (port taken, address not on this host)."""
+
+
 class HealthServer:
     """Serves the probes of one worker process."""
 
-    def __init__(self, port: int, readiness: ReadinessCheck, metrics: Metrics, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self, port: int, readiness: ReadinessCheck, metrics: Metrics, host: str = DEFAULT_HTTP_HOST
+    ) -> None:
         self.port = port
         self.host = host
         self._readiness = readiness
@@ -31,7 +40,14 @@ class HealthServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        """Listen; :class:`ListenError` names the address when that is not possible."""
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as exc:  # EADDRINUSE, EADDRNOTAVAIL, an unresolvable host name
+            # asyncio's strerror repeats the address: the errno's text says it without
+            errno = exc.errno or 0  # negative for a name-resolution error, whose own text is the reason
+            reason = os.strerror(errno) if errno > 0 else str(exc) or type(exc).__name__
+            raise ListenError(f"cannot listen on {self.host}:{self.port}: {reason}") from exc
 
     async def close(self) -> None:
         if self._server is not None:

@@ -1,17 +1,112 @@
-"""structlog set-up: one JSON object per line when not on a terminal, readable columns on one."""
+"""structlog set-up: one JSON object per line when not on a terminal, readable columns on one.
+
+The standard library's loggers (aiormq, aio-pika, asyncpg, redis) print through the same renderer, with
+their tracebacks as text, and :class:`ExpectedDisconnects` keeps their chatter about a routine connection
+loss (a broker restart, an operator closing a connection) out of ERROR.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+from collections.abc import Iterable
 
+import aiormq.exceptions
 import structlog
+
+from worker.config import expected_value
+
+#: AMQP reply code of a connection the broker closes on purpose: shutdown, restart, maintenance mode, or an
+#: operator's ``rabbitmqctl close_connection``
+CONNECTION_FORCED = 320
+#: a socket refused, reset, timed out, or closed by the peer (EOF)
+_SOCKET_LOSS = (ConnectionError, TimeoutError, asyncio.IncompleteReadError)
+
+
+def is_connection_loss(exc: object) -> bool:
+    """True for an exception that says the peer went away or is not there, not that something is broken.
+
+    A refused, reset or timed-out socket, an EOF, or a broker's forced close (320). Other AMQP closes
+    (access refused, vhost missing, frame errors), TLS and name-resolution failures are problems someone
+    must look at, so they are not.
+    """
+    if isinstance(exc, aiormq.exceptions.ConnectionClosed):
+        return exc.args[:1] == (CONNECTION_FORCED,)
+    if isinstance(exc, aiormq.exceptions.AMQPError):
+        # aiormq wraps the socket's error (a refused connect, an EOF, but also TLS and DNS failures) in
+        # AMQPConnectionError: judge the cause
+        return isinstance(exc.__cause__, _SOCKET_LOSS)
+    return isinstance(exc, _SOCKET_LOSS)
+
+
+class ExpectedDisconnects(logging.Filter):
+    """Lower the client libraries' records about an expected connection loss; leave everything else.
+
+    A routine broker restart makes aiormq log an ERROR for the broker's close and one per refused
+    reconnect, so an alert on ERROR would fire for a planned restart. The worker's own log already says
+    what happened, at WARNING (``rabbitmq connection lost; reconnecting``, ``rabbitmq unavailable``). Only
+    these records change, and only when their exception is a connection loss (:func:`is_connection_loss`):
+
+    - aiormq ``Unexpected connection close from remote`` with reply code 320: WARNING (it carries the
+      broker's reason, which the worker's line does not);
+    - aiormq ``error when creating transport``: DEBUG (the worker's ``rabbitmq unavailable`` repeats it);
+    - aiormq ``Cancelling cause reader exited abnormally`` (a WARNING with the reader task's traceback):
+      DEBUG (the worker's ``rabbitmq connection lost`` says it; the traceback is always the same frames);
+    - aio-pika ``Reconnect attempt failed`` (robust connections): WARNING.
+
+    The messages are matched on their templates: should a library reword one, its record stays at its own
+    level (tests/e2e/test_logs.py notices). Records that end below ``threshold`` are dropped, as the
+    logger's level would have dropped them had they been logged there.
+    """
+
+    def __init__(self, threshold: int) -> None:
+        super().__init__()
+        self.threshold = threshold
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        level = self._lowered(record)
+        if level is None or level >= record.levelno:
+            return True
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        return level >= self.threshold
+
+    @staticmethod
+    def _lowered(record: logging.LogRecord) -> int | None:
+        """The level ``record`` should have, or None to leave it as it is."""
+        if not record.name.startswith(("aiormq", "aio_pika")):
+            return None
+        template, args = str(record.msg), record.args if isinstance(record.args, tuple) else ()
+        if template.startswith("Unexpected connection close from remote"):
+            return logging.WARNING if args[1:2] == (CONNECTION_FORCED,) else None
+        if template.startswith("error when creating transport"):
+            return logging.DEBUG if args and is_connection_loss(args[0]) else None
+        if template.startswith("Cancelling cause reader exited abnormally"):
+            exc = record.exc_info[1] if record.exc_info else None
+            return logging.DEBUG if is_connection_loss(exc) else None
+        if template.startswith("Reconnect attempt failed"):
+            return logging.WARNING if len(args) > 2 and is_connection_loss(args[2]) else None
+        return None
+
+
+def log_fallbacks(fallbacks: Iterable[tuple[str, str, int | str]]) -> None:
+    """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes."""
+    log = structlog.get_logger("worker")
+    for var, raw, default in fallbacks:
+        log.warning(
+            "invalid setting, using the default",
+            variable=var,
+            value=raw,
+            default=default,
+            expected=expected_value(var),
+        )
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     """Configure structlog and the standard library's logging (aio-pika, asyncpg) to print through it.
 
-    ``fmt`` is ``json``, ``console`` or ``auto`` (console on a terminal, JSON elsewhere).
+    ``fmt`` is ``json``, ``console`` or ``auto`` (console on a terminal, JSON elsewhere). An exception
+    renders as text either way: in JSON, an ``exception`` field with the traceback.
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -25,25 +120,31 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     renderer: structlog.types.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if use_console else structlog.processors.JSONRenderer()
     )
+    # the console renderer formats exc_info itself; JSON needs it turned into text first, or it prints the
+    # traceback object's repr
+    exceptions: structlog.types.Processor = (
+        structlog.dev.set_exc_info if use_console else structlog.processors.format_exc_info
+    )
     structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info if not use_console else structlog.dev.set_exc_info,
-            renderer,
-        ],
+        processors=[*shared, structlog.processors.StackInfoRenderer(), exceptions, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # library chatter (aio-pika reconnect traces, asyncpg notices) only from warnings up
+    library_level = max(numeric, logging.WARNING)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                *(() if use_console else (structlog.processors.format_exc_info,)),
+            ],
         )
     )
+    handler.addFilter(ExpectedDisconnects(library_level))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    # library chatter (aio-pika reconnect traces, asyncpg notices) only from warnings up
-    root.setLevel(max(numeric, logging.WARNING))
+    root.setLevel(library_level)

@@ -19,6 +19,7 @@ from worker.bootstrap import open_services
 from worker.config import Settings
 from worker.consumer import Consumer
 from worker.faults import describe
+from worker.logs import log_fallbacks
 from worker.settle import Slots
 
 log = structlog.get_logger("worker")
@@ -40,8 +41,7 @@ class Worker:
     async def run(self) -> int:
         """Run until stopped; the exit code (0 after a graceful stop)."""
         self._install_signal_handlers()
-        for var, raw, default in self.settings.fallbacks:
-            log.warning("invalid setting, using the default", variable=var, value=raw, default=default)
+        log_fallbacks(self.settings.fallbacks)
         async with open_services(self.settings, self._stopping) as services:
             if services is None:
                 return 0

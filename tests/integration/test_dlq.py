@@ -585,3 +585,31 @@ async def test_a_vhost_without_the_dlq_exits_4(rabbitmq_url: str) -> None:
         vhost = dlq.vhost_of(rabbitmq_url)
         assert f"queue ltm.create_memory.dlq does not exist on vhost '{vhost}'" in ran.err
         assert "has `worker run` ever started here?" in ran.err
+
+
+# --- nothing selected: an answer, not a failure ------------------------------------------------------------
+
+
+async def test_nothing_selected_exits_0_and_a_missing_event_id_exits_1(
+    broker: Broker, seeded: Seeded
+) -> None:
+    nothing = ("--kind", "nothing_like_this")
+    for args in (("list", *nothing), ("list", "--json", *nothing)):
+        ran = await cli(*args, url=broker.url)
+        assert (ran.code, ran.out, ran.err) == (0, "", "0 of 5 dead letters in ltm.create_memory.dlq\n"), args
+    replayed = await cli("replay", *nothing, url=broker.url)
+    assert (replayed.code, replayed.out) == (0, "moved 0, kept 5\n"), replayed.err
+    purged = await cli("purge", "--yes", *nothing, url=broker.url)
+    assert (purged.code, purged.out) == (0, "deleted 0, kept 5\n"), purged.err
+    assert await broker.depth(TOPOLOGY.dead_letter_queue) == 5
+
+    missing = str(uuid.uuid4())
+    shown = await cli("show", missing, url=broker.url)
+    assert (shown.code, shown.out) == (1, "")
+    assert shown.err == f"no dead letter with event id {missing} in ltm.create_memory.dlq\n"
+
+
+async def test_an_empty_dlq_lists_no_lines(broker: Broker) -> None:
+    ran = await cli("list", url=broker.url)
+
+    assert (ran.code, ran.out, ran.err) == (0, "", "0 of 0 dead letters in ltm.create_memory.dlq\n")

@@ -207,6 +207,7 @@ def test_the_configmap_holds_valid_worker_settings() -> None:
     settings = load_settings(config_data())
     assert settings.fallbacks == ()
     assert settings.http_port == 8080
+    assert settings.http_host == "0.0.0.0"  # the kubelet probes the pod's address, not its loopback
     config_source = (REPO / "worker" / "config.py").read_text(encoding="utf-8")
     secret_keys = set(one("Secret", "ltm-worker-secrets")["stringData"])
     for key in set(config_data()) | secret_keys:
@@ -360,6 +361,7 @@ def test_compose_gives_the_worker_valid_settings_and_its_stop_time() -> None:
     env = {key: str(value) for key, value in worker["environment"].items()}
     settings = load_settings(env)
     assert settings.fallbacks == ()
+    assert settings.http_host == "0.0.0.0"
     assert worker["stop_grace_period"] == f"{settings.shutdown_grace_seconds + 10}s"
     assert compose()["services"]["migrate"]["environment"] == worker["environment"]
 
@@ -446,6 +448,8 @@ def test_the_image_is_multi_stage_non_root_and_runs_the_worker() -> None:
     assert last["HEALTHCHECK"].startswith("--")
     assert "CMD" in last["HEALTHCHECK"]
     assert "/healthz" in last["HEALTHCHECK"]
+    env = dict(item.split("=", 1) for kind, value in final if kind == "ENV" for item in value.split())
+    assert (env["LTM_HTTP_PORT"], env["LTM_HTTP_HOST"]) == ("8080", "0.0.0.0")  # probes from outside reach it
     copies = [value for kind, value in final if kind == "COPY"]
     assert copies == ["--from=builder /opt/venv /opt/venv"], (
         "the runtime stage gets the installed package only"

@@ -23,6 +23,15 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     asyncpg's default reset costs a round trip per event."""
 
 
+def describe_failure(exc: BaseException) -> str:
+    """One line naming what went wrong connecting to or talking to Postgres (never the DSN itself)."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    # asyncpg's ClientConfigurationError is a ValueError, and so is what a port that is no number raises
+    if isinstance(exc, ValueError):
+        return f"invalid connection string: {text}"
+    return f"{type(exc).__name__}: {text}"
+
+
 async def create_pool(dsn: str, *, size: int = 10, connect_timeout: float = 10.0) -> asyncpg.Pool:
     """A pool of ``size`` connections whose JSON columns take and give Python values."""
     pool: asyncpg.Pool = await asyncpg.create_pool(

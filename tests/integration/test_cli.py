@@ -1,0 +1,259 @@
+"""The ``worker`` command as an operator meets it: ``migrate``, ``check`` and ``run`` in real processes.
+
+Each failure must be one line naming the problem (passwords redacted) and a non-zero exit, never a Python
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.e2e.harness import REPO, WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def cli_env(**settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
+    env.update({"PYTHONUNBUFFERED": "1", "LTM_LOG_FORMAT": "json", **settings})
+    return env
+
+
+def worker(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """``python -m worker ARGS`` with only ``settings`` in its environment, no terminal on stdin."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env=cli_env(**settings),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+def with_password(dsn: str, password: str) -> str:
+    parts = urlsplit(dsn)
+    user = parts.username or "postgres"
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port or 5432}"))
+
+
+def missing_database(postgres_dsn: str) -> str:
+    return with_database(postgres_dsn, f"ltm_missing_{uuid.uuid4().hex[:12]}")
+
+
+def bad_sslmode(postgres_dsn: str) -> str:
+    return with_password(postgres_dsn, "s3cret") + "?sslmode=bogus"
+
+
+# --- migrate: every Postgres-side failure is one line and exit 1 ----------------------------------------
+
+
+def migrate_failure(dsn: str) -> dict[str, Any]:
+    done = worker("migrate", LTM_POSTGRES_DSN=dsn)
+
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = json_lines(done.stderr)
+    assert line["level"] == "error"
+    return line
+
+
+def test_migrate_names_a_missing_database(postgres_dsn: str) -> None:
+    dsn = missing_database(postgres_dsn)
+    line = migrate_failure(dsn)
+
+    database = urlsplit(dsn).path[1:]
+    assert line["event"] == "migration failed"
+    assert line["error"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    assert line["dsn"] == dsn
+
+
+def test_migrate_names_a_role_that_does_not_exist(postgres_dsn: str) -> None:
+    parts = urlsplit(postgres_dsn)
+    line = migrate_failure(urlunsplit(parts._replace(netloc=f"nobody_here@{parts.hostname}:{parts.port}")))
+
+    assert line["event"] == "migration failed"
+    assert line["error"] == 'InvalidAuthorizationSpecificationError: role "nobody_here" does not exist'
+
+
+def test_migrate_names_an_invalid_connection_string_without_its_password(postgres_dsn: str) -> None:
+    line = migrate_failure(bad_sslmode(postgres_dsn))
+
+    assert line["event"] == "invalid Postgres connection string"
+    assert line["error"].startswith("invalid connection string: `sslmode` parameter must be one of")
+    assert ":***@" in line["dsn"]
+    assert "s3cret" not in json.dumps(line)
+
+
+def test_migrate_names_an_unreachable_server() -> None:
+    line = migrate_failure("postgresql://postgres:s3cret@127.0.0.1:1/postgres")
+
+    assert line["event"] == "cannot reach Postgres"
+    assert line["error"].startswith("ConnectionRefusedError: ")
+    assert line["dsn"] == "postgresql://postgres:***@127.0.0.1:1/postgres"
+
+
+# --- check and run say the same, in their own way --------------------------------------------------------
+
+
+def test_check_names_a_missing_database_and_a_bad_connection_string(
+    postgres_dsn: str, redis_url: str
+) -> None:
+    for dsn, problem in (
+        (missing_database(postgres_dsn), "InvalidCatalogNameError: database "),
+        (bad_sslmode(postgres_dsn), "invalid connection string: `sslmode` parameter must be one of"),
+    ):
+        done = worker("check", LTM_POSTGRES_DSN=dsn, LTM_REDIS_URL=redis_url)
+
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
+        postgres = done.stdout.split("\n", 2)[:2]
+        assert postgres[0].split() == ["FAIL", "postgres", dsn.replace(":s3cret@", ":***@")]
+        assert postgres[1].strip().startswith(problem), done.stdout
+
+
+@pytest.mark.parametrize("broken", ["missing database", "bad sslmode"])
+async def test_run_waits_naming_the_postgres_problem_in_one_line(
+    postgres_dsn: str, redis_url: str, tmp_path: Path, broken: str
+) -> None:
+    dsn = missing_database(postgres_dsn) if broken == "missing database" else bad_sslmode(postgres_dsn)
+    process = WorkerProcess(
+        cli_env(LTM_POSTGRES_DSN=dsn, LTM_REDIS_URL=redis_url), tmp_path / "worker.log"
+    ).start()
+    try:
+        await process.wait_for_log("waiting for dependency")
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+
+    text = process.log_path.read_text()
+    assert "Traceback" not in text
+    assert "s3cret" not in text
+    waits = [line for line in process.lines() if line["event"] == "waiting for dependency"]
+    assert waits[0]["dependency"] == "postgres"
+    if broken == "missing database":
+        database = urlsplit(dsn).path[1:]
+        assert waits[0]["problem"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    else:
+        assert waits[0]["problem"].startswith("ClientConfigurationError: `sslmode` parameter must be one of")
+
+
+# --- settings that fall back, --version, check --json ----------------------------------------------------
+
+FALLBACKS = {
+    "MAX_SERVER_MEMORIES": "abc",
+    "LTM_HTTP_PORT": "notaport",
+    "LTM_LOG_FORMAT": "xml",
+    "LTM_LOG_LEVEL": "verbose",
+    "LTM_TRACING": "jaeger",
+}
+
+
+def test_version_is_the_installed_packages() -> None:
+    done = worker("--version")
+
+    assert (done.returncode, done.stdout) == (0, f"worker {version('tomoribot-ltm-worker')}\n")
+
+
+async def test_check_lists_every_fallback_as_a_warning_that_does_not_fail_it(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    services = {
+        "LTM_POSTGRES_DSN": migrated_dsn,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }
+    done = worker("check", **services, **FALLBACKS)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warn")]
+    assert warnings == [
+        "warn  MAX_SERVER_MEMORIES='abc' is not an integer > 0; using 100",
+        "warn  LTM_HTTP_PORT='notaport' is not a port number 0..65535 (0 or empty: off); using 0",
+        "warn  LTM_LOG_FORMAT='xml' is not one of auto, json, console; using 'auto'",
+        "warn  LTM_LOG_LEVEL='verbose' is not one of debug, info, warning, error; using 'info'",
+        "warn  LTM_TRACING='jaeger' is not one of off, otlp, console; using 'off'",
+    ]
+    assert done.stdout.splitlines()[-1] == "all dependencies work (5 settings fell back to the default)"
+
+    clean = worker("check", **services)
+    assert clean.returncode == 0
+    assert "warn" not in clean.stdout
+    assert clean.stdout.splitlines()[-1] == "all dependencies work"
+
+
+async def test_check_json_is_one_object_with_the_same_verdict_and_exit_code(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    services = {
+        "LTM_POSTGRES_DSN": migrated_dsn,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }
+    done = worker("check", "--json", **services, LTM_HTTP_PORT="notaport")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert list(report["dependencies"]) == ["postgres", "rabbitmq", "redis"]
+    for name, dependency in report["dependencies"].items():
+        assert set(dependency) == {"ok", "target", "detail", "problem"}, name
+        assert (dependency["ok"], dependency["problem"]) == (True, None), name
+    assert report["dependencies"]["postgres"]["detail"].endswith("schema up to date")
+    assert report["fallbacks"] == [
+        {
+            "variable": "LTM_HTTP_PORT",
+            "value": "notaport",
+            "default": 0,
+            "expected": "a port number 0..65535 (0 or empty: off)",
+        }
+    ]
+
+    broken = worker("check", "--json", **{**services, "LTM_REDIS_URL": "redis://:s3cret@127.0.0.1:1/0"})
+    assert broken.returncode == 1
+    report = json.loads(broken.stdout)
+    assert (report["ok"], report["fallbacks"]) == (False, [])
+    redis = report["dependencies"]["redis"]
+    assert redis["ok"] is False
+    assert redis["target"] == "redis://:***@127.0.0.1:1/0"
+    assert redis["problem"] == redis["detail"]
+    assert redis["problem"].startswith("ConnectionError: ")
+    assert report["dependencies"]["postgres"]["ok"] is True
+
+
+async def test_migrate_warns_about_each_fallback(migrated_dsn: str) -> None:
+    done = worker("migrate", LTM_POSTGRES_DSN=migrated_dsn, LTM_HTTP_PORT="notaport", LTM_LOG_LEVEL="verbose")
+
+    assert done.returncode == 0, done.stderr
+    lines = json_lines(done.stderr)
+    assert [(line["level"], line["event"]) for line in lines] == [
+        ("warning", "invalid setting, using the default"),
+        ("warning", "invalid setting, using the default"),
+        ("info", "schema is up to date"),
+    ]
+    assert [(line["variable"], line["value"], line["default"]) for line in lines[:2]] == [
+        ("LTM_HTTP_PORT", "notaport", 0),
+        ("LTM_LOG_LEVEL", "verbose", "info"),
+    ]
