@@ -23,10 +23,18 @@ async def probe(check: Awaitable[Any], timeout: float = 3.0) -> str | None:
     return None
 
 
+class InvalidSetting(Exception):
+    """A setting that can never work (a malformed connection string): nothing to wait for."""
+
+
 async def migrations_problem(dsn: str) -> str | None:
-    """Why the worker cannot use Postgres yet (unreachable, or migrations pending), or None."""
+    """Why the worker cannot use Postgres yet (unreachable, or migrations pending), or None.
+
+    Raises :class:`InvalidSetting` for a connection string that cannot be used at all."""
     try:
         pending = await pending_migrations(dsn)
+    except ValueError as exc:  # asyncpg's ClientConfigurationError is a ValueError
+        raise InvalidSetting(f"invalid Postgres connection string: {' '.join(str(exc).split())}") from exc
     except Exception as exc:
         return describe(exc)
     if pending:

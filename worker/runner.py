@@ -20,6 +20,7 @@ from worker.config import Settings
 from worker.consumer import Consumer
 from worker.faults import describe
 from worker.logs import log_fallbacks
+from worker.probes import InvalidSetting
 from worker.settle import Slots
 
 log = structlog.get_logger("worker")
@@ -42,6 +43,13 @@ class Worker:
         """Run until stopped; the exit code (0 after a graceful stop)."""
         self._install_signal_handlers()
         log_fallbacks(self.settings.fallbacks)
+        try:
+            return await self._run()
+        except InvalidSetting as exc:
+            log.error("cannot start", error=str(exc))
+            return 1
+
+    async def _run(self) -> int:
         async with open_services(self.settings, self._stopping) as services:
             if services is None:
                 return 0

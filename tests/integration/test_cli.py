@@ -133,11 +133,10 @@ def test_check_names_a_missing_database_and_a_bad_connection_string(
         assert postgres[1].strip().startswith(problem), done.stdout
 
 
-@pytest.mark.parametrize("broken", ["missing database", "bad sslmode"])
-async def test_run_waits_naming_the_postgres_problem_in_one_line(
-    postgres_dsn: str, redis_url: str, tmp_path: Path, broken: str
+async def test_run_waits_naming_a_missing_database_in_one_line(
+    postgres_dsn: str, redis_url: str, tmp_path: Path
 ) -> None:
-    dsn = missing_database(postgres_dsn) if broken == "missing database" else bad_sslmode(postgres_dsn)
+    dsn = missing_database(postgres_dsn)
     process = WorkerProcess(
         cli_env(LTM_POSTGRES_DSN=dsn, LTM_REDIS_URL=redis_url), tmp_path / "worker.log"
     ).start()
@@ -153,11 +152,29 @@ async def test_run_waits_naming_the_postgres_problem_in_one_line(
     assert "s3cret" not in text
     waits = [line for line in process.lines() if line["event"] == "waiting for dependency"]
     assert waits[0]["dependency"] == "postgres"
-    if broken == "missing database":
-        database = urlsplit(dsn).path[1:]
-        assert waits[0]["problem"] == f'InvalidCatalogNameError: database "{database}" does not exist'
-    else:
-        assert waits[0]["problem"].startswith("ClientConfigurationError: `sslmode` parameter must be one of")
+    database = urlsplit(dsn).path[1:]
+    assert waits[0]["problem"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+
+
+async def test_run_exits_at_once_on_a_connection_string_that_can_never_work(
+    postgres_dsn: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A malformed DSN does not fix itself: one line naming it, exit 1, no endless wait."""
+    process = WorkerProcess(
+        cli_env(LTM_POSTGRES_DSN=bad_sslmode(postgres_dsn), LTM_REDIS_URL=redis_url), tmp_path / "worker.log"
+    ).start()
+    try:
+        assert await process.wait_exit(timeout=30) == 1
+    finally:
+        process.kill()
+
+    text = process.log_path.read_text()
+    assert "Traceback" not in text
+    assert "s3cret" not in text
+    [line] = [line for line in process.lines() if line["event"] == "cannot start"]
+    assert line["level"] == "error"
+    assert line["error"].startswith("invalid Postgres connection string: `sslmode` parameter must be one of")
+    assert process.count("waiting for dependency") == 0
 
 
 # --- settings that fall back, --version, check --json ----------------------------------------------------
