@@ -16,13 +16,14 @@ import asyncpg
 import structlog
 
 from worker.backoff import Backoff
+from worker.broker.urls import Nodes
 from worker.cache import InvalidationPublisher
 from worker.config import Settings
 from worker.faults import describe
 from worker.http import HealthServer
 from worker.metrics import Metrics
 from worker.outbox import InvalidationOutbox
-from worker.probes import Readiness, migrations_problem, probe
+from worker.probes import InvalidSetting, Readiness, migrations_problem, probe
 from worker.sampler import Sampler, sampled_queues
 from worker.service.batcher import Batcher
 from worker.settle import RetryPolicy
@@ -47,6 +48,8 @@ class Services:
     pool: asyncpg.Pool
     batcher: Batcher
     outbox: InvalidationOutbox
+    #: the RabbitMQ nodes of LTM_RABBITMQ_URL; each reconnect starts with the node after the last one used
+    nodes: Nodes
 
 
 @contextlib.asynccontextmanager
@@ -55,6 +58,10 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
 
     Yields ``None`` when ``stopping`` is set before that. On exit everything is closed in reverse order.
     """
+    try:
+        nodes = Nodes.from_setting(settings.rabbitmq_url)
+    except ValueError as exc:
+        raise InvalidSetting(f"invalid LTM_RABBITMQ_URL: {exc}") from exc
     async with contextlib.AsyncExitStack() as stack:
         metrics = Metrics()
         tracer = create_tracer(settings.tracing, settings.topology.work_queue)
@@ -105,7 +112,7 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
         policy = RetryPolicy(
             settings.retry_max_attempts, settings.retry_base_delay_ms, settings.retry_max_delay_ms
         )
-        yield Services(settings, policy, metrics, tracer, readiness, pool, batcher, outbox)
+        yield Services(settings, policy, metrics, tracer, readiness, pool, batcher, outbox, nodes)
 
 
 async def _wait_for_dependencies(

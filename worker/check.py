@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aio_pika
 import asyncpg
 import redis.asyncio as aioredis
 
+from worker.broker.urls import split_urls
 from worker.config import Settings, expected_value
 from worker.config import redact_url as redact
 from worker.store.migrate import pending_migrations
@@ -48,8 +50,14 @@ async def check_postgres(settings: Settings) -> CheckResult:
 
 
 async def check_rabbitmq(settings: Settings) -> CheckResult:
-    target = redact(settings.rabbitmq_url)
-    connection = await aio_pika.connect(settings.rabbitmq_url, timeout=TIMEOUT)
+    """The first node of ``LTM_RABBITMQ_URL`` (see :func:`check_rabbitmq_node` for every node)."""
+    return await check_rabbitmq_node(split_urls(settings.rabbitmq_url)[0], settings)
+
+
+async def check_rabbitmq_node(url: str, settings: Settings) -> CheckResult:
+    """One RabbitMQ node: its version and the work queue's depth as that node sees it."""
+    target = redact(url)
+    connection = await aio_pika.connect(url, timeout=TIMEOUT)
     try:
         server = connection.transport.connection.server_properties if connection.transport else {}
         version = server.get("version", "?")
@@ -82,7 +90,9 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
     """Every dependency, each with its own timeout; a failure becomes a result naming the error."""
     checks: list[tuple[str, str, Callable[[Settings], Awaitable[CheckResult]]]] = [
         ("postgres", settings.postgres_dsn, check_postgres),
-        ("rabbitmq", settings.rabbitmq_url, check_rabbitmq),
+        # one line per node of a cluster: a node that does not answer fails the check (the worker itself
+        # runs on the others, but the operator asked whether the configuration works as written)
+        *(("rabbitmq", url, partial(check_rabbitmq_node, url)) for url in split_urls(settings.rabbitmq_url)),
         ("redis", settings.redis_url, check_redis),
     ]
 
@@ -116,7 +126,7 @@ def render(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> 
         mark = "ok  " if r.ok else "FAIL"
         lines.append(f"{mark}  {r.dependency:<9} {r.target}\n      {r.detail}")
     lines.extend(f"warn  {fallback_line(fallback)}" for fallback in fallbacks)
-    failed = [r.dependency for r in results if not r.ok]
+    failed = list(dict.fromkeys(r.dependency for r in results if not r.ok))
     verdict = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
     if fallbacks:
         verdict += f" ({len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default)"
@@ -126,19 +136,33 @@ def render(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> 
 
 def as_json(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> dict[str, Any]:
     """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives."""
+    by_dependency: dict[str, list[CheckResult]] = {}
+    for r in results:
+        by_dependency.setdefault(r.dependency, []).append(r)
     return {
         "ok": all(r.ok for r in results),
-        "dependencies": {
-            r.dependency: {
-                "ok": r.ok,
-                "target": r.target,
-                "detail": r.detail,
-                "problem": None if r.ok else r.detail,
-            }
-            for r in results
-        },
+        "dependencies": {name: _dependency_json(found) for name, found in by_dependency.items()},
         "fallbacks": [
             {"variable": var, "value": raw, "default": default, "expected": expected_value(var)}
             for var, raw, default in fallbacks
         ],
+    }
+
+
+def _dependency_json(found: list[CheckResult]) -> dict[str, Any]:
+    """One dependency's entry; several RabbitMQ nodes are one entry (ok when every node is) with a ``nodes``
+    list, the same fields per node."""
+    entries = [
+        {"ok": r.ok, "target": r.target, "detail": r.detail, "problem": None if r.ok else r.detail}
+        for r in found
+    ]
+    if len(entries) == 1:
+        return entries[0]
+    problems = [f"{e['target']}: {e['problem']}" for e in entries if e["problem"]]
+    return {
+        "ok": all(e["ok"] for e in entries),
+        "target": ",".join(str(e["target"]) for e in entries),
+        "detail": "; ".join(f"{e['target']}: {e['detail']}" for e in entries),
+        "problem": "; ".join(problems) or None,
+        "nodes": entries,
     }

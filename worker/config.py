@@ -28,10 +28,24 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_HTTP_HOST = "127.0.0.1"
 
 
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with every password replaced by ``***``, for logs and messages.
+
+    Also for a comma-separated list of URLs (several RabbitMQ nodes, worker/broker/urls.py), a libpq
+    multi-host URI (``postgresql://u:p@a,b/db``) and a libpq keyword DSN (``host=a,b password=...``).
+    """
+    if "://" not in url:
+        return _KEYWORD_PASSWORD.sub(r"\1***", url)
+    return ",".join(_redact_one(part) for part in url.split(","))
+
+
+def _redact_one(url: str) -> str:
+    # a piece of a list or of a multi-host URI without a scheme ("b:5432/db") has no password to hide
+    parts = urlsplit(url) if "://" in url else None
+    if parts is None or parts.password is None:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))

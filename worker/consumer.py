@@ -9,13 +9,13 @@ import contextlib
 import time
 from typing import Any
 
-import aio_pika
 import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from worker.bootstrap import Services
 from worker.broker.publisher import Publisher
 from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
+from worker.config import redact_url
 from worker.faults import describe
 from worker.handler import EventHandler
 from worker.settle import Slots
@@ -46,7 +46,8 @@ class Consumer:
         Raises when the broker cannot be reached or the start-up declarations fail."""
         settings = self._services.settings
         topology = settings.topology
-        connection = await aio_pika.connect(settings.rabbitmq_url, timeout=10)
+        nodes = self._services.nodes
+        connection = await nodes.connect()
         lost = asyncio.Event()
         connection.close_callbacks.add(lambda *_: lost.set())
         try:
@@ -83,7 +84,11 @@ class Consumer:
             tag = await queue.consume(self._on_message, no_ack=False)
             self._services.readiness.set_consuming(True)
             log.info(
-                "consuming", queue=queue.name, prefetch=settings.prefetch, concurrency=settings.concurrency
+                "consuming",
+                queue=queue.name,
+                prefetch=settings.prefetch,
+                concurrency=settings.concurrency,
+                node=redact_url(nodes.current or ""),
             )
             await _first(self._stopping.wait(), lost.wait())
             if self._stopping.is_set() and not lost.is_set():

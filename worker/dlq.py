@@ -42,6 +42,7 @@ from aio_pika.abc import (
 )
 
 from worker.broker.publisher import ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY
+from worker.broker.urls import NoNodeAnswered, connect_any
 from worker.config import Topology
 from worker.config import redact_url as redact
 
@@ -367,7 +368,10 @@ class DeadLetterQueue:
 async def open_dead_letters(url: str, topology: Topology) -> AsyncIterator[DeadLetterQueue]:
     """Connect and check (passive declare on a throwaway channel) that the DLQ exists."""
     try:
-        connection = await aio_pika.connect(url, timeout=CONNECT_TIMEOUT)
+        # several nodes listed: the first that answers serves the whole command
+        connection, url = await connect_any(url, timeout=CONNECT_TIMEOUT)
+    except NoNodeAnswered as exc:
+        raise DlqError(f"cannot reach RabbitMQ: {exc}", EXIT_UNREACHABLE) from None
     except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as exc:
         raise DlqError(
             f"cannot reach RabbitMQ at {redact(url)}: {_connect_reason(exc, url)}", EXIT_UNREACHABLE

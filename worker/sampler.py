@@ -26,6 +26,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from worker.broker.topology import retry_delays, retry_queue_name
+from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.metrics import Metrics
 
@@ -58,7 +59,8 @@ class Sampler:
         refresh_dependencies: Callable[[], Awaitable[object]],
         interval: float = DEFAULT_INTERVAL_SECONDS,
     ) -> None:
-        self._url = rabbitmq_url
+        # several cluster nodes: sample through whichever answers (worker/broker/urls.py)
+        self._nodes = Nodes.from_setting(rabbitmq_url)
         self._queues = tuple(queues)
         self._metrics = metrics
         self._refresh_dependencies = refresh_dependencies
@@ -117,8 +119,8 @@ class Sampler:
 
     async def _open_channel(self) -> AbstractChannel:
         if self._connection is None or self._connection.is_closed:
-            self._connection = await aio_pika.connect(
-                self._url, timeout=10, client_properties={"connection_name": "ltm-worker metrics sampler"}
+            self._connection = await self._nodes.connect(
+                client_properties={"connection_name": "ltm-worker metrics sampler"}
             )
             self._channel = None
         if self._channel is None or self._channel.is_closed:

@@ -40,6 +40,7 @@ from worker.bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Pro
 from worker.bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
 from worker.bench.world import World, build_world
 from worker.broker.topology import declare_topology, retry_delays
+from worker.broker.urls import first_answering
 from worker.config import Settings, load_settings
 from worker.config import redact_url as redact
 from worker.store.pool import create_pool
@@ -128,12 +129,14 @@ async def run_bench(options: BenchOptions) -> BenchReport:
             dsn = await sandbox.new_database()
         progress.say(f"seeding {dsn.rpartition('/')[2]}: {world.counts()}")
         seeded = await seed_database(dsn, world, prefill)
+        # a list of cluster nodes: the bench measures, it does not fail over, so it (shards, declares,
+        # its own workers) uses the first node that answers
         if options.rabbitmq_url:
-            url = options.rabbitmq_url
+            url = await first_answering(options.rabbitmq_url)
             external = options.fleet == "external"
             await check_vhost_is_free(url, topology.work_queue, consumers_allowed=external)
         else:
-            url = await sandbox.new_vhost(settings.rabbitmq_url)
+            url = await sandbox.new_vhost(await first_answering(settings.rabbitmq_url))
         await _declare(url, settings)
 
         shards = Shards(url, options.shards)

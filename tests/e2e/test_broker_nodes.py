@@ -1,0 +1,84 @@
+"""LTM_RABBITMQ_URL listing several nodes, one of them down: the commands use the one that answers, report
+each, and never show a password. (Losing a node of a real cluster: tests/e2e/test_rabbitmq_cluster.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from tests.e2e.conftest import Stack
+from tests.e2e.harness import REPO, Shard, free_port
+from tests.factories import event_body
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "n0de-s3cret"
+
+
+def dead_node(url: str) -> str:
+    """``url`` moved to a port nobody listens on, with a password that must never be shown."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"ltm:{SECRET}@127.0.0.1:{free_port()}"))
+
+
+def run(stack: Stack, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env=stack.env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_check_reports_every_node_and_masks_every_password(stack: Stack) -> None:
+    nodes = f"{dead_node(stack.rabbitmq_url)},{stack.rabbitmq_url}"
+    done = await asyncio.to_thread(run, stack, "check", LTM_RABBITMQ_URL=nodes)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output  # a listed node that does not answer is reported as failing
+    assert SECRET not in output
+    assert re.search(r"^FAIL\s+rabbitmq\s+amqp://ltm:\*\*\*@127\.0\.0\.1:\d+", output, re.M), output
+    assert re.search(r"^ok\s+rabbitmq\s+amqp://", output, re.M), output
+    assert len(re.findall(r"^(?:ok|FAIL)\s+rabbitmq", output, re.M)) == 2, output
+    assert "not working: rabbitmq" in output
+
+
+async def test_worker_and_dlq_use_the_node_that_answers(stack: Stack) -> None:
+    nodes = f"{dead_node(stack.rabbitmq_url)}, {stack.rabbitmq_url}"
+    world = await stack.rows.world()
+    process = stack.worker(LTM_RABBITMQ_URL=nodes)
+    await process.wait_for_log("consuming")
+    [consuming] = [line for line in process.lines() if line.get("event") == "consuming"]
+    assert consuming["node"].endswith(urlsplit(stack.rabbitmq_url).path)
+    assert SECRET not in process.log_path.read_text()
+
+    event = event_body(
+        {"memory_content": "likes failover", "memory_scope": "server_wide"}, persona_id=world.persona_id
+    )
+    async with Shard(stack.rabbitmq_url) as shard:
+        await shard.publish(event)
+        await shard.wait_for_results([event["event_id"]], timeout=30)
+    [result] = shard.received.results[event["event_id"]]
+    assert result["status"] == "memory_saved_successfully"
+
+    listed = await asyncio.to_thread(run, stack, "dlq", "list", LTM_RABBITMQ_URL=nodes)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "0 of 0 dead letters" in listed.stderr  # it reached the broker through the second node
+    assert SECRET not in listed.stdout + listed.stderr
+    unreachable = await asyncio.to_thread(
+        run,
+        stack,
+        "dlq",
+        "list",
+        LTM_RABBITMQ_URL=f"{dead_node(stack.rabbitmq_url)},{dead_node(stack.rabbitmq_url)}",
+    )
+    assert unreachable.returncode == 3, unreachable.stdout + unreachable.stderr
+    assert SECRET not in unreachable.stdout + unreachable.stderr
+    assert "no RabbitMQ node answered" in unreachable.stdout + unreachable.stderr
