@@ -127,7 +127,11 @@ async def _wait_for_dependencies(
         postgres = await migrations_problem(settings.postgres_dsn)
         if postgres is None and pool is None:
             try:
-                pool = await create_pool(settings.postgres_dsn, size=settings.postgres_pool_size)
+                pool = await create_pool(
+                    settings.postgres_dsn,
+                    size=settings.postgres_pool_size,
+                    statement_cache_size=settings.postgres_statement_cache_size,
+                )
             except Exception as exc:
                 postgres = describe(exc)
         if postgres is not None:

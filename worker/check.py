@@ -14,14 +14,13 @@ from functools import partial
 from typing import Any
 
 import aio_pika
-import asyncpg
 import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
 from worker.config import Settings, expected_value
 from worker.config import redact_url as redact
 from worker.store.migrate import pending_migrations
-from worker.store.pool import describe_failure
+from worker.store.pool import connect_once, describe_failure
 
 TIMEOUT = 5.0
 
@@ -36,7 +35,7 @@ class CheckResult:
 
 async def check_postgres(settings: Settings) -> CheckResult:
     target = redact(settings.postgres_dsn)
-    conn = await asyncpg.connect(settings.postgres_dsn, timeout=TIMEOUT)
+    conn = await connect_once(settings.postgres_dsn, timeout=TIMEOUT)
     try:
         version = await conn.fetchval("SHOW server_version")
     finally:

@@ -120,6 +120,9 @@ class Settings:
     prefetch: int = 64
     concurrency: int = 32
     postgres_pool_size: int = 10
+    #: asyncpg's prepared-statement cache per connection; 0 (off) also works through a transaction-pooling
+    #: PgBouncer, which a cache breaks (worker/store/pool.py)
+    postgres_statement_cache_size: int = 0
     shutdown_grace_seconds: int = 30
     log_format: str = "auto"
     log_level: str = "info"
@@ -155,6 +158,7 @@ _INT_VARS = {
 _EXPECTED = {
     **{var: "an integer > 0" for var in (*_LIMIT_VARS, *_INT_VARS)},
     "LTM_HTTP_PORT": "a port number 0..65535 (0 or empty: off)",
+    "LTM_POSTGRES_STATEMENT_CACHE_SIZE": "an integer >= 0 (0: off)",
     "LTM_LOG_FORMAT": "one of " + ", ".join(LOG_FORMATS),
     "LTM_LOG_LEVEL": "one of " + ", ".join(LOG_LEVELS),
     "LTM_TRACING": "one of " + ", ".join(TRACING_MODES),
@@ -193,6 +197,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if http_port is None:
         fallbacks.append(("LTM_HTTP_PORT", http_raw, 0))
         http_port = 0
+    cache_raw = env.get("LTM_POSTGRES_STATEMENT_CACHE_SIZE", "").strip()
+    statement_cache_size = 0
+    if cache_raw:
+        # 0 is the useful value here, so not parse_positive_int: a non-negative integer or the default
+        if cache_raw.isdigit():
+            statement_cache_size = int(cache_raw)
+        else:
+            fallbacks.append(("LTM_POSTGRES_STATEMENT_CACHE_SIZE", cache_raw, 0))
     return Settings(
         postgres_dsn=env.get("LTM_POSTGRES_DSN") or DEFAULT_POSTGRES_DSN,
         rabbitmq_url=env.get("LTM_RABBITMQ_URL") or DEFAULT_RABBITMQ_URL,
@@ -209,6 +221,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         prefetch=ints["prefetch"],
         concurrency=ints["concurrency"],
         postgres_pool_size=ints["postgres_pool_size"],
+        postgres_statement_cache_size=statement_cache_size,
         shutdown_grace_seconds=ints["shutdown_grace_seconds"],
         metrics_interval_seconds=ints["metrics_interval_seconds"],
         fallbacks=tuple(fallbacks),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from tests.e2e.harness import WorkerProcess
+from tests.e2e.pgbouncer import PgBouncer, find_pgbouncer
 from tests.factories import BotRows
 from worker.store.migrate import apply_migrations
 
@@ -55,11 +56,46 @@ class Stack:
             await process.wait_for_log("consuming")
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``pgbouncer`` runs twice: its workers straight to Postgres, then through PgBouncer."""
+    if "stack" in metafunc.fixturenames and metafunc.definition.get_closest_marker("pgbouncer"):
+        metafunc.parametrize("postgres_route", ["direct", "pgbouncer"], indirect=True)
+
+
 @pytest.fixture
-async def stack(postgres_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path) -> AsyncIterator[Stack]:
-    await apply_migrations(postgres_dsn)
+def postgres_route(request: pytest.FixtureRequest, postgres_dsn: str) -> Iterator[PgBouncer | None]:
+    """None (workers connect to Postgres), or a PgBouncer of this test's own in transaction pooling mode,
+    with fewer server connections than the test's workers (tests/e2e/pgbouncer.py)."""
+    if getattr(request, "param", "direct") == "direct":
+        yield None
+        return
+    executable = find_pgbouncer()
+    if executable is None:
+        message = "pgbouncer is not installed: `apt-get install pgbouncer` (.ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    bouncer = PgBouncer(executable, postgres_dsn).start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture
+async def stack(
+    postgres_dsn: str,
+    rabbitmq_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    postgres_route: PgBouncer | None,
+) -> AsyncIterator[Stack]:
+    # the workers (and the migration) go through PgBouncer when routed there; the test's own connection
+    # for rows and checks goes straight to Postgres
+    workers_dsn = postgres_dsn if postgres_route is None else postgres_route.through(postgres_dsn)
+    await apply_migrations(workers_dsn)
     conn = await asyncpg.connect(postgres_dsn)
-    stack = Stack(postgres_dsn, rabbitmq_url, redis_url, tmp_path, BotRows(conn))
+    stack = Stack(workers_dsn, rabbitmq_url, redis_url, tmp_path, BotRows(conn))
     try:
         yield stack
     finally:

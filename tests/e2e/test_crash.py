@@ -25,6 +25,7 @@ EVENTS = 1000
 KILL_AFTER = 300
 
 
+@pytest.mark.pgbouncer
 async def test_sigkill_mid_stream_loses_and_duplicates_nothing(stack: Stack) -> None:
     server_scopes, personal_scopes = await seed_scopes(stack.rows)
     stream = build_stream(EVENTS, server_scopes, personal_scopes, seed=11)

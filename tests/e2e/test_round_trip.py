@@ -16,6 +16,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SPARROW = "1150000000000000201"
 
 
+@pytest.mark.pgbouncer
 async def test_server_and_personal_saves_reach_the_shard_and_redis(stack: Stack) -> None:
     world = await stack.rows.world()
     await stack.rows.user(SPARROW)

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.e2e
 EVENTS = 2000
 
 
+@pytest.mark.pgbouncer
 @pytest.mark.parametrize("workers", [2, 4])
 async def test_workers_share_a_stream_without_duplicates_or_overshoot(stack: Stack, workers: int) -> None:
     server_scopes, personal_scopes = await seed_scopes(stack.rows)

@@ -84,6 +84,7 @@ def _lines_after(worker: WorkerProcess, event: str) -> list[dict[str, object]]:
     return lines[start + 1 :]
 
 
+@pytest.mark.pgbouncer
 async def test_sigterm_finishes_in_flight_events_and_exits_zero(stack: Stack) -> None:
     grace_s = 10
     async with Shard(stack.rabbitmq_url) as shard:

@@ -59,6 +59,8 @@ def own_cpu() -> float:
 async def measure(admin_dsn: str, sizes: Sequence[int], events: int, *, seed: int = 1) -> list[BatchCost]:
     """Run ``events`` events at each batch size in ``sizes`` (fresh events each time) on a fresh database."""
     limits = load_settings({}).limits
+    # the statement cache as the worker would have it here (LTM_POSTGRES_STATEMENT_CACHE_SIZE)
+    cache_size = load_settings().postgres_statement_cache_size
     world = build_world(
         seed=seed, servers=100, personas_per_server=2, users=2000, members_per_server=25, limits=limits
     )
@@ -68,7 +70,7 @@ async def measure(admin_dsn: str, sizes: Sequence[int], events: int, *, seed: in
     try:
         dsn = await sandbox.new_database()
         await seed_database(dsn, world, Prefill(workload.server_memories, workload.personal_memories))
-        pool = await create_pool(dsn, size=1)
+        pool = await create_pool(dsn, size=1, statement_cache_size=cache_size)
         try:
             async with pool.acquire() as conn:
                 pid: int = await conn.fetchval("SELECT pg_backend_pid()")

@@ -368,7 +368,11 @@ async def _postgres_ceiling(
     parsed = ceilings.parse_events(workload.events)
     warm, measured = parsed[: options.warmup], parsed[options.warmup :]
     lanes = settings.concurrency * options.workers
-    pool = await create_pool(dsn, size=settings.postgres_pool_size * options.workers)
+    pool = await create_pool(
+        dsn,
+        size=settings.postgres_pool_size * options.workers,
+        statement_cache_size=settings.postgres_statement_cache_size,
+    )
     try:
         warm_result = await ceilings.play_postgres(
             pool,

@@ -1,8 +1,13 @@
 """Numbered SQL migrations, applied once each, safe to run from many processes at once.
 
-The files live in ``worker/store/migrations`` as ``NNNN_name.sql``. Each runs in its own transaction
-and is recorded in ``ltm_schema_migrations`` with a checksum; a session-level advisory lock makes
-concurrent ``worker migrate`` runs take turns, so the second one finds nothing left to do.
+The files live in ``worker/store/migrations`` as ``NNNN_name.sql``. Every pending one runs in one
+transaction, in order, and is recorded in ``ltm_schema_migrations`` with a checksum: either all of them
+are applied or none. The transaction first takes a transaction-scoped advisory lock, so concurrent
+``worker migrate`` runs take turns and the later ones find nothing left to do.
+
+Transaction-scoped on purpose: it works through PgBouncer in transaction pooling mode, which hands each
+transaction whatever server connection is free. A session lock would be taken on one server connection
+and "released" on another, and stay held on the first until it closes, blocking every later migrate.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
+
+from worker.store.pool import connect_once
 
 #: advisory lock key shared by every ``worker migrate`` (arbitrary, fixed: "LTM" + "MIGR")
 MIGRATION_LOCK_KEY = 0x4C544D_4D494752
@@ -54,14 +61,13 @@ def available_migrations() -> list[Migration]:
 
 
 async def apply_migrations(dsn: str) -> list[str]:
-    """Apply every migration the database has not seen; return the names applied (may be empty)."""
-    conn = await asyncpg.connect(dsn)
+    """Apply every migration the database has not seen, in one transaction; the names applied (may be
+    empty). Raises :class:`MigrationError` (and applies nothing) when an applied migration was edited."""
+    conn = await connect_once(dsn)
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
-        try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
             return await _apply_pending(conn)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
     finally:
         await conn.close()
 
@@ -80,21 +86,20 @@ async def _apply_pending(conn: asyncpg.Connection) -> list[str]:
                     "(checksum differs); ship a new numbered migration instead of editing an applied one"
                 )
             continue
-        async with conn.transaction():
-            await conn.execute(migration.sql)
-            await conn.execute(
-                "INSERT INTO public.ltm_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                migration.version,
-                migration.name,
-                migration.checksum,
-            )
+        await conn.execute(migration.sql)
+        await conn.execute(
+            "INSERT INTO public.ltm_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            migration.version,
+            migration.name,
+            migration.checksum,
+        )
         done.append(f"{migration.version:04d}_{migration.name}")
     return done
 
 
 async def pending_migrations(dsn: str) -> list[str]:
     """Names of the migrations not yet applied (for ``worker check`` and start-up)."""
-    conn = await asyncpg.connect(dsn)
+    conn = await connect_once(dsn)
     try:
         exists = await conn.fetchval("SELECT to_regclass('public.ltm_schema_migrations') IS NOT NULL")
         versions: set[int] = set()
