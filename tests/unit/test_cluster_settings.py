@@ -1,11 +1,11 @@
-"""Several RabbitMQ nodes in one setting, and passwords masked wherever a setting is shown."""
+"""Several RabbitMQ nodes in one setting, passwords masked wherever a setting is shown, pooler settings."""
 
 from __future__ import annotations
 
 import pytest
 
 from worker.broker.urls import split_urls
-from worker.config import redact_url
+from worker.config import load_settings, redact_url
 
 
 def test_a_comma_separated_list_is_split_in_order() -> None:
@@ -38,3 +38,14 @@ def test_an_empty_list_is_refused() -> None:
 )
 def test_every_password_is_masked(value: str, shown: str) -> None:
     assert redact_url(value) == shown
+
+
+@pytest.mark.parametrize(
+    ("raw", "size", "fell_back"),
+    [(None, 0, False), ("", 0, False), ("0", 0, False), ("100", 100, False), ("-1", 0, True), ("x", 0, True)],
+)
+def test_the_statement_cache_is_off_unless_set(raw: str | None, size: int, fell_back: bool) -> None:
+    env = {} if raw is None else {"LTM_POSTGRES_STATEMENT_CACHE_SIZE": raw}
+    settings = load_settings(env)
+    assert settings.postgres_statement_cache_size == size
+    assert any(var == "LTM_POSTGRES_STATEMENT_CACHE_SIZE" for var, _, _ in settings.fallbacks) is fell_back
