@@ -48,11 +48,6 @@ async def check_postgres(settings: Settings) -> CheckResult:
     return CheckResult("postgres", target, True, f"server {version}; schema up to date")
 
 
-async def check_rabbitmq(settings: Settings) -> CheckResult:
-    """The first node of ``LTM_RABBITMQ_URL`` (see :func:`check_rabbitmq_node` for every node)."""
-    return await check_rabbitmq_node(split_urls(settings.rabbitmq_url)[0], settings)
-
-
 async def check_rabbitmq_node(url: str, settings: Settings) -> CheckResult:
     """One RabbitMQ node: its version and the work queue's depth as that node sees it."""
     target = redact(url)

@@ -4,6 +4,7 @@ each, and never show a password. (Losing a node of a real cluster: tests/e2e/tes
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -48,6 +49,14 @@ async def test_check_reports_every_node_and_masks_every_password(stack: Stack) -
     assert re.search(r"^ok\s+rabbitmq\s+amqp://", output, re.M), output
     assert len(re.findall(r"^(?:ok|FAIL)\s+rabbitmq", output, re.M)) == 2, output
     assert "not working: rabbitmq" in output
+
+    as_json = await asyncio.to_thread(run, stack, "check", "--json", LTM_RABBITMQ_URL=nodes)
+    assert as_json.returncode == 1
+    assert SECRET not in as_json.stdout + as_json.stderr
+    rabbitmq = json.loads(as_json.stdout)["dependencies"]["rabbitmq"]
+    assert rabbitmq["ok"] is False  # one entry for the cluster: ok only when every node is
+    assert [node["ok"] for node in rabbitmq["nodes"]] == [False, True]
+    assert rabbitmq["problem"].startswith("amqp://ltm:***@127.0.0.1:")
 
 
 async def test_worker_and_dlq_use_the_node_that_answers(stack: Stack) -> None:
