@@ -52,9 +52,10 @@ RATE = 40
 CALM = 120
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def rabbit_cluster() -> Iterator[RabbitCluster]:
-    """Three nodes joined into one cluster for the session; stopped and removed at its end."""
+    """Three nodes joined into one cluster, started once for this file's tests and stopped and removed after
+    them (not at the session's end: idle nodes would sit on memory while the rest of the suite runs)."""
     bin_dir = find_server()
     if bin_dir is None:
         message = "rabbitmq-server is not installed: the cluster test starts a 3-node cluster from it"
