@@ -8,6 +8,7 @@ These models do no I/O and import nothing from the worker: a shard author reads 
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
 from uuid import UUID
 
@@ -69,23 +70,33 @@ def _reject_number(value: Any) -> Any:
 InboundSchemaVersion = Annotated[Literal[1], BeforeValidator(_reject_bool_and_float)]
 Rfc3339 = Annotated[AwareDatetime, BeforeValidator(_reject_number)]
 
-Status = Literal[
-    "memory_saved_successfully",
-    "memory_save_failed_invalid_args",
-    "memory_save_failed_invalid_content",
-    "memory_save_failed_disabled",
-    "memory_save_failed_limit_exceeded",
-    "memory_save_failed_ambiguous_user",
-    "memory_save_failed_user_not_found",
-    "memory_save_failed_privacy_restricted",
-    "memory_save_failed_internal_error",
-    "memory_save_failed_db_error",
-]
+
+class Status(StrEnum):
+    """A tool result's ``status``: one per way an event can end (SPEC.md, reference 1.3)."""
+
+    SAVED = "memory_saved_successfully"
+    INVALID_ARGS = "memory_save_failed_invalid_args"
+    INVALID_CONTENT = "memory_save_failed_invalid_content"
+    DISABLED = "memory_save_failed_disabled"
+    LIMIT_EXCEEDED = "memory_save_failed_limit_exceeded"
+    AMBIGUOUS_USER = "memory_save_failed_ambiguous_user"
+    USER_NOT_FOUND = "memory_save_failed_user_not_found"
+    PRIVACY_RESTRICTED = "memory_save_failed_privacy_restricted"
+    INTERNAL_ERROR = "memory_save_failed_internal_error"
+    DB_ERROR = "memory_save_failed_db_error"
+
 
 #: ``message`` of a successful result (``null`` on failure, when ``error`` holds the sentence).
 SAVED_MESSAGE = "Memory saved successfully"
 
-DeadLetterKind = Literal["malformed", "schema", "transient_exhausted", "internal"]
+
+class DeadLetterKind(StrEnum):
+    """``x-ltm-error-kind`` of a dead letter the worker writes (CONTRACT.md "Dead letters")."""
+
+    MALFORMED = "malformed"
+    SCHEMA = "schema"
+    TRANSIENT_EXHAUSTED = "transient_exhausted"
+    INTERNAL = "internal"
 
 
 class _Model(BaseModel):
@@ -268,17 +279,17 @@ class DbErrorData(TypedDict):
 
 
 #: Every ``data`` shape, by the status it goes with (the order of :data:`Status`).
-RESULT_DATA: dict[str, tuple[type, ...]] = {
-    "memory_saved_successfully": (SavedServerWideData, SavedTargetUserData),
-    "memory_save_failed_invalid_args": (InvalidArgsData,),
-    "memory_save_failed_invalid_content": (InvalidContentData,),
-    "memory_save_failed_disabled": (DisabledData,),
-    "memory_save_failed_limit_exceeded": (ServerLimitExceededData, PersonalLimitExceededData),
-    "memory_save_failed_ambiguous_user": (AmbiguousUserData,),
-    "memory_save_failed_user_not_found": (UserNotFoundData,),
-    "memory_save_failed_privacy_restricted": (PrivacyRestrictedData,),
-    "memory_save_failed_internal_error": (InternalErrorData,),
-    "memory_save_failed_db_error": (DbErrorData,),
+RESULT_DATA: dict[Status, tuple[type, ...]] = {
+    Status.SAVED: (SavedServerWideData, SavedTargetUserData),
+    Status.INVALID_ARGS: (InvalidArgsData,),
+    Status.INVALID_CONTENT: (InvalidContentData,),
+    Status.DISABLED: (DisabledData,),
+    Status.LIMIT_EXCEEDED: (ServerLimitExceededData, PersonalLimitExceededData),
+    Status.AMBIGUOUS_USER: (AmbiguousUserData,),
+    Status.USER_NOT_FOUND: (UserNotFoundData,),
+    Status.PRIVACY_RESTRICTED: (PrivacyRestrictedData,),
+    Status.INTERNAL_ERROR: (InternalErrorData,),
+    Status.DB_ERROR: (DbErrorData,),
 }
 
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode
@@ -145,7 +145,7 @@ def _tidy(schema: dict[str, Any], *, closed: bool, named: bool) -> dict[str, Any
 
 def _branch_name(status: str) -> str:
     """``memory_save_failed_user_not_found`` -> ``UserNotFoundResult``; the success is ``SavedResult``."""
-    if status == "memory_saved_successfully":
+    if status == Status.SAVED:
         return "SavedResult"
     return "".join(word.title() for word in status.removeprefix("memory_save_failed_").split("_")) + "Result"
 
@@ -157,14 +157,14 @@ def _result_schema(schema: dict[str, Any]) -> dict[str, Any]:
     status and lists every other key too: a branch that left them to a closed top level would have to stay
     open, and json2ts would give every branch an index signature (``[k: string]: unknown``).
     """
-    shapes = [shape for status in get_args(Status) for shape in RESULT_DATA[status]]
+    shapes = [shape for status in Status for shape in RESULT_DATA[status]]
     shape_union: Any = Union[tuple(shapes)]  # noqa: UP007 (a union built at run time)
     data = TypeAdapter(shape_union).json_schema(mode="serialization", schema_generator=_OutboundJsonSchema)
     defs: dict[str, Any] = _tidy(data, closed=True, named=True)["$defs"]
     branches = []
-    for status in get_args(Status):
+    for status in Status:
         refs = [{"$ref": f"#/$defs/{shape.__name__}"} for shape in RESULT_DATA[status]]
-        saved = status == "memory_saved_successfully"
+        saved = status == Status.SAVED
         properties = {
             **schema["properties"],
             "success": {"const": saved},
@@ -219,6 +219,23 @@ def _declare_once(schema: dict[str, Any], declared: set[str]) -> dict[str, Any]:
     return dict(tidy)
 
 
+def _inline_enums(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with each enum of ``$defs`` (a ``StrEnum`` such as ``DeadLetterKind``) written in place.
+
+    pydantic names an enum class in ``$defs``; the contract's files spell its values inline, as the
+    ``Literal`` types the enums replaced did, so json2ts makes a union of strings, not a named enum type.
+    """
+    defs = schema.get("$defs", {})
+    enums = {name: {"enum": sub["enum"], "type": sub["type"]} for name, sub in defs.items() if "enum" in sub}
+    if not enums:
+        return schema
+    kept = {name: sub for name, sub in defs.items() if name not in enums}
+    tidy = _inline({key: value for key, value in schema.items() if key != "$defs"}, enums, set(enums))
+    if kept:
+        tidy["$defs"] = _inline(kept, enums, set(enums))
+    return dict(tidy)
+
+
 def json_schemas() -> dict[str, dict[str, Any]]:
     """Every contract schema, keyed by file name (``tool_call_event.v1.json`` ...)."""
     schemas: dict[str, dict[str, Any]] = {}
@@ -228,7 +245,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
             schema = source.target.json_schema(mode=source.mode, schema_generator=_OutboundJsonSchema)
         else:
             schema = source.target.model_json_schema(mode=source.mode, schema_generator=_OutboundJsonSchema)
-        schema = _tidy(schema, closed=source.closed, named=True)
+        schema = _inline_enums(_tidy(schema, closed=source.closed, named=True))
         if source.target is ToolResult:
             schema = _result_schema(schema)
         if source.target is ToolCallEvent:

@@ -16,7 +16,7 @@ import aio_pika.exceptions
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from contracts.models import ToolCallEvent
+from contracts.models import DeadLetterKind, ToolCallEvent
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.publisher import ATTEMPTS, TRACEPARENT, Publisher
 from worker.broker.topology import retry_queue_name
@@ -227,7 +227,7 @@ class EventHandler:
         decision = route_failure(exc, attempt, committed=committed, policy=self._policy)
         try:
             if isinstance(decision, DeadLetter):
-                if decision.kind == "internal":
+                if decision.kind == DeadLetterKind.INTERNAL:
                     log.error("internal error; dead-lettered", error=reason, exc_info=exc)
                 else:
                     log.error("transient fault outlasted every retry; dead-lettered", error=reason)
@@ -261,7 +261,7 @@ class EventHandler:
     async def _dead_letter(
         self,
         message: AbstractIncomingMessage,
-        kind: str,
+        kind: DeadLetterKind,
         error: str,
         attempts: int,
         ids: RoutableIds | None,

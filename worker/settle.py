@@ -68,9 +68,11 @@ def route_failure(
     """
     if not is_transient(exc):
         failure = None if committed else outcome.internal_error(f"{type(exc).__name__}: {exc}")
-        return DeadLetter("internal", attempt, failure)
+        return DeadLetter(DeadLetterKind.INTERNAL, attempt, failure)
     if attempt >= policy.max_attempts:
-        return DeadLetter("transient_exhausted", attempt, None if committed else outcome.database_error())
+        return DeadLetter(
+            DeadLetterKind.TRANSIENT_EXHAUSTED, attempt, None if committed else outcome.database_error()
+        )
     return Retry(policy.tier_before(attempt + 1), policy.delay_before(attempt + 1), attempt)
 
 

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.e2e.workload import (
-    SAVED,
     build_stream,
     check_outcome,
     limit_env,
@@ -50,4 +50,4 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(stack: Stack) -> 
     # every event answered (the first worker is dead: the second took over the rest, and re-answered
     # from the ledger what had committed unacked), one memory per saving event, limits exact
     statuses = await check_outcome(stack.rows.conn, stream, shard.received)
-    assert statuses[SAVED] > 0
+    assert statuses[Status.SAVED] > 0

@@ -17,11 +17,11 @@ from datetime import datetime
 import pytest
 import redis.asyncio as aioredis
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard
 from tests.e2e.outages import rabbitmq_stopped, restart_redis, slow_down, terminate_backends
 from tests.e2e.workload import (
-    SAVED,
     Scope,
     Stream,
     build_stream,
@@ -69,7 +69,7 @@ async def test_rabbitmq_stopped_and_started_mid_stream(stack: Stack) -> None:
         await shard.settle()
 
     statuses = await check_outcome(stack.rows.conn, stream, shard.received)
-    assert statuses[SAVED] > 0
+    assert statuses[Status.SAVED] > 0
     assert worker.count("rabbitmq unavailable") >= 1  # it did try while the broker was down
 
 
@@ -138,7 +138,7 @@ async def test_postgres_connections_terminated_mid_stream(stack: Stack) -> None:
 
     assert terminated > 0
     statuses = await check_outcome(stack.rows.conn, stream, shard.received)
-    assert statuses[SAVED] > 0
+    assert statuses[Status.SAVED] > 0
     # the cuts hit events in flight, and those went round the retry queue instead of failing
     assert worker.count("transient fault; retrying later") >= 1
     assert worker.count("transient fault outlasted every retry; dead-lettered") == 0
@@ -178,12 +178,12 @@ async def test_redis_restarted_mid_stream(stack: Stack) -> None:
         worker.signal(signal.SIGTERM)
         assert await worker.wait_exit(timeout=30) == 0
         await shard.settle()
-        saved_after = [e for e in after.event_ids if shard.received.results[e][0]["status"] == SAVED]
+        saved_after = [e for e in after.event_ids if shard.received.results[e][0]["status"] == Status.SAVED]
         await wait_until(lambda: all(listener.messages.get(e) for e in saved_after), timeout=10)
 
     both = Stream(stream.bodies + after.bodies, {**stream.scope_of, **after.scope_of})
     statuses = await check_outcome(stack.rows.conn, both, shard.received)
-    assert statuses[SAVED] > 0
+    assert statuses[Status.SAVED] > 0
     assert saved_after, "no event after the restart saved a memory; the test proves nothing"
     lost = [e for e in saved_after if not listener.messages.get(e)]
     assert not lost, f"{len(lost)} of {len(saved_after)} invalidations after the restart never arrived"

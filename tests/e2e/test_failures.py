@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from contracts.models import DeadLetterKind, Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, take_dead_letters
 from tests.e2e.proxy import CuttableProxy
@@ -42,11 +43,11 @@ async def test_unreadable_bodies_are_dead_lettered_at_once(stack: Stack) -> None
         {"memory_content": "x" * 300 * 1024, "memory_scope": "server_wide"}, persona_id=world.persona_id
     )
     cases = {
-        "not-json": (b"\xff\xfe not json at all", "malformed", "not UTF-8 JSON"),
-        "array": (b"[1, 2, 3]", "malformed", "is not an object"),
-        "missing-id": (json.dumps(missing_id).encode(), "schema", "event_id"),
-        "version": (json.dumps(unknown_version).encode(), "schema", "schema_version"),
-        "huge": (json.dumps(huge).encode(), "schema", "byte limit"),
+        "not-json": (b"\xff\xfe not json at all", DeadLetterKind.MALFORMED, "not UTF-8 JSON"),
+        "array": (b"[1, 2, 3]", DeadLetterKind.MALFORMED, "is not an object"),
+        "missing-id": (json.dumps(missing_id).encode(), DeadLetterKind.SCHEMA, "event_id"),
+        "version": (json.dumps(unknown_version).encode(), DeadLetterKind.SCHEMA, "schema_version"),
+        "huge": (json.dumps(huge).encode(), DeadLetterKind.SCHEMA, "byte limit"),
     }
     async with Shard(stack.rabbitmq_url) as shard:
         for name, (body, _, _) in cases.items():
@@ -66,7 +67,7 @@ async def test_unreadable_bodies_are_dead_lettered_at_once(stack: Stack) -> None
         assert letter.routing_key == "tool.create_long_term_memory"
         assert letter.type is None or letter.type == "tool_call.v1"
     [result] = shard.received.results[unknown_version["event_id"]]
-    assert result["status"] == "memory_save_failed_internal_error"
+    assert result["status"] == Status.INTERNAL_ERROR
     assert result["success"] is False
     assert set(shard.received.results) == {unknown_version["event_id"]}
     assert stack.workers[0].proc is not None
@@ -92,10 +93,10 @@ async def test_a_step_that_raises_is_an_internal_dead_letter_and_the_worker_goes
         await shard.wait_for_results([bad["event_id"], good["event_id"]], timeout=30)
         [letter] = await take_dead_letters(stack.rabbitmq_url, 1)
 
-    assert_headers(letter.headers, "internal", 1, "RaiseError: forced failure for boom")
+    assert_headers(letter.headers, DeadLetterKind.INTERNAL, 1, "RaiseError: forced failure for boom")
     assert letter.message_id == bad["event_id"]
     [failure] = shard.received.results[bad["event_id"]]
-    assert failure["status"] == "memory_save_failed_internal_error"
+    assert failure["status"] == Status.INTERNAL_ERROR
     assert failure["error"] == "Internal bot error: the memory could not be processed"
     assert shard.received.results[good["event_id"]][0]["success"] is True
     # the failed event wrote nothing: no memory, no outcome, so a replay processes it for real
@@ -136,10 +137,10 @@ async def test_postgres_down_longer_than_the_retry_budget(
         [letter] = await take_dead_letters(stack.rabbitmq_url, 1, timeout=30)
         await shard.wait_for_results([body["event_id"]], timeout=15)
 
-    assert_headers(letter.headers, "transient_exhausted", 3, "")
+    assert_headers(letter.headers, DeadLetterKind.TRANSIENT_EXHAUSTED, 3, "")
     assert letter.routing_key == "tool.create_long_term_memory"  # the original key, not the retry queue's
     [result] = shard.received.results[body["event_id"]]
-    assert result["status"] == "memory_save_failed_db_error"
+    assert result["status"] == Status.DB_ERROR
     assert result["error"] == "Database error occurred while saving memory"
     retries = [
         line for line in stack.workers[0].lines() if line.get("event") == "transient fault; retrying later"
@@ -186,12 +187,9 @@ async def test_an_unroutable_result_is_an_error_and_a_replay_delivers_it(stack: 
     async with Shard(stack.rabbitmq_url, shard_id=3) as other_shard:
         await other_shard.publish(body)
         [letter] = await take_dead_letters(stack.rabbitmq_url, 1, timeout=30)
-    assert_headers(letter.headers, "transient_exhausted", 2, "was not delivered")
+    assert_headers(letter.headers, DeadLetterKind.TRANSIENT_EXHAUSTED, 2, "was not delivered")
     assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
-    assert (
-        await stack.rows.conn.fetchval("SELECT status FROM ltm_processed_events")
-        == "memory_saved_successfully"
-    )
+    assert await stack.rows.conn.fetchval("SELECT status FROM ltm_processed_events") == Status.SAVED
     assert worker.count("transient fault; retrying later") == 1
 
     async with Shard(stack.rabbitmq_url, shard_id=99) as shard:

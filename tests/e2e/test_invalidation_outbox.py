@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import InvalidationListener, Shard, free_port, metric
 from tests.e2e.outages import slow_down
 from tests.e2e.proxy import CuttableProxy
 from tests.e2e.workload import (
-    SAVED,
     build_stream,
     check_outcome,
     limit_env,
@@ -70,7 +70,7 @@ async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalida
             await proxy.restore()
             restored_at = time.monotonic()
             await wait_for_results(shard, stream.event_ids, timeout=90, workers=[worker])
-            saved = [e for e in stream.event_ids if shard.received.results[e][0]["status"] == SAVED]
+            saved = [e for e in stream.event_ids if shard.received.results[e][0]["status"] == Status.SAVED]
             await wait_until(lambda: all(listener.messages.get(e) for e in saved), timeout=30)
             flushed_in = time.monotonic() - restored_at
             await wait_until(lambda: False, timeout=0.5)  # a late duplicate would show up now
@@ -86,7 +86,7 @@ async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalida
     assert deferred > 0
     assert pending_during > 0
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] == len(saved) > 0
+    assert statuses[Status.SAVED] == len(saved) > 0
     lost = [e for e in saved if not listener.messages.get(e)]
     assert not lost, f"{len(lost)} of {len(saved)} invalidations never reached Redis"
     # (other tests may publish on the same channel: only this stream's events count)

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import aio_pika
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import REPO, Shard, queue_depth
 from tests.e2e.proxy import CuttableProxy
@@ -78,9 +79,7 @@ async def test_outage_dead_letters_replayed_twice_save_each_memory_once(stack: S
                 await shard.publish(body)
             await wait_depth(stack.rabbitmq_url, DLQ, EVENTS)
             await shard.wait_for_results(ids, timeout=30)
-            assert {r[0]["status"] for r in shard.received.results.values()} == {
-                "memory_save_failed_db_error"
-            }
+            assert {r[0]["status"] for r in shard.received.results.values()} == {Status.DB_ERROR}
             assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == 0
 
             await proxy.restore()  # recovery
@@ -106,11 +105,11 @@ async def test_outage_dead_letters_replayed_twice_save_each_memory_once(stack: S
 
         for event_id in ids:
             failure, *answers = shard.received.results[event_id]
-            assert failure["status"] == "memory_save_failed_db_error"
+            assert failure["status"] == Status.DB_ERROR
             saved = [a for a in answers if not a["replayed"]]
             replayed = [a for a in answers if a["replayed"]]
             assert len(saved) == 1, answers  # processed for real once...
-            assert saved[0]["status"] == "memory_saved_successfully"
+            assert saved[0]["status"] == Status.SAVED
             assert len(replayed) == 1  # ...and answered from the ledger the second time
             assert {**replayed[0], "replayed": False} == saved[0]
         assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == EVENTS

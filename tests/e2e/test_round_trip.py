@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import InvalidationListener, Shard
 from tests.factories import GUILD, event_body, member
@@ -50,7 +51,7 @@ async def test_server_and_personal_saves_reach_the_shard_and_redis(stack: Stack)
     assert message.delivery_mode == 2
     assert message.headers["traceparent"] == TRACEPARENT
     assert result["success"] is True
-    assert result["status"] == "memory_saved_successfully"
+    assert result["status"] == Status.SAVED
     assert result["replayed"] is False
     assert result["data"]["scope"] == "server_wide"
     memory_id = result["data"]["memory_id"]
@@ -98,7 +99,7 @@ async def test_a_failure_result_has_no_notice_and_no_invalidation(stack: Stack) 
         await asyncio.sleep(0.5)
     [result] = shard.received.results[body["event_id"]]
     assert result["success"] is False
-    assert result["status"] == "memory_save_failed_disabled"
+    assert result["status"] == Status.DISABLED
     assert result["message"] is None
     assert result["error"] == "Self-teaching is disabled for this server"
     assert body["event_id"] not in shard.received.notices

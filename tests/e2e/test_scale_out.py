@@ -6,11 +6,10 @@ import signal
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.e2e.workload import (
-    LIMIT_EXCEEDED,
-    SAVED,
     build_stream,
     check_outcome,
     limit_env,
@@ -43,8 +42,8 @@ async def test_workers_share_a_stream_without_duplicates_or_overshoot(stack: Sta
         await shard.settle()
 
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] > 0, statuses
-    assert statuses[LIMIT_EXCEEDED] > 0, statuses
+    assert statuses[Status.SAVED] > 0, statuses
+    assert statuses[Status.LIMIT_EXCEEDED] > 0, statuses
 
     # every process took part, and together they processed each event exactly once
     counts = processed_counts(processes)

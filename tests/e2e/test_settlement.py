@@ -15,6 +15,7 @@ import uuid
 import aio_pika
 import pytest
 
+from contracts.models import DeadLetterKind
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, WorkerProcess, queue_depth, take_dead_letters
 from tests.factories import event_body
@@ -75,7 +76,7 @@ async def test_unreadable_event_for_an_unbound_shard_is_dead_lettered_once(stack
 
     assert await restart_twice_and_count(stack) == (0, 1)
     [letter] = await take_dead_letters(stack.rabbitmq_url, 1)
-    assert letter.headers["x-ltm-error-kind"] == "schema"
+    assert letter.headers["x-ltm-error-kind"] == DeadLetterKind.SCHEMA
     assert json.loads(letter.body) == body
 
 
@@ -104,7 +105,7 @@ async def test_internal_failure_for_an_unbound_shard_is_dead_lettered_once(stack
     assert await queue_depth(stack.rabbitmq_url, WORK_QUEUE) == 0
     assert await restart_twice_and_count(stack) == (0, 1)
     [letter] = await take_dead_letters(stack.rabbitmq_url, 1)
-    assert letter.headers["x-ltm-error-kind"] == "internal"
+    assert letter.headers["x-ltm-error-kind"] == DeadLetterKind.INTERNAL
     assert letter.message_id == body["event_id"]
 
 
@@ -138,7 +139,7 @@ async def test_a_refused_retry_copy_hands_the_delivery_back(stack: Stack) -> Non
         await connection.close()
     await stop(worker)
 
-    assert letter.headers["x-ltm-error-kind"] == "transient_exhausted"
+    assert letter.headers["x-ltm-error-kind"] == DeadLetterKind.TRANSIENT_EXHAUSTED
     assert letter.message_id == body["event_id"]
     assert await queue_depth(stack.rabbitmq_url, WORK_QUEUE) == 0
     # handed back, redelivered and answered from the ledger: the memory was saved once

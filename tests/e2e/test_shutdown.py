@@ -17,11 +17,11 @@ import time
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
 from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
 from tests.e2e.workload import (
-    SAVED,
     Stream,
     check_outcome,
     limit_env,
@@ -109,7 +109,7 @@ async def test_sigterm_finishes_in_flight_events_and_exits_zero(stack: Stack) ->
 
     # finished events were acked (never redelivered, never replayed); the rest went to the second worker
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] == EVENTS
+    assert statuses[Status.SAVED] == EVENTS
     assert second.count(PROCESSED) == EVENTS - CONCURRENCY
 
 
@@ -133,7 +133,7 @@ async def test_grace_period_over_requeues_in_flight_events_and_exits_zero(stack:
 
     # the abandoned transactions rolled back: the second worker saved every event, once
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] == EVENTS
+    assert statuses[Status.SAVED] == EVENTS
     assert second.count(PROCESSED) == EVENTS
 
 
@@ -159,7 +159,7 @@ async def test_grace_period_over_with_postgres_not_answering_still_exits(stack: 
 
     # the frozen transactions never committed; once thawed they found their client gone and rolled back
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] == EVENTS
+    assert statuses[Status.SAVED] == EVENTS
 
 
 async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_exits(stack: Stack) -> None:
@@ -185,7 +185,7 @@ async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_
         await _second_worker_finishes(stack, shard, stream)
 
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] == EVENTS
+    assert statuses[Status.SAVED] == EVENTS
 
 
 async def test_second_sigterm_exits_at_once_and_the_next_worker_answers(stack: Stack) -> None:
@@ -207,7 +207,7 @@ async def test_second_sigterm_exits_at_once_and_the_next_worker_answers(stack: S
         second = await _second_worker_finishes(stack, shard, stream)
 
     statuses = await check_outcome(stack.rows.conn, stream, shard.received)
-    assert statuses[SAVED] == EVENTS
+    assert statuses[Status.SAVED] == EVENTS
     assert second.count(PROCESSED) == EVENTS
     for event_id in stream.event_ids:  # one answer each: nothing was published by the dead worker
         assert len(shard.received.results[event_id]) == 1, shard.received.results[event_id]

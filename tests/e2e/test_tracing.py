@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.factories import event_body
@@ -31,7 +32,7 @@ async def test_console_tracing_continues_the_event_trace(stack: Stack) -> None:
         await shard.settle()
 
     [result] = shard.received.results[event_id]
-    assert result["status"] == "memory_saved_successfully"
+    assert result["status"] == Status.SAVED
     [result_message] = shard.received.result_messages[event_id]
     [notice_message] = shard.received.notice_messages[event_id]
     version, trace_id, span_id, flags = str(result_message.headers["traceparent"]).split("-")
@@ -57,7 +58,7 @@ async def test_console_tracing_continues_the_event_trace(stack: Stack) -> None:
     assert attributes["ltm.tool_call_id"] == body["tool_call_id"]
     assert attributes["ltm.shard_id"] == body["shard_id"]
     assert attributes["ltm.attempts"] == 1
-    assert attributes["ltm.status"] == "memory_saved_successfully"
+    assert attributes["ltm.status"] == Status.SAVED
     assert attributes["ltm.memory_id"] == result["data"]["memory_id"]
     assert span["resource"]["attributes"]["service.name"] == "tomoribot-ltm-worker"
     assert worker.count("tracing on") == 1

@@ -23,12 +23,9 @@ from typing import Any
 
 import asyncpg
 
+from contracts.models import Status
 from tests.e2e.harness import Received, Shard, WorkerProcess
 from tests.factories import TRIGGER, BotRows, event_body, member
-
-SAVED = "memory_saved_successfully"
-LIMIT_EXCEEDED = "memory_save_failed_limit_exceeded"
-INVALID_ARGS = "memory_save_failed_invalid_args"
 
 #: relative sizes of the scopes; with the limits below the first ones overflow, the last ones do not
 SERVER_SCOPE_WEIGHTS = (25, 15, 10, 2.0, 1.5, 0.5)
@@ -262,10 +259,10 @@ async def check_outcome(
         result, scope = answer[event_id], stream.scope_of[event_id]
         statuses[result["status"]] += 1
         if scope is None:
-            assert result["status"] == INVALID_ARGS, result
+            assert result["status"] == Status.INVALID_ARGS, result
             continue
         events_in[scope] += 1
-        if result["status"] == SAVED:
+        if result["status"] == Status.SAVED:
             saved_in[scope] += 1
             memory_id = result["data"]["memory_id"]
             table, owner_key = (
@@ -279,7 +276,7 @@ async def check_outcome(
             assert row["content"] == result["data"]["content_saved"], event_id
             assert ledger[event_id]["memory_id"] == memory_id
         else:
-            assert result["status"] == LIMIT_EXCEEDED, result
+            assert result["status"] == Status.LIMIT_EXCEEDED, result
             assert result["data"]["max_allowed"] == scope.limit
             assert result["data"]["current_count"] == scope.limit, (
                 f"refused at a count other than the limit: {result}"
@@ -312,7 +309,7 @@ async def check_outcome(
 
     # a notice for every save, none for a failure
     noticed = {event_id for event_id, notices in received.notices.items() if notices}
-    assert noticed == {e for e in ids if answer[e]["status"] == SAVED}
+    assert noticed == {e for e in ids if answer[e]["status"] == Status.SAVED}
     return statuses
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from contracts.models import ToolCallEvent
+from contracts.models import Status, ToolCallEvent
 from tests.e2e.outages import Gate
 from tests.factories import BotRows, World, event, member
 from worker.config import Limits
@@ -84,7 +84,7 @@ async def test_a_batch_answers_each_event_as_it_would_alone(pool: asyncpg.Pool, 
 
     assert [comparable(d) for d in together] == [comparable(d) for d in alone]
     statuses = Counter(d.status for d in together)
-    assert statuses["memory_saved_successfully"] == 3
+    assert statuses[Status.SAVED] == 3
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 4
     assert await rows.conn.fetchval("SELECT count(*) FROM personal_memories") == 2
     assert await rows.conn.fetchval("SELECT count(*) FROM ltm_processed_events") == 2 * len(events)
@@ -110,8 +110,8 @@ async def test_a_batch_fills_a_scope_in_order_and_stops_at_the_limit(
     done = await process_batch(pool, [(ev, 1) for ev in events], limits)
 
     statuses = Counter(d.status for d in done)
-    assert statuses == {"memory_saved_successfully": 3, "memory_save_failed_limit_exceeded": 5}
-    full = [d for d in done if d.status == "memory_save_failed_limit_exceeded"]
+    assert statuses == {Status.SAVED: 3, Status.LIMIT_EXCEEDED: 5}
+    full = [d for d in done if d.status == Status.LIMIT_EXCEEDED]
     assert all(d.result["data"]["current_count"] == 5 for d in full)
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 5
     assert await rows.conn.fetchval("SELECT count(*) FROM ltm_processed_events") == 8
@@ -141,7 +141,7 @@ async def test_concurrent_batches_take_the_last_slots_exactly(pool: asyncpg.Pool
     answers = await asyncio.gather(*(process_batch(pool, [(ev, 1) for ev in b], limits) for b in batches))
 
     statuses = Counter(d.status for batch in answers for d in batch)
-    assert statuses == {"memory_saved_successfully": 6, "memory_save_failed_limit_exceeded": 74}
+    assert statuses == {Status.SAVED: 6, Status.LIMIT_EXCEEDED: 74}
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 10
     assert await rows.conn.fetchval("SELECT count(*) FROM personal_memories") == 10
 
@@ -188,9 +188,7 @@ async def test_batcher_isolates_the_event_that_breaks(pool: asyncpg.Pool, rows: 
 
     assert isinstance(got[4], asyncpg.RaiseError)
     assert all(
-        isinstance(g, ProcessedEvent) and g.status == "memory_saved_successfully"
-        for i, g in enumerate(got)
-        if i != 4
+        isinstance(g, ProcessedEvent) and g.status == Status.SAVED for i, g in enumerate(got) if i != 4
     )
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 9
     assert await rows.conn.fetchval("SELECT count(*) FROM ltm_processed_events") == 9
@@ -210,7 +208,7 @@ async def test_batcher_runs_at_most_max_running_batches(pool: asyncpg.Pool, rows
     got = await asyncio.gather(*(batcher.process(ev) for ev in events))
     assert batcher.running == 0
 
-    assert all(g.status == "memory_saved_successfully" for g in got)
+    assert all(g.status == Status.SAVED for g in got)
     assert sum(batches) == 22
     assert max(batches) == 5
     # the first starts at once, alone; while it runs the next ones wait until half a batch is ready
@@ -242,5 +240,5 @@ async def test_batcher_takes_another_connection_when_a_batch_is_slow(
     await gate.open()
     done = await asyncio.gather(first, *rest)
 
-    assert [d.status for d in done] == ["memory_saved_successfully"] * 3
+    assert [d.status for d in done] == [Status.SAVED] * 3
     assert batcher.running == 0

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from contracts.models import Status
 from tests.factories import BotRows, event, member
 from worker.config import Limits
 from worker.service.process import process_event
@@ -54,7 +55,7 @@ async def test_last_server_slot_is_taken_exactly_once(wide_pool: asyncpg.Pool, r
 
     statuses = await race(wide_pool, events, limits)
 
-    assert statuses == {"memory_saved_successfully": 1, "memory_save_failed_limit_exceeded": RACERS - 1}
+    assert statuses == {Status.SAVED: 1, Status.LIMIT_EXCEEDED: RACERS - 1}
     count = await rows.conn.fetchval(
         "SELECT count(*) FROM server_memories WHERE server_id = $1 AND persona_lineage_id = $2",
         world.server_id,
@@ -82,7 +83,7 @@ async def test_last_personal_slot_is_taken_exactly_once_counting_lineage_zero(
 
     statuses = await race(wide_pool, events, limits)
 
-    assert statuses == {"memory_saved_successfully": 1, "memory_save_failed_limit_exceeded": RACERS - 1}
+    assert statuses == {Status.SAVED: 1, Status.LIMIT_EXCEEDED: RACERS - 1}
     count = await rows.conn.fetchval(
         "SELECT count(*) FROM personal_memories WHERE user_id = $1 AND persona_lineage_id IN (0, $2)",
         target,

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from contracts.models import ToolCallEvent
+from contracts.models import Status, ToolCallEvent
 from tests.factories import BOT, GUILD, TRIGGER, BotRows, event, member, participant
 from tests.schemas import assert_conforms
 from worker.config import Limits
@@ -66,7 +66,7 @@ async def test_server_wide_save_writes_the_row_and_every_output(pool: asyncpg.Po
 
     result = done.result
     assert result["success"] is True
-    assert result["status"] == "memory_saved_successfully"
+    assert result["status"] == Status.SAVED
     assert result["message"] == "Memory saved successfully"
     assert result["error"] is None
     assert result["replayed"] is False
@@ -74,7 +74,7 @@ async def test_server_wide_save_writes_the_row_and_every_output(pool: asyncpg.Po
     assert result["tool_call_id"] == ev.tool_call_id
     assert result["tool_name"] == "create_long_term_memory"
     assert result["data"] == {
-        "status": "memory_saved_successfully",
+        "status": Status.SAVED,
         "scope": "server_wide",
         "memory_id": done.memory_id,
         "content_saved": "{user} likes dogs",
@@ -124,7 +124,7 @@ async def test_personal_save_for_a_known_guild_member(pool: asyncpg.Pool, rows: 
     done = await process_event(pool, ev, Limits())
 
     assert done.result["data"] == {
-        "status": "memory_saved_successfully",
+        "status": Status.SAVED,
         "scope": "target_user",
         "target_user": "Sparrow (@sparrow_ow)",
         "memory_id": done.memory_id,
@@ -190,7 +190,7 @@ async def test_personal_save_for_a_known_guild_member(pool: asyncpg.Pool, rows: 
 async def test_invalid_arguments(pool: asyncpg.Pool, rows: BotRows, arguments: Any, error: str) -> None:
     world = await rows.world()
     done = await process_event(pool, event(arguments, persona_id=world.persona_id), Limits())
-    assert_failure(done, "memory_save_failed_invalid_args", error, reason=error)
+    assert_failure(done, Status.INVALID_ARGS, error, reason=error)
     assert set(done.result["data"]) == {"status", "reason"}
 
 
@@ -198,7 +198,7 @@ async def test_blank_content_is_invalid_after_trim(pool: asyncpg.Pool, rows: Bot
     world = await rows.world()
     done = await process_event(pool, event(server_args(" \n\t "), persona_id=world.persona_id), Limits())
     sentence = "The 'memory_content' argument was missing, empty, or not a string"
-    assert_failure(done, "memory_save_failed_invalid_args", sentence, reason=sentence)
+    assert_failure(done, Status.INVALID_ARGS, sentence, reason=sentence)
 
 
 async def test_target_scope_without_a_target(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -206,7 +206,7 @@ async def test_target_scope_without_a_target(pool: asyncpg.Pool, rows: BotRows) 
     args = {"memory_content": "x", "memory_scope": "target_user", "target_user": "  "}
     done = await process_event(pool, event(args, persona_id=world.persona_id), Limits())
     sentence = "The 'target_user' argument is required when 'memory_scope' is 'target_user'."
-    assert_failure(done, "memory_save_failed_invalid_args", sentence, scope="target_user", reason=sentence)
+    assert_failure(done, Status.INVALID_ARGS, sentence, scope="target_user", reason=sentence)
 
 
 async def test_legacy_target_names_are_read_in_order(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -230,7 +230,7 @@ async def test_self_teaching_disabled(pool: asyncpg.Pool, rows: BotRows) -> None
     done = await process_event(pool, event(server_args(), persona_id=world.persona_id), Limits())
     assert_failure(
         done,
-        "memory_save_failed_disabled",
+        Status.DISABLED,
         "Self-teaching is disabled for this server",
         reason="Self-teaching functionality is disabled for this server",
     )
@@ -241,7 +241,7 @@ CRITICAL = "Internal bot error: Critical state information is missing"
 
 async def test_critical_state_no_server_row(pool: asyncpg.Pool, rows: BotRows) -> None:
     done = await process_event(pool, event(server_args(), persona_id=1), Limits())
-    assert_failure(done, "memory_save_failed_internal_error", CRITICAL, reason=CRITICAL)
+    assert_failure(done, Status.INTERNAL_ERROR, CRITICAL, reason=CRITICAL)
 
 
 async def test_critical_state_persona_of_another_server(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -249,20 +249,20 @@ async def test_critical_state_persona_of_another_server(pool: asyncpg.Pool, rows
     elsewhere = await rows.server("1150000000000000002")
     foreign_persona, _ = await rows.persona(elsewhere, "Other")
     done = await process_event(pool, event(server_args(), persona_id=foreign_persona), Limits())
-    assert_failure(done, "memory_save_failed_internal_error", CRITICAL)
+    assert_failure(done, Status.INTERNAL_ERROR, CRITICAL)
 
 
 async def test_critical_state_unknown_persona(pool: asyncpg.Pool, rows: BotRows) -> None:
     world = await rows.world()
     done = await process_event(pool, event(server_args(), persona_id=world.persona_id + 100), Limits())
-    assert_failure(done, "memory_save_failed_internal_error", CRITICAL)
+    assert_failure(done, Status.INTERNAL_ERROR, CRITICAL)
 
 
 async def test_critical_state_trigger_without_users_row(pool: asyncpg.Pool, rows: BotRows) -> None:
     server_id = await rows.server()
     persona_id, _ = await rows.persona(server_id)
     done = await process_event(pool, event(server_args(), persona_id=persona_id), Limits())
-    assert_failure(done, "memory_save_failed_internal_error", CRITICAL)
+    assert_failure(done, Status.INTERNAL_ERROR, CRITICAL)
 
 
 async def test_critical_state_unknown_trigger(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -270,12 +270,12 @@ async def test_critical_state_unknown_trigger(pool: asyncpg.Pool, rows: BotRows)
     done = await process_event(
         pool, event(server_args(), persona_id=world.persona_id, trigger=None), Limits()
     )
-    assert_failure(done, "memory_save_failed_internal_error", CRITICAL)
+    assert_failure(done, Status.INTERNAL_ERROR, CRITICAL)
 
 
 async def test_arguments_are_judged_before_critical_state(pool: asyncpg.Pool, rows: BotRows) -> None:
     done = await process_event(pool, event({"memory_content": "x"}, persona_id=1), Limits())
-    assert done.result["status"] == "memory_save_failed_invalid_args"
+    assert done.result["status"] == Status.INVALID_ARGS
 
 
 async def test_ambiguous_target(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -292,7 +292,7 @@ async def test_ambiguous_target(pool: asyncpg.Pool, rows: BotRows) -> None:
     labels = ["Sparrow (@sparrow_a)", "Sparrow (@sparrow_b)", "Sparrow (@sparrow_c)"]
     assert_failure(
         done,
-        "memory_save_failed_ambiguous_user",
+        Status.AMBIGUOUS_USER,
         'Multiple users match "Sparrow". Please clarify which one you mean: ' + ", ".join(labels) + ".",
         scope="target_user",
         reason="Multiple users matched the requested target.",
@@ -311,7 +311,7 @@ async def test_target_not_found(pool: asyncpg.Pool, rows: BotRows) -> None:
     )
     assert_failure(
         done,
-        "memory_save_failed_user_not_found",
+        Status.USER_NOT_FOUND,
         'Could not find a user matching "Nobody  Here" in this conversation or server.',
         scope="target_user",
         reason="The requested user was not found in this conversation or server.",
@@ -328,7 +328,7 @@ async def test_content_too_long_counts_utf16_units(pool: asyncpg.Pool, rows: Bot
     )
     assert_failure(
         too_long,
-        "memory_save_failed_invalid_content",
+        Status.INVALID_CONTENT,
         "Memory content is too long. Maximum length is 10 characters.",
         reason="Memory content exceeds maximum length of 10 characters",
     )
@@ -341,7 +341,7 @@ async def test_persona_with_lineage_zero(pool: asyncpg.Pool, rows: BotRows) -> N
     done = await process_event(pool, event(server_args(), persona_id=persona_id), Limits())
     assert_failure(
         done,
-        "memory_save_failed_internal_error",
+        Status.INTERNAL_ERROR,
         "Internal configuration error: this persona has an invalid lineage ID.",
         reason="Persona lineage ID is 0, which is reserved for global memories. "
         "Schema migration may not have run.",
@@ -358,7 +358,7 @@ async def test_server_limit_reached(pool: asyncpg.Pool, rows: BotRows) -> None:
     )
     assert_failure(
         done,
-        "memory_save_failed_limit_exceeded",
+        Status.LIMIT_EXCEEDED,
         "Server memory limit reached. This server can have up to 3 memories (currently: 3).",
         scope="server_wide",
         current_count=3,
@@ -377,7 +377,7 @@ async def test_personal_target_unknown_to_the_bot(pool: asyncpg.Pool, rows: BotR
     )
     assert_failure(
         done,
-        "memory_save_failed_user_not_found",
+        Status.USER_NOT_FOUND,
         "I don't know sparrow yet, so I cannot save a personal memory for them.",
         scope="target_user",
         reason="I can only save personal memories for users I already know.",
@@ -395,7 +395,7 @@ async def test_privacy_restricted(pool: asyncpg.Pool, rows: BotRows, level: int)
     )
     assert_failure(
         done,
-        "memory_save_failed_privacy_restricted",
+        Status.PRIVACY_RESTRICTED,
         "Cannot save personal memory: sparrow has privacy restrictions.",
         scope="target_user",
         reason="The user sparrow has chosen to restrict personal memory storage. I cannot save personal "
@@ -416,7 +416,7 @@ async def test_personal_limit_counts_lineage_zero(pool: asyncpg.Pool, rows: BotR
     )
     assert_failure(
         done,
-        "memory_save_failed_limit_exceeded",
+        Status.LIMIT_EXCEEDED,
         "Personal memory limit reached. Users can have up to 3 personal memories (currently: 3).",
         scope="target_user",
         target_user="sparrow",

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from contracts.models import DeadLetterKind, Status
 from tests.factories import event_body
 from worker.config import Topology
 from worker.faults import TransientError
@@ -101,9 +102,9 @@ class FakeInvalidations:
 
 
 def saved(event_id: str) -> ProcessedEvent:
-    result = {"event_id": event_id, "status": "memory_saved_successfully", "data": {"memory_id": 7}}
+    result = {"event_id": event_id, "status": Status.SAVED, "data": {"memory_id": 7}}
     invalidation = {"schema_version": 1, "event_id": event_id, "kind": "user", "user_disc_id": "1" * 18}
-    return ProcessedEvent("memory_saved_successfully", 7, result, {"notice": 1}, invalidation, replayed=False)
+    return ProcessedEvent(Status.SAVED, 7, result, {"notice": 1}, invalidation, replayed=False)
 
 
 def handler_with(
@@ -156,9 +157,9 @@ async def test_the_last_attempt_is_dead_lettered_with_a_db_error_result() -> Non
     handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher)
     message = delivery(EVENT, attempts=2)
     await handler.handle(message)
-    assert publisher.dead_letters == [("transient_exhausted", 3)]
+    assert publisher.dead_letters == [(DeadLetterKind.TRANSIENT_EXHAUSTED, 3)]
     [(_, result)] = publisher.outputs
-    assert result["status"] == "memory_save_failed_db_error"
+    assert result["status"] == Status.DB_ERROR
     assert message.settled == ["ack"]
 
 
@@ -167,19 +168,19 @@ async def test_a_bug_is_dead_lettered_with_an_internal_error_result() -> None:
     handler, _ = handler_with(FakeProcessor(ZeroDivisionError("oops")), publisher)
     message = delivery(EVENT)
     await handler.handle(message)
-    assert publisher.dead_letters == [("internal", 1)]
+    assert publisher.dead_letters == [(DeadLetterKind.INTERNAL, 1)]
     [(_, result)] = publisher.outputs
-    assert result["status"] == "memory_save_failed_internal_error"
+    assert result["status"] == Status.INTERNAL_ERROR
     assert message.settled == ["ack"]
 
 
 @pytest.mark.parametrize(
     ("body", "kind", "answered"),
     [
-        (b"not json", "malformed", False),
+        (b"not json", DeadLetterKind.MALFORMED, False),
         (
             {"schema_version": 1, "event_id": str(uuid.uuid4()), "tool_call_id": "c", "shard_id": 77},
-            "schema",
+            DeadLetterKind.SCHEMA,
             True,
         ),
     ],
@@ -202,7 +203,7 @@ async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_c
     body = {"schema_version": 1, "event_id": str(uuid.uuid4()), "tool_call_id": "c", "shard_id": 77}
     message = delivery(body)
     await handler.handle(message)
-    assert publisher.dead_letters == [("schema", 1)]
+    assert publisher.dead_letters == [(DeadLetterKind.SCHEMA, 1)]
     assert message.settled == ["ack"]
 
 

@@ -6,8 +6,8 @@ import asyncpg
 import pytest
 import redis.exceptions
 
+from contracts.models import DeadLetterKind, Status
 from worker.faults import TransientError
-from worker.pipeline.outcome import DB_ERROR, INTERNAL_ERROR
 from worker.settle import DeadLetter, Retry, RetryPolicy, route_failure
 
 POLICY = RetryPolicy(max_attempts=4, base_delay_ms=1000, max_delay_ms=3000, draw=lambda low, high: high)
@@ -16,9 +16,9 @@ POLICY = RetryPolicy(max_attempts=4, base_delay_ms=1000, max_delay_ms=3000, draw
 def test_a_bug_is_dead_lettered_at_once_with_an_internal_error_result() -> None:
     decision = route_failure(KeyError("boom"), 1, committed=False, policy=POLICY)
     assert isinstance(decision, DeadLetter)
-    assert (decision.kind, decision.attempts) == ("internal", 1)
+    assert (decision.kind, decision.attempts) == (DeadLetterKind.INTERNAL, 1)
     assert decision.failure is not None
-    assert decision.failure.status == INTERNAL_ERROR
+    assert decision.failure.status == Status.INTERNAL_ERROR
     assert decision.failure.data["reason"] == "KeyError: 'boom'"
 
 
@@ -36,9 +36,9 @@ def test_a_transient_fault_is_retried_with_a_growing_delay_until_the_last_attemp
     assert decisions == [Retry(1000, 1000, 1), Retry(2000, 2000, 2), Retry(3000, 3000, 3)]
     last = route_failure(exc, 4, committed=False, policy=POLICY)
     assert isinstance(last, DeadLetter)
-    assert (last.kind, last.attempts) == ("transient_exhausted", 4)
+    assert (last.kind, last.attempts) == (DeadLetterKind.TRANSIENT_EXHAUSTED, 4)
     assert last.failure is not None
-    assert last.failure.status == DB_ERROR
+    assert last.failure.status == Status.DB_ERROR
 
 
 def test_after_a_commit_no_failure_result_is_sent_the_stored_answer_stands() -> None:

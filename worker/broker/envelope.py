@@ -9,7 +9,7 @@ from uuid import UUID
 import orjson
 from pydantic import ValidationError
 
-from contracts.models import MAX_BODY_BYTES, ToolCallEvent
+from contracts.models import MAX_BODY_BYTES, DeadLetterKind, ToolCallEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class RoutableIds:
 class Unreadable:
     """A body that is not a valid event: ``malformed`` or ``schema`` (CONTRACT.md "Dead letters")."""
 
-    kind: str
+    kind: DeadLetterKind
     error: str
     ids: RoutableIds | None = None
 
@@ -34,19 +34,22 @@ class Unreadable:
 def read_event(body: bytes) -> ToolCallEvent | Unreadable:
     """Parse ``body`` with the contract models; never raises."""
     if len(body) > MAX_BODY_BYTES:
-        return Unreadable("schema", f"body of {len(body)} bytes is over the {MAX_BODY_BYTES} byte limit")
+        return Unreadable(
+            DeadLetterKind.SCHEMA, f"body of {len(body)} bytes is over the {MAX_BODY_BYTES} byte limit"
+        )
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        return Unreadable("malformed", f"not UTF-8 JSON: {_one_line(str(exc))}")
+        return Unreadable(DeadLetterKind.MALFORMED, f"not UTF-8 JSON: {_one_line(str(exc))}")
     if not isinstance(data, dict):
         return Unreadable(
-            "malformed", f"JSON {type(data).__name__ if data is not None else 'null'} is not an object"
+            DeadLetterKind.MALFORMED,
+            f"JSON {type(data).__name__ if data is not None else 'null'} is not an object",
         )
     try:
         return ToolCallEvent.model_validate(data)
     except ValidationError as exc:
-        return Unreadable("schema", _describe(exc), routable_ids(data))
+        return Unreadable(DeadLetterKind.SCHEMA, _describe(exc), routable_ids(data))
 
 
 def routable_ids(data: dict[str, Any]) -> RoutableIds | None:

@@ -17,7 +17,7 @@ import aio_pika
 import orjson
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE
+from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind
 from worker.faults import TransientError
 
 #: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping)
@@ -76,7 +76,7 @@ class Publisher:
         await asyncio.gather(*publishes)
 
     async def dead_letter(
-        self, message: AbstractIncomingMessage, *, kind: str, error: str, attempts: int
+        self, message: AbstractIncomingMessage, *, kind: DeadLetterKind, error: str, attempts: int
     ) -> None:
         """Copy ``message`` to the dead-letter exchange with the ``x-ltm-*`` headers added."""
         headers = {

@@ -14,21 +14,11 @@ from contracts.models import (
     SAVED_MESSAGE,
     Notification,
     ServerStateInvalidation,
+    Status,
     ToolCallEvent,
     ToolResult,
     UserInvalidation,
 )
-
-SAVED = "memory_saved_successfully"
-INVALID_ARGS = "memory_save_failed_invalid_args"
-INVALID_CONTENT = "memory_save_failed_invalid_content"
-DISABLED = "memory_save_failed_disabled"
-LIMIT_EXCEEDED = "memory_save_failed_limit_exceeded"
-AMBIGUOUS_USER = "memory_save_failed_ambiguous_user"
-USER_NOT_FOUND = "memory_save_failed_user_not_found"
-PRIVACY_RESTRICTED = "memory_save_failed_privacy_restricted"
-INTERNAL_ERROR = "memory_save_failed_internal_error"
-DB_ERROR = "memory_save_failed_db_error"
 
 SERVER_WIDE = "server_wide"
 TARGET_USER = "target_user"
@@ -40,7 +30,7 @@ Invalidation = ServerStateInvalidation | UserInvalidation
 class Outcome:
     """The decision for one event: the result's status, sentence and data, plus a save's side outputs."""
 
-    status: str
+    status: Status
     error: str | None
     data: dict[str, Any]
     memory_id: int | None = None
@@ -50,7 +40,7 @@ class Outcome:
 
     @property
     def success(self) -> bool:
-        return self.status == SAVED
+        return self.status == Status.SAVED
 
     def result(self, event: ToolCallEvent, processed_at: datetime, *, replayed: bool = False) -> ToolResult:
         """The tool result message of CONTRACT.md for this outcome."""
@@ -82,14 +72,14 @@ class Outcome:
         )
 
 
-def failure(status: str, error: str, reason: str | None = None, **data: Any) -> Outcome:
+def failure(status: Status, error: str, reason: str | None = None, **data: Any) -> Outcome:
     """A failed outcome; ``data.reason`` defaults to the error sentence, as most original branches do."""
     return Outcome(status=status, error=error, data={"status": status, **data, "reason": reason or error})
 
 
 # Step 1 and 4: arguments
 def invalid_arguments(sentence: str) -> Outcome:
-    return failure(INVALID_ARGS, sentence)
+    return failure(Status.INVALID_ARGS, sentence)
 
 
 CONTENT_MISSING = "The 'memory_content' argument was missing, empty, or not a string"
@@ -97,17 +87,17 @@ TARGET_MISSING = "The 'target_user' argument is required when 'memory_scope' is 
 
 
 def content_missing() -> Outcome:
-    return failure(INVALID_ARGS, CONTENT_MISSING)
+    return failure(Status.INVALID_ARGS, CONTENT_MISSING)
 
 
 def target_missing() -> Outcome:
-    return failure(INVALID_ARGS, TARGET_MISSING, scope=TARGET_USER)
+    return failure(Status.INVALID_ARGS, TARGET_MISSING, scope=TARGET_USER)
 
 
 # Step 2
 def disabled() -> Outcome:
     return failure(
-        DISABLED,
+        Status.DISABLED,
         "Self-teaching is disabled for this server",
         "Self-teaching functionality is disabled for this server",
     )
@@ -118,14 +108,14 @@ CRITICAL_STATE_MISSING = "Internal bot error: Critical state information is miss
 
 
 def critical_state_missing() -> Outcome:
-    return failure(INTERNAL_ERROR, CRITICAL_STATE_MISSING)
+    return failure(Status.INTERNAL_ERROR, CRITICAL_STATE_MISSING)
 
 
 # Step 5: the target
 def ambiguous_user(input_text: str, labels: tuple[str, ...]) -> Outcome:
     shown = list(labels[:3])
     return failure(
-        AMBIGUOUS_USER,
+        Status.AMBIGUOUS_USER,
         f'Multiple users match "{input_text}". Please clarify which one you mean: {", ".join(shown)}.',
         "Multiple users matched the requested target.",
         scope=TARGET_USER,
@@ -135,7 +125,7 @@ def ambiguous_user(input_text: str, labels: tuple[str, ...]) -> Outcome:
 
 def user_not_found(input_text: str) -> Outcome:
     return failure(
-        USER_NOT_FOUND,
+        Status.USER_NOT_FOUND,
         f'Could not find a user matching "{input_text}" in this conversation or server.',
         "The requested user was not found in this conversation or server.",
         scope=TARGET_USER,
@@ -145,20 +135,20 @@ def user_not_found(input_text: str) -> Outcome:
 # Step 7
 def content_too_long(max_length: int) -> Outcome:
     return failure(
-        INVALID_CONTENT,
+        Status.INVALID_CONTENT,
         f"Memory content is too long. Maximum length is {max_length} characters.",
         f"Memory content exceeds maximum length of {max_length} characters",
     )
 
 
 def content_empty() -> Outcome:
-    return failure(INVALID_CONTENT, "Memory content cannot be empty")
+    return failure(Status.INVALID_CONTENT, "Memory content cannot be empty")
 
 
 # Step 8
 def lineage_zero() -> Outcome:
     return failure(
-        INTERNAL_ERROR,
+        Status.INTERNAL_ERROR,
         "Internal configuration error: this persona has an invalid lineage ID.",
         "Persona lineage ID is 0, which is reserved for global memories. Schema migration may not have run.",
     )
@@ -167,7 +157,7 @@ def lineage_zero() -> Outcome:
 # Step 9: server-wide branch
 def server_limit_reached(count: int, max_allowed: int) -> Outcome:
     return failure(
-        LIMIT_EXCEEDED,
+        Status.LIMIT_EXCEEDED,
         f"Server memory limit reached. This server can have up to {max_allowed} memories "
         f"(currently: {count}).",
         f"Server memory limit of {max_allowed} memories has been reached. Please inform the user that they "
@@ -181,7 +171,7 @@ def server_limit_reached(count: int, max_allowed: int) -> Outcome:
 # Step 10: personal branch
 def target_unknown(label: str) -> Outcome:
     return failure(
-        USER_NOT_FOUND,
+        Status.USER_NOT_FOUND,
         f"I don't know {label} yet, so I cannot save a personal memory for them.",
         "I can only save personal memories for users I already know.",
         scope=TARGET_USER,
@@ -190,7 +180,7 @@ def target_unknown(label: str) -> Outcome:
 
 def privacy_restricted(name: str) -> Outcome:
     return failure(
-        PRIVACY_RESTRICTED,
+        Status.PRIVACY_RESTRICTED,
         f"Cannot save personal memory: {name} has privacy restrictions.",
         f"The user {name} has chosen to restrict personal memory storage. I cannot save personal memories "
         "about them unless they change their privacy settings using '/personal config'.",
@@ -200,7 +190,7 @@ def privacy_restricted(name: str) -> Outcome:
 
 def personal_limit_reached(name: str, count: int, max_allowed: int) -> Outcome:
     return failure(
-        LIMIT_EXCEEDED,
+        Status.LIMIT_EXCEEDED,
         f"Personal memory limit reached. Users can have up to {max_allowed} personal memories "
         f"(currently: {count}).",
         f"Personal memory limit of {max_allowed} memories has been reached for this user. Please inform the "
@@ -216,9 +206,9 @@ def personal_limit_reached(name: str, count: int, max_allowed: int) -> Outcome:
 # Failures that are not the pipeline's verdict (dead letters, CONTRACT.md)
 def database_error() -> Outcome:
     """Sent with a ``transient_exhausted`` dead letter: the database never became available."""
-    return failure(DB_ERROR, "Database error occurred while saving memory", "Database error occurred")
+    return failure(Status.DB_ERROR, "Database error occurred while saving memory", "Database error occurred")
 
 
 def internal_error(reason: str) -> Outcome:
     """Sent with an ``internal`` or ``schema`` dead letter whose ids could still be read."""
-    return failure(INTERNAL_ERROR, "Internal bot error: the memory could not be processed", reason)
+    return failure(Status.INTERNAL_ERROR, "Internal bot error: the memory could not be processed", reason)

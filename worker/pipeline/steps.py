@@ -17,6 +17,7 @@ from contracts.models import (
     GuildMember,
     Notification,
     ServerStateInvalidation,
+    Status,
     ToolCallEvent,
     UserInvalidation,
 )
@@ -236,13 +237,13 @@ def limit_reached(plan: SavePlan, count: int, limits: Limits) -> Outcome:
 
 def saved(plan: SavePlan, memory_id: int) -> Outcome:
     """The success outcome once the row is inserted."""
-    data: dict[str, Any] = {"status": outcome.SAVED, "scope": plan.scope}
+    data: dict[str, Any] = {"status": Status.SAVED, "scope": plan.scope}
     if plan.scope == outcome.TARGET_USER:
         data["target_user"] = plan.target_label
     data["memory_id"] = memory_id
     data["content_saved"] = plan.content
     return Outcome(
-        status=outcome.SAVED,
+        status=Status.SAVED,
         error=None,
         data=data,
         memory_id=memory_id,
