@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from contracts.models import ToolCallEvent
+from contracts.models import ToolCallEvent, ToolResult
 
 GUILD = "1150000000000000001"
 CHANNEL = "1150000000000000100"
@@ -56,6 +56,11 @@ def event_body(
 def event(arguments: Any, **kwargs: Any) -> ToolCallEvent:
     """The parsed event for :func:`event_body`."""
     return ToolCallEvent.model_validate_json(json.dumps(event_body(arguments, **kwargs)))
+
+
+def published(result: ToolResult) -> dict[str, Any]:
+    """A tool result as the publisher serialises it (the JSON a shard receives)."""
+    return result.model_dump(mode="json")
 
 
 def member(

@@ -24,7 +24,7 @@ from worker.config import Topology
 from worker.faults import describe
 from worker.metrics import Metrics
 from worker.pipeline import outcome
-from worker.service.process import ProcessedEvent, utcnow
+from worker.service.process import ProcessedEvent, failure_answer
 from worker.settle import DeadLetter, RetryPolicy, route_failure
 from worker.tracing import Attribute, EventSpan, EventTracer, in_step
 
@@ -143,7 +143,7 @@ class EventHandler:
             if processed.replayed:
                 self._metrics.replayed.inc()
             if processed.memory_id is not None:
-                log.debug("memory content", content=processed.result["data"].get("content_saved"))
+                log.debug("memory content", content=processed.result.data.get("content_saved"))
             log.info(
                 "event processed",
                 status=processed.status,
@@ -279,12 +279,11 @@ class EventHandler:
         self._metrics.dead_letters.labels(kind).inc()
         if ids is not None and failure is not None:
             try:
-                result = failure.result_for(ids.event_id, ids.tool_call_id, ids.tool_name, utcnow())
                 await self._publisher.publish_outputs(
                     event_id=ids.event_id,
                     tool_call_id=ids.tool_call_id,
                     shard_id=ids.shard_id,
-                    result=result.model_dump(mode="json"),
+                    result=failure_answer(ids, failure),
                     notification=None,
                     traceparent=traceparent,
                 )

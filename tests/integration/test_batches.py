@@ -13,7 +13,7 @@ import pytest
 
 from contracts.models import Status, ToolCallEvent
 from tests.e2e.outages import Gate
-from tests.factories import BotRows, World, event, member
+from tests.factories import BotRows, World, event, member, published
 from worker.config import Limits
 from worker.service.batcher import Batcher
 from worker.service.process import ProcessedEvent, process_batch, process_event
@@ -55,7 +55,7 @@ def mixed_events(world: World) -> list[ToolCallEvent]:
 
 def comparable(done: ProcessedEvent) -> dict[str, Any]:
     """An answer without what differs between two runs of the same event (ids)."""
-    result = {k: v for k, v in done.result.items() if k not in ("event_id", "tool_call_id")}
+    result = {k: v for k, v in published(done.result).items() if k not in ("event_id", "tool_call_id")}
     result["data"] = {k: v for k, v in result["data"].items() if k != "memory_id"}
     notice = {k: v for k, v in (done.notification or {}).items() if k != "event_id"}
     return {"status": done.status, "result": result, "notice": notice, "saved": done.memory_id is not None}
@@ -93,7 +93,7 @@ async def test_a_batch_answers_each_event_as_it_would_alone(pool: asyncpg.Pool, 
     assert len(set(ids)) == len(ids) == 3
     for done in together:
         if done.memory_id is not None:
-            assert done.result["data"]["memory_id"] == done.memory_id
+            assert published(done.result)["data"]["memory_id"] == done.memory_id
 
 
 async def test_a_batch_fills_a_scope_in_order_and_stops_at_the_limit(
@@ -112,7 +112,7 @@ async def test_a_batch_fills_a_scope_in_order_and_stops_at_the_limit(
     statuses = Counter(d.status for d in done)
     assert statuses == {Status.SAVED: 3, Status.LIMIT_EXCEEDED: 5}
     full = [d for d in done if d.status == Status.LIMIT_EXCEEDED]
-    assert all(d.result["data"]["current_count"] == 5 for d in full)
+    assert all(published(d.result)["data"]["current_count"] == 5 for d in full)
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 5
     assert await rows.conn.fetchval("SELECT count(*) FROM ltm_processed_events") == 8
 
@@ -154,8 +154,8 @@ async def test_the_same_event_twice_in_one_batch_is_written_once(pool: asyncpg.P
     done = await process_batch(pool, [(ev, 1), (failing, 1), (ev, 2), (failing, 1)], Limits())
 
     assert [d.replayed for d in done] == [False, False, True, True]
-    assert done[2].result == {**done[0].result, "replayed": True}
-    assert done[3].result == {**done[1].result, "replayed": True}
+    assert published(done[2].result) == {**published(done[0].result), "replayed": True}
+    assert published(done[3].result) == {**published(done[1].result), "replayed": True}
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
     assert await rows.conn.fetchval("SELECT count(*) FROM ltm_processed_events") == 2
 

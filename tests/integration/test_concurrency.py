@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from contracts.models import Status
-from tests.factories import BotRows, event, member
+from tests.factories import BotRows, event, member, published
 from worker.config import Limits
 from worker.service.process import process_event
 from worker.store.pool import create_pool
@@ -103,7 +103,7 @@ async def test_same_event_twice_in_sequence_writes_one_row(wide_pool: asyncpg.Po
 
     assert first.replayed is False
     assert second.replayed is True
-    assert second.result == {**first.result, "replayed": True}
+    assert published(second.result) == {**published(first.result), "replayed": True}
     assert second.notification == first.notification
     assert second.invalidation == first.invalidation
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
@@ -113,7 +113,7 @@ async def test_failure_outcomes_are_replayed_too(wide_pool: asyncpg.Pool, rows: 
     ev = event({"memory_content": "x"}, persona_id=1)
     first = await process_event(wide_pool, ev, Limits())
     second = await process_event(wide_pool, ev, Limits())
-    assert second.result == {**first.result, "replayed": True}
+    assert published(second.result) == {**published(first.result), "replayed": True}
 
 
 async def test_same_event_concurrently_writes_one_row(wide_pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -136,7 +136,7 @@ async def test_same_event_concurrently_writes_one_row(wide_pool: asyncpg.Pool, r
     originals = [r for r in results if not r.replayed]
     assert len(originals) == 1
     for replay in results:
-        assert {**replay.result, "replayed": False} == originals[0].result
+        assert {**published(replay.result), "replayed": False} == published(originals[0].result)
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
     assert await rows.conn.fetchval("SELECT count(*) FROM ltm_processed_events") == 1
 
@@ -157,6 +157,6 @@ async def test_a_rolled_back_event_leaves_nothing_behind(wide_pool: asyncpg.Pool
 
     await rows.conn.execute("ALTER TABLE ltm_processed_events DROP CONSTRAINT fail_on_save")
     done = await process_event(wide_pool, ev, Limits())
-    assert done.result["success"] is True
+    assert published(done.result)["success"] is True
     assert done.replayed is False
     assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1

@@ -25,8 +25,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
@@ -53,6 +55,7 @@ from tests.services import (
     with_path,
 )
 from worker.bench.shards import Shard as BenchShard
+from worker.broker.envelope import RoutableIds
 from worker.broker.publisher import Publisher
 from worker.broker.topology import (
     dead_letter_queue_arguments,
@@ -64,6 +67,7 @@ from worker.broker.topology import (
 )
 from worker.config import Settings, Topology
 from worker.metrics import Metrics
+from worker.pipeline.outcome import internal_error
 from worker.sampler import Sampler
 
 pytestmark = pytest.mark.integration
@@ -445,7 +449,7 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
         results = await bind_shard_queue(bot_channel, "results", TOPOLOGY.results_exchange)
         notices = await bind_shard_queue(bot_channel, "notifications", TOPOLOGY.notifications_exchange)
         tool_calls = await bot_channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
-        event_id = f"deploy-{secrets.token_hex(4)}"
+        event_id = str(uuid.uuid4())
         await tool_calls.publish(
             aio_pika.Message(b'{"deploy": true}', message_id=event_id),
             TOPOLOGY.routing_keys[0],
@@ -459,7 +463,10 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
             event_id=event_id,
             tool_call_id="call_1",
             shard_id=SHARD_ID,
-            result={"event_id": event_id, "success": True},
+            result=internal_error("deploy test").result(
+                RoutableIds(uuid.UUID(event_id), "call_1", SHARD_ID, "create_long_term_memory"),
+                datetime.now(UTC),
+            ),
             notification={"event_id": event_id},
             traceparent=None,
         )

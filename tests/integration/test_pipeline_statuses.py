@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from contracts.models import Status, ToolCallEvent
-from tests.factories import BOT, GUILD, TRIGGER, BotRows, event, member, participant
+from tests.factories import BOT, GUILD, TRIGGER, BotRows, event, member, participant, published
 from tests.schemas import assert_conforms
 from worker.config import Limits
 from worker.service import process
@@ -27,8 +27,8 @@ OTHER = "1150000000000000202"
 async def process_event(pool: asyncpg.Pool, ev: ToolCallEvent, limits: Limits) -> ProcessedEvent:
     """The unit of work, with every output it returns checked against the committed JSON Schemas."""
     done = await process.process_event(pool, ev, limits)
-    assert_conforms("tool_result.v1.json", done.result)
-    assert_conforms("tool_result.v1.json", done.as_replay().result)
+    assert_conforms("tool_result.v1.json", published(done.result))
+    assert_conforms("tool_result.v1.json", published(done.as_replay().result))
     if done.notification is not None:
         assert_conforms("notification.v1.json", done.notification)
     if done.invalidation is not None:
@@ -45,7 +45,7 @@ def personal_args(target: str, content: str = "{user} likes cats") -> dict[str, 
 
 
 def assert_failure(done: ProcessedEvent, status: str, error: str, **data: Any) -> None:
-    result = done.result
+    result = published(done.result)
     assert result["success"] is False
     assert result["status"] == status
     assert result["message"] is None
@@ -64,7 +64,7 @@ async def test_server_wide_save_writes_the_row_and_every_output(pool: asyncpg.Po
 
     done = await process_event(pool, ev, Limits())
 
-    result = done.result
+    result = published(done.result)
     assert result["success"] is True
     assert result["status"] == Status.SAVED
     assert result["message"] == "Memory saved successfully"
@@ -109,7 +109,7 @@ async def test_alias_tool_name_is_echoed(pool: asyncpg.Pool, rows: BotRows) -> N
     done = await process_event(
         pool, event(server_args(), persona_id=world.persona_id, tool_name="remember_this_fact"), Limits()
     )
-    assert done.result["tool_name"] == "remember_this_fact"
+    assert published(done.result)["tool_name"] == "remember_this_fact"
 
 
 async def test_personal_save_for_a_known_guild_member(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -123,7 +123,7 @@ async def test_personal_save_for_a_known_guild_member(pool: asyncpg.Pool, rows: 
 
     done = await process_event(pool, ev, Limits())
 
-    assert done.result["data"] == {
+    assert published(done.result)["data"] == {
         "status": Status.SAVED,
         "scope": "target_user",
         "target_user": "Sparrow (@sparrow_ow)",
@@ -191,7 +191,7 @@ async def test_invalid_arguments(pool: asyncpg.Pool, rows: BotRows, arguments: A
     world = await rows.world()
     done = await process_event(pool, event(arguments, persona_id=world.persona_id), Limits())
     assert_failure(done, Status.INVALID_ARGS, error, reason=error)
-    assert set(done.result["data"]) == {"status", "reason"}
+    assert set(published(done.result)["data"]) == {"status", "reason"}
 
 
 async def test_blank_content_is_invalid_after_trim(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -222,7 +222,7 @@ async def test_legacy_target_names_are_read_in_order(pool: asyncpg.Pool, rows: B
     done = await process_event(
         pool, event(args, persona_id=world.persona_id, members=[member(SPARROW, "sparrow")]), Limits()
     )
-    assert done.result["data"]["target_user"] == "sparrow"
+    assert published(done.result)["data"]["target_user"] == "sparrow"
 
 
 async def test_self_teaching_disabled(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -275,7 +275,7 @@ async def test_critical_state_unknown_trigger(pool: asyncpg.Pool, rows: BotRows)
 
 async def test_arguments_are_judged_before_critical_state(pool: asyncpg.Pool, rows: BotRows) -> None:
     done = await process_event(pool, event({"memory_content": "x"}, persona_id=1), Limits())
-    assert done.result["status"] == Status.INVALID_ARGS
+    assert published(done.result)["status"] == Status.INVALID_ARGS
 
 
 async def test_ambiguous_target(pool: asyncpg.Pool, rows: BotRows) -> None:
@@ -322,7 +322,7 @@ async def test_content_too_long_counts_utf16_units(pool: asyncpg.Pool, rows: Bot
     world = await rows.world()
     limits = Limits(max_memory_length=10)
     fits = await process_event(pool, event(server_args("🐶" * 5), persona_id=world.persona_id), limits)
-    assert fits.result["success"] is True
+    assert published(fits.result)["success"] is True
     too_long = await process_event(
         pool, event(server_args("🐶" * 5 + "a"), persona_id=world.persona_id), limits
     )
@@ -436,8 +436,8 @@ async def test_target_that_is_the_bot_falls_back_to_server_wide(pool: asyncpg.Po
         participants=[participant(BOT, "Tomori", ["Tomori"])],
     )
     done = await process_event(pool, ev, Limits())
-    assert done.result["data"]["scope"] == "server_wide"
-    assert done.result["data"]["content_saved"] == "{bot} likes tea"
+    assert published(done.result)["data"]["scope"] == "server_wide"
+    assert published(done.result)["data"]["content_saved"] == "{bot} likes tea"
     assert done.invalidation is not None
     assert done.invalidation["kind"] == "tomori_state"
 
@@ -452,8 +452,8 @@ async def test_bridge_target_substitutes_user_and_saves_server_wide(
         participants=[participant("@alice:matrix.org", "Alice", ["Alice"], is_bridge=True)],
     )
     done = await process_event(pool, ev, Limits())
-    assert done.result["data"]["scope"] == "server_wide"
-    assert done.result["data"]["content_saved"] == "Alice likes {User} and Alice"
+    assert published(done.result)["data"]["scope"] == "server_wide"
+    assert published(done.result)["data"]["content_saved"] == "Alice likes {User} and Alice"
     stored = await rows.conn.fetchval("SELECT content FROM server_memories")
     assert stored == "Alice likes {User} and Alice"
 
@@ -463,10 +463,10 @@ async def test_direct_message_uses_the_users_own_server_row(pool: asyncpg.Pool, 
     persona_id, _ = await rows.persona(server_id)
     await rows.user(TRIGGER, nickname="Sparrow")
     done = await process_event(pool, event(server_args(), persona_id=persona_id, guild=None), Limits())
-    assert done.result["success"] is True
+    assert published(done.result)["success"] is True
     assert done.invalidation == {
         "schema_version": 1,
-        "event_id": done.result["event_id"],
+        "event_id": published(done.result)["event_id"],
         "kind": "tomori_state",
         "server_disc_id": TRIGGER,
     }
@@ -481,7 +481,7 @@ async def test_content_is_trimmed_and_sanitised_before_saving(pool: asyncpg.Pool
         event(server_args("  {User} calls {bot} {{nickname}} and {first}  "), persona_id=world.persona_id),
         Limits(),
     )
-    assert done.result["data"]["content_saved"] == "{User} calls {bot} nickname and first"
+    assert published(done.result)["data"]["content_saved"] == "{User} calls {bot} nickname and first"
 
 
 async def test_personal_footer_follows_server_flags_and_blacklist(pool: asyncpg.Pool, rows: BotRows) -> None:

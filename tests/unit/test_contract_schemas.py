@@ -429,12 +429,12 @@ def subschemas(schema: dict[str, Any], where: str = "#") -> list[tuple[str, dict
 
 
 def result_of(outcome: Any, *, event_id: str = EVENT_ID) -> dict[str, Any]:
+    from worker.broker.envelope import RoutableIds
     from worker.pipeline.outcome import Outcome
 
     assert isinstance(outcome, Outcome)
-    return outcome.result_for(
-        UUID(event_id), "call_8731", "create_long_term_memory", datetime(2026, 12, 2, 8, tzinfo=UTC)
-    ).model_dump(mode="json")
+    ids = RoutableIds(UUID(event_id), "call_8731", 0, "create_long_term_memory")
+    return outcome.result(ids, datetime(2026, 12, 2, 8, tzinfo=UTC)).model_dump(mode="json")
 
 
 @pytest.mark.parametrize("name", sorted(json_schemas()))

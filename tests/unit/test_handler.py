@@ -7,13 +7,13 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from contracts.models import DeadLetterKind, Status
-from tests.factories import event_body
+from contracts.models import SAVED_MESSAGE, DeadLetterKind, Status, ToolResult
+from tests.factories import event_body, published
 from worker.config import Topology
 from worker.faults import TransientError
 from worker.handler import EventHandler
@@ -67,10 +67,10 @@ class FakePublisher:
     #: exceptions to raise, by operation ("outputs", "dead_letter", "retry")
     fail: dict[str, Exception] = field(default_factory=dict)
 
-    async def publish_outputs(self, *, result: dict[str, Any], **kwargs: Any) -> None:
+    async def publish_outputs(self, *, result: ToolResult, **kwargs: Any) -> None:
         if "outputs" in self.fail:
             raise self.fail["outputs"]
-        self.outputs.append((str(kwargs["event_id"]), result))
+        self.outputs.append((str(kwargs["event_id"]), published(result)))
 
     async def dead_letter(self, message: FakeMessage, *, kind: str, error: str, attempts: int) -> None:
         if "dead_letter" in self.fail:
@@ -102,7 +102,17 @@ class FakeInvalidations:
 
 
 def saved(event_id: str) -> ProcessedEvent:
-    result = {"event_id": event_id, "status": Status.SAVED, "data": {"memory_id": 7}}
+    result = ToolResult(
+        event_id=uuid.UUID(event_id),
+        tool_call_id="call_1",
+        tool_name="create_long_term_memory",
+        success=True,
+        status=Status.SAVED,
+        message=SAVED_MESSAGE,
+        error=None,
+        data={"memory_id": 7},
+        processed_at=datetime.now(UTC),
+    )
     invalidation = {"schema_version": 1, "event_id": event_id, "kind": "user", "user_disc_id": "1" * 18}
     return ProcessedEvent(Status.SAVED, 7, result, {"notice": 1}, invalidation, replayed=False)
 

@@ -17,7 +17,7 @@ import aio_pika
 import orjson
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind
+from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind, ToolResult
 from worker.faults import TransientError
 
 #: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping)
@@ -58,16 +58,17 @@ class Publisher:
         event_id: UUID | str,
         tool_call_id: str,
         shard_id: int,
-        result: Mapping[str, Any],
+        result: ToolResult,
         notification: Mapping[str, Any] | None,
         traceparent: str | None,
     ) -> None:
         """Publish the result (and the notice, after a save) and wait until both are confirmed."""
         headers = {TRACEPARENT: traceparent} if traceparent else None
         key = shard_routing_key(shard_id)
+        body = result.model_dump(mode="json")
         publishes = [
             _confirmed(
-                self._results, _output(result, f"result:{event_id}", tool_call_id, RESULT_TYPE, headers), key
+                self._results, _output(body, f"result:{event_id}", tool_call_id, RESULT_TYPE, headers), key
             )
         ]
         if notification is not None:

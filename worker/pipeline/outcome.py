@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from contracts.models import (
@@ -15,7 +15,6 @@ from contracts.models import (
     Notification,
     ServerStateInvalidation,
     Status,
-    ToolCallEvent,
     ToolResult,
     UserInvalidation,
 )
@@ -24,6 +23,20 @@ SERVER_WIDE = "server_wide"
 TARGET_USER = "target_user"
 
 Invalidation = ServerStateInvalidation | UserInvalidation
+
+
+class EventIds(Protocol):
+    """What a result needs to know of its event: a :class:`ToolCallEvent`, or the ids a shard can still be
+    answered by when the rest of the envelope is broken (:class:`worker.broker.envelope.RoutableIds`)."""
+
+    @property
+    def event_id(self) -> UUID: ...
+
+    @property
+    def tool_call_id(self) -> str: ...
+
+    @property
+    def tool_name(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,33 +55,19 @@ class Outcome:
     def success(self) -> bool:
         return self.status == Status.SAVED
 
-    def result(self, event: ToolCallEvent, processed_at: datetime, *, replayed: bool = False) -> ToolResult:
-        """The tool result message of CONTRACT.md for this outcome."""
-        return self.result_for(
-            event.event_id, event.tool_call_id, event.tool_name, processed_at, replayed=replayed
-        )
-
-    def result_for(
-        self,
-        event_id: UUID,
-        tool_call_id: str,
-        tool_name: str,
-        processed_at: datetime,
-        *,
-        replayed: bool = False,
-    ) -> ToolResult:
-        """The tool result for an event known only by its ids (a dead letter whose envelope is broken)."""
+    def result(self, ids: EventIds, processed_at: datetime) -> ToolResult:
+        """The tool result message of CONTRACT.md for this outcome, answering the event ``ids`` names (a
+        replay is answered from the ledger's copy instead: :mod:`worker.service.process`)."""
         return ToolResult(
-            event_id=event_id,
-            tool_call_id=tool_call_id,
-            tool_name=tool_name,
+            event_id=ids.event_id,
+            tool_call_id=ids.tool_call_id,
+            tool_name=ids.tool_name,
             success=self.success,
             status=self.status,
             message=SAVED_MESSAGE if self.success else None,
             error=self.error,
             data=self.data,
             processed_at=processed_at,
-            replayed=replayed,
         )
 
 

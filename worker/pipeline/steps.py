@@ -235,12 +235,17 @@ def limit_reached(plan: SavePlan, count: int, limits: Limits) -> Outcome:
     return outcome.personal_limit_reached(plan.target_label or "", count, max_allowed)
 
 
-def saved(plan: SavePlan, memory_id: int) -> Outcome:
-    """The success outcome once the row is inserted."""
+def saved(plan: SavePlan, memory_id: int | None) -> Outcome:
+    """The success outcome of ``plan``, its row inserted as ``memory_id``.
+
+    ``None`` is the ledger's copy that goes with the write, before the row exists: its ``data`` has no
+    ``memory_id``, which the database writes in as it draws the id (``ltm_save_event``, migration 0004).
+    """
     data: dict[str, Any] = {"status": Status.SAVED, "scope": plan.scope}
     if plan.scope == outcome.TARGET_USER:
         data["target_user"] = plan.target_label
-    data["memory_id"] = memory_id
+    if memory_id is not None:
+        data["memory_id"] = memory_id
     data["content_saved"] = plan.content
     return Outcome(
         status=Status.SAVED,

@@ -7,6 +7,11 @@ The read is its own statement: under READ COMMITTED a read inside the writing tr
 its own snapshot all the same, and what must be atomic (claim, limit, row, outcome) is. A write that
 fails for any reason rolls back whole: no memory row, no recorded outcome, so the event can be
 processed again for real (a retry or a dead-letter replay).
+
+Every tool result the worker sends is built here, once, typed: an outcome that saves nothing before its
+write (the ledger stores it as it is), a save's after its write has drawn the memory's id (the ledger's
+copy goes with the write without the id, which the statement writes in), a replay from the ledger's copy,
+and the answer that goes with a dead letter (:func:`failure_answer`).
 """
 
 from __future__ import annotations
@@ -18,28 +23,31 @@ from typing import Any
 
 import asyncpg
 
-from contracts.models import ToolCallEvent
+from contracts.models import Status, ToolCallEvent, ToolResult
 from worker.config import Limits
 from worker.pipeline.notice import mentioned_user_ids
-from worker.pipeline.outcome import Outcome
+from worker.pipeline.outcome import EventIds, Outcome
 from worker.pipeline.steps import SavePlan, decide, limit_reached, max_for, saved
 from worker.store import repository as repo
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessedEvent:
-    """What to publish for an event, from this transaction or from the ledger (``replayed``)."""
+    """What to publish for an event, from this transaction or from the ledger (``replayed``).
 
-    status: str
+    The result stays typed until the publisher serialises it; the notice and the invalidation are the JSON
+    the ledger holds, as they are published (a replay re-emits them from the ledger as they are)."""
+
+    status: Status
     memory_id: int | None
-    result: dict[str, Any]
+    result: ToolResult
     notification: dict[str, Any] | None
     invalidation: dict[str, Any] | None
     replayed: bool
 
     def as_replay(self) -> ProcessedEvent:
         """The same outputs re-emitted: identical but for ``replayed: true`` in the result."""
-        return replace(self, result={**self.result, "replayed": True}, replayed=True)
+        return replace(self, result=self.result.model_copy(update={"replayed": True}), replayed=True)
 
 
 def utcnow() -> datetime:
@@ -89,19 +97,14 @@ async def process_batch(
                 writes.append(_save(k, event, decision, limits, attempts, processed_at))
             else:
                 writes.append(_record(k, event, decision, attempts, processed_at))
-        duplicates = await _write(conn, writes, answers)
+        duplicates, full = await _write(conn, writes, answers)
         limit_writes = [
-            _record(
-                w.index,
-                jobs[w.index][0],
-                limit_reached(w.plan, w.full_count, limits),
-                jobs[w.index][1],
-                processed_at,
-            )
-            for w in writes
-            if w.plan is not None and w.full_count is not None
+            _record(w.index, w.event, limit_reached(w.plan, count, limits), w.item.attempts, processed_at)
+            for w, count in full
+            if w.plan is not None
         ]
-        duplicates += await _write(conn, limit_writes, answers)
+        more, _ = await _write(conn, limit_writes, answers)
+        duplicates += more
         if duplicates:
             # another delivery of these events recorded their outcome first: answer with it
             stored = await repo.load_outcomes(conn, [jobs[k][0].event_id for k in duplicates])
@@ -139,26 +142,23 @@ def _user_ids(event: ToolCallEvent) -> set[str]:
     return ids
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Write:
-    """One event's write in a batch, and what to answer once it is applied."""
+    """One event's write in a batch. A save's answer is built once the write has drawn its memory's id (or
+    found its scope full); an outcome that saves nothing is its ``answer`` already."""
 
     index: int
-    item: dict[str, Any]
-    answer: ProcessedEvent
-    plan: SavePlan | None = None  # a save: the memory_id and the limit are known after the write
-    full_count: int | None = None  # a save that found its scope full: the count it found
+    event: ToolCallEvent
+    item: repo.SaveItem | repo.RecordItem
+    plan: SavePlan | None = None
+    answer: ToolResult | None = None
 
 
 def _save(
     index: int, event: ToolCallEvent, plan: SavePlan, limits: Limits, attempts: int, processed_at: datetime
 ) -> _Write:
     """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
-    success = saved(plan, memory_id=0)  # the id is filled in by the database
-    result = success.result(event, processed_at).model_dump(mode="json")
-    notification = plan.notification.model_dump(mode="json")
-    invalidation = plan.invalidation.model_dump(mode="json")
-    item = repo.save_item(
+    item = repo.SaveItem(
         event.event_id,
         event.tool_call_id,
         event.tool_name,
@@ -170,66 +170,75 @@ def _save(
         author_id=plan.author_user_id,
         content=plan.content,
         max_allowed=max_for(plan, limits),
-        result=result,
-        notice=notification,
-        invalidation=invalidation,
+        result=saved(plan, memory_id=None).result(event, processed_at).model_dump(mode="json"),
+        notice=plan.notification.model_dump(mode="json"),
+        invalidation=plan.invalidation.model_dump(mode="json"),
         attempts=attempts,
         processed_at=processed_at,
     )
-    answer = ProcessedEvent(success.status, None, result, notification, invalidation, replayed=False)
-    return _Write(index, item, answer, plan=plan)
+    return _Write(index, event, item, plan=plan)
 
 
 def _record(
     index: int, event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime
 ) -> _Write:
     """Record an outcome that saved nothing (every failure status)."""
-    result = final.result(event, processed_at).model_dump(mode="json")
-    item = repo.record_item(
+    answer = final.result(event, processed_at)
+    item = repo.RecordItem(
         event.event_id,
         event.tool_call_id,
         event.tool_name,
         event.shard_id,
         status=final.status,
         scope=final.scope,
-        result=result,
+        result=answer.model_dump(mode="json"),
         attempts=attempts,
         processed_at=processed_at,
     )
-    return _Write(index, item, ProcessedEvent(final.status, None, result, None, None, replayed=False))
+    return _Write(index, event, item, answer=answer)
 
 
 async def _write(
     conn: asyncpg.Connection, writes: Sequence[_Write], answers: list[ProcessedEvent | None]
-) -> list[int]:
-    """Apply ``writes`` in one statement and fill in ``answers``; returns the indexes of duplicates.
-
-    A save that found its scope full gets its ``full_count`` set and no answer (its limit outcome is a
-    second write)."""
+) -> tuple[list[int], list[tuple[_Write, int]]]:
+    """Apply ``writes`` in one statement and fill in ``answers``. Returns the indexes of the duplicates, and
+    the saves that found their scope full with the count they found (their limit outcome is a second
+    write)."""
     if not writes:
-        return []
+        return [], []
     duplicates: list[int] = []
+    full: list[tuple[_Write, int]] = []
     for w, done in zip(writes, await repo.write_many(conn, [w.item for w in writes]), strict=True):
         if done.duplicate:
             duplicates.append(w.index)
-        elif w.plan is None:
-            answers[w.index] = w.answer
+        elif w.answer is not None:
+            answers[w.index] = ProcessedEvent(w.answer.status, None, w.answer, None, None, replayed=False)
         elif done.memory_id is None:
             assert done.current_count is not None
-            w.full_count = done.current_count
+            full.append((w, done.current_count))
         else:
-            w.answer.result["data"]["memory_id"] = done.memory_id
-            answers[w.index] = replace(w.answer, memory_id=done.memory_id)
-    return duplicates
+            assert isinstance(w.item, repo.SaveItem)
+            assert w.plan is not None
+            answer = saved(w.plan, done.memory_id).result(w.event, w.item.processed_at)
+            answers[w.index] = ProcessedEvent(
+                Status.SAVED, done.memory_id, answer, w.item.notice, w.item.invalidation, replayed=False
+            )
+    return duplicates, full
+
+
+def failure_answer(ids: EventIds, failure: Outcome, *, clock: Callable[[], datetime] = utcnow) -> ToolResult:
+    """The result that goes with a dead letter (``internal_error``, ``db_error``: see
+    :func:`worker.settle.route_failure`), for an event known perhaps only by its ids."""
+    return failure.result(ids, clock())
 
 
 def _replay(stored: Mapping[str, Any]) -> ProcessedEvent:
     """A stored outcome re-emitted: identical to the first emission but for ``replayed: true``."""
     return ProcessedEvent(
-        status=stored["status"],
+        status=Status(stored["status"]),
         memory_id=stored["memory_id"],
-        result=stored["result"],
+        result=ToolResult.model_validate({**stored["result"], "replayed": True}),
         notification=stored["notice"],
         invalidation=stored["invalidation"],
-        replayed=False,
-    ).as_replay()
+        replayed=True,
+    )

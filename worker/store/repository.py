@@ -6,7 +6,7 @@ statement (:func:`write_many`) commits everything the events write at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -137,84 +137,83 @@ class Written:
     current_count: int | None
 
 
-def save_item(
-    event_id: UUID,
-    tool_call_id: str,
-    tool_name: str,
-    shard_id: int,
-    *,
-    scope: str,
-    owner_id: int,
-    lineage_id: int,
-    persona_id: int | None,
-    author_id: int | None,
-    content: str,
-    max_allowed: int,
-    result: Mapping[str, Any],
-    notice: Mapping[str, Any] | None,
-    invalidation: Mapping[str, Any] | None,
-    attempts: int,
-    processed_at: datetime,
-) -> dict[str, Any]:
-    """An item of :func:`write_many` that claims the event, locks and counts the scope, inserts the memory
-    and records the outcome (``ltm_save_event``, migration 0003)."""
+@dataclass(frozen=True, slots=True)
+class SaveItem:
+    """A save for :func:`write_many`: claim the event, lock and count the scope, insert the memory and record
+    the outcome (``ltm_save_event``, migration 0004). ``result`` is the ledger's copy of the answer without
+    ``data.memory_id``: the statement draws the id and writes it in."""
+
+    event_id: UUID
+    tool_call_id: str
+    tool_name: str
+    shard_id: int
+    scope: str
+    owner_id: int
+    lineage_id: int
+    persona_id: int | None
+    author_id: int | None
+    content: str
+    max_allowed: int
+    result: dict[str, Any]
+    notice: dict[str, Any]
+    invalidation: dict[str, Any]
+    attempts: int
+    processed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RecordItem:
+    """An outcome that saved nothing, for :func:`write_many`: only the event's claim and its answer."""
+
+    event_id: UUID
+    tool_call_id: str
+    tool_name: str
+    shard_id: int
+    status: str
+    scope: str | None
+    result: dict[str, Any]
+    attempts: int
+    processed_at: datetime
+
+
+def _item_json(item: SaveItem | RecordItem, i: int) -> dict[str, Any]:
+    """One element of ``ltm_save_events``' argument (its keys are documented in migration 0004)."""
+    common = {
+        "i": i,
+        "event_id": str(item.event_id),
+        "tool_call_id": item.tool_call_id,
+        "tool_name": item.tool_name,
+        "shard_id": item.shard_id,
+        "result": item.result,
+        "attempts": item.attempts,
+        "processed_at": item.processed_at.isoformat(),
+    }
+    if isinstance(item, RecordItem):
+        return {**common, "kind": "record", "status": item.status, "scope": item.scope}
     return {
+        **common,
         "kind": "save",
-        "event_id": str(event_id),
-        "tool_call_id": tool_call_id,
-        "tool_name": tool_name,
-        "shard_id": shard_id,
-        "scope": scope,
-        "owner_id": owner_id,
-        "lineage_id": lineage_id,
-        "persona_id": persona_id,
-        "author_id": author_id,
-        "content": content,
-        "max_allowed": max_allowed,
-        "result": result,
-        "notice": notice,
-        "invalidation": invalidation,
-        "attempts": attempts,
-        "processed_at": processed_at.isoformat(),
+        "scope": item.scope,
+        "owner_id": item.owner_id,
+        "lineage_id": item.lineage_id,
+        "persona_id": item.persona_id,
+        "author_id": item.author_id,
+        "content": item.content,
+        "max_allowed": item.max_allowed,
+        "notice": item.notice,
+        "invalidation": item.invalidation,
     }
 
 
-def record_item(
-    event_id: UUID,
-    tool_call_id: str,
-    tool_name: str,
-    shard_id: int,
-    *,
-    status: str,
-    scope: str | None,
-    result: Mapping[str, Any],
-    attempts: int,
-    processed_at: datetime,
-) -> dict[str, Any]:
-    """An item of :func:`write_many` that records an outcome that saved nothing."""
-    return {
-        "kind": "record",
-        "event_id": str(event_id),
-        "tool_call_id": tool_call_id,
-        "tool_name": tool_name,
-        "shard_id": shard_id,
-        "status": status,
-        "scope": scope,
-        "result": result,
-        "attempts": attempts,
-        "processed_at": processed_at.isoformat(),
-    }
-
-
-async def write_many(conn: asyncpg.Connection, items: Sequence[dict[str, Any]]) -> list[Written]:
-    """Apply ``items`` (from :func:`save_item` and :func:`record_item`) in one statement and one transaction
-    (``ltm_save_events``, migration 0004): all commit or none. Answers in item order.
+async def write_many(conn: asyncpg.Connection, items: Sequence[SaveItem | RecordItem]) -> list[Written]:
+    """Apply ``items`` in one statement and one transaction (``ltm_save_events``, migration 0004): all commit
+    or none. Answers in item order.
 
     The items are applied in event id order, whatever order they come in: with every scope lock taken
     first, that order keeps concurrent batches from deadlocking on each other's claims.
     """
-    order = sorted(range(len(items)), key=lambda k: items[k]["event_id"])
-    payload = [{**items[k], "i": k} for k in order]
+    order = sorted(range(len(items)), key=lambda k: items[k].event_id)
+    payload = [_item_json(items[k], k) for k in order]
     rows = await conn.fetch(
         "SELECT i, duplicate, memory_id, current_count FROM ltm_save_events($1::jsonb)", payload
     )
