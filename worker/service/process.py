@@ -87,7 +87,7 @@ async def process_batch(
     answers: list[ProcessedEvent | None] = [None] * len(jobs)
     async with pool.acquire() as conn:
         loaded = await repo.load_many(conn, [_request(event) for event, _ in jobs])
-        writes: list[_Write] = []
+        writes: list[_Save | _Record] = []
         for k, ((event, attempts), got) in enumerate(zip(jobs, loaded, strict=True)):
             if got.stored is not None:
                 answers[k] = _replay(got.stored)
@@ -101,7 +101,6 @@ async def process_batch(
         limit_writes = [
             _record(w.index, w.event, limit_reached(w.plan, count, limits), w.item.attempts, processed_at)
             for w, count in full
-            if w.plan is not None
         ]
         more, _ = await _write(conn, limit_writes, answers)
         duplicates += more
@@ -143,20 +142,28 @@ def _user_ids(event: ToolCallEvent) -> set[str]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Write:
-    """One event's write in a batch. A save's answer is built once the write has drawn its memory's id (or
-    found its scope full); an outcome that saves nothing is its ``answer`` already."""
+class _Save:
+    """A save in a batch: its answer is built once the write has drawn the memory's id (or found the scope
+    full, when the limit outcome is recorded instead)."""
 
     index: int
     event: ToolCallEvent
-    item: repo.SaveItem | repo.RecordItem
-    plan: SavePlan | None = None
-    answer: ToolResult | None = None
+    plan: SavePlan
+    item: repo.SaveItem
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """An outcome that saves nothing, in a batch: its answer is known before the write, and stored as is."""
+
+    index: int
+    answer: ToolResult
+    item: repo.RecordItem
 
 
 def _save(
     index: int, event: ToolCallEvent, plan: SavePlan, limits: Limits, attempts: int, processed_at: datetime
-) -> _Write:
+) -> _Save:
     """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
     item = repo.SaveItem(
         event.event_id,
@@ -176,12 +183,12 @@ def _save(
         attempts=attempts,
         processed_at=processed_at,
     )
-    return _Write(index, event, item, plan=plan)
+    return _Save(index, event, plan, item)
 
 
 def _record(
     index: int, event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime
-) -> _Write:
+) -> _Record:
     """Record an outcome that saved nothing (every failure status)."""
     answer = final.result(event, processed_at)
     item = repo.RecordItem(
@@ -195,30 +202,28 @@ def _record(
         attempts=attempts,
         processed_at=processed_at,
     )
-    return _Write(index, event, item, answer=answer)
+    return _Record(index, answer, item)
 
 
 async def _write(
-    conn: asyncpg.Connection, writes: Sequence[_Write], answers: list[ProcessedEvent | None]
-) -> tuple[list[int], list[tuple[_Write, int]]]:
+    conn: asyncpg.Connection, writes: Sequence[_Save | _Record], answers: list[ProcessedEvent | None]
+) -> tuple[list[int], list[tuple[_Save, int]]]:
     """Apply ``writes`` in one statement and fill in ``answers``. Returns the indexes of the duplicates, and
     the saves that found their scope full with the count they found (their limit outcome is a second
     write)."""
     if not writes:
         return [], []
     duplicates: list[int] = []
-    full: list[tuple[_Write, int]] = []
+    full: list[tuple[_Save, int]] = []
     for w, done in zip(writes, await repo.write_many(conn, [w.item for w in writes]), strict=True):
         if done.duplicate:
             duplicates.append(w.index)
-        elif w.answer is not None:
+        elif isinstance(w, _Record):
             answers[w.index] = ProcessedEvent(w.answer.status, None, w.answer, None, None, replayed=False)
         elif done.memory_id is None:
             assert done.current_count is not None
             full.append((w, done.current_count))
         else:
-            assert isinstance(w.item, repo.SaveItem)
-            assert w.plan is not None
             answer = saved(w.plan, done.memory_id).result(w.event, w.item.processed_at)
             answers[w.index] = ProcessedEvent(
                 Status.SAVED, done.memory_id, answer, w.item.notice, w.item.invalidation, replayed=False
