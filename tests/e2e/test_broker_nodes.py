@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import REPO, Shard, free_port
 from tests.factories import event_body
@@ -75,7 +76,7 @@ async def test_worker_and_dlq_use_the_node_that_answers(stack: Stack) -> None:
         await shard.publish(event)
         await shard.wait_for_results([event["event_id"]], timeout=30)
     [result] = shard.received.results[event["event_id"]]
-    assert result["status"] == "memory_saved_successfully"
+    assert result["status"] == Status.SAVED
 
     listed = await asyncio.to_thread(run, stack, "dlq", "list", LTM_RABBITMQ_URL=nodes)
     assert listed.returncode == 0, listed.stdout + listed.stderr

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from contracts.models import Status
 from tests.e2e.harness import REPO
 from worker import tracing
 from worker.config import load_settings
@@ -125,7 +126,7 @@ def test_spans_of_concurrent_events_do_not_nest(traced: TracedEvents, exporter: 
 
 def test_attributes_known_up_front_and_later(traced: TracedEvents, exporter: InMemorySpanExporter) -> None:
     with traced.event_span(TRACEPARENT, EVENT_ATTRIBUTES) as span:
-        span.set({"ltm.status": "memory_saved_successfully", "ltm.memory_id": 123, "ltm.replayed": False})
+        span.set({"ltm.status": Status.SAVED, "ltm.memory_id": 123, "ltm.replayed": False})
     attributes = dict(only_span(exporter).attributes or {})
     assert attributes == {
         "messaging.system": "rabbitmq",
@@ -135,7 +136,7 @@ def test_attributes_known_up_front_and_later(traced: TracedEvents, exporter: InM
         "ltm.tool_call_id": "call_8731",
         "ltm.shard_id": 3,
         "ltm.attempts": 1,
-        "ltm.status": "memory_saved_successfully",
+        "ltm.status": Status.SAVED,
         "ltm.memory_id": 123,
         "ltm.replayed": False,
     }
@@ -144,9 +145,9 @@ def test_attributes_known_up_front_and_later(traced: TracedEvents, exporter: InM
 
 def test_unknown_attributes_are_left_off(traced: TracedEvents, exporter: InMemorySpanExporter) -> None:
     with traced.event_span(TRACEPARENT, EVENT_ATTRIBUTES) as span:
-        span.set({"ltm.status": "memory_save_failed_disabled", "ltm.memory_id": None})
+        span.set({"ltm.status": Status.DISABLED, "ltm.memory_id": None})
     attributes = only_span(exporter).attributes or {}
-    assert attributes["ltm.status"] == "memory_save_failed_disabled"
+    assert attributes["ltm.status"] == Status.DISABLED
     assert "ltm.memory_id" not in attributes
 
 
@@ -171,12 +172,12 @@ def test_a_failure_the_runner_handles_marks_the_span(
             raise ConnectionError("postgres went away")
         except ConnectionError as exc:
             span.fail(exc)
-        span.set({"ltm.status": "memory_save_failed_db_error"})
+        span.set({"ltm.status": Status.DB_ERROR})
     recorded = only_span(exporter)
     assert recorded.status.status_code is StatusCode.ERROR
     assert recorded.status.description == "ConnectionError: postgres went away"
     assert [event.name for event in recorded.events] == ["exception"]
-    assert (recorded.attributes or {})["ltm.status"] == "memory_save_failed_db_error"
+    assert (recorded.attributes or {})["ltm.status"] == Status.DB_ERROR
 
 
 async def test_steps_are_children_of_the_event_span_even_in_a_task_of_their_own(
@@ -240,7 +241,7 @@ def test_off_hands_back_the_incoming_traceparent_untouched(traceparent: str | No
     tracer = create_tracer("off")
     assert isinstance(tracer, UntracedEvents)
     with tracer.event_span(traceparent, EVENT_ATTRIBUTES) as span:
-        span.set({"ltm.status": "memory_saved_successfully"})
+        span.set({"ltm.status": Status.SAVED})
         span.fail(RuntimeError("ignored"))
         assert span.traceparent == traceparent
     tracer.shutdown()
@@ -364,7 +365,7 @@ def test_otlp_exports_to_the_configured_endpoint(
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     tracer = create_tracer("otlp")
     with tracer.event_span(TRACEPARENT, EVENT_ATTRIBUTES) as span:
-        span.set({"ltm.status": "memory_saved_successfully"})
+        span.set({"ltm.status": Status.SAVED})
     tracer.shutdown()
     [request] = received
     [resource_spans] = request.resource_spans

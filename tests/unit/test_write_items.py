@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from contracts.models import Status
 from worker.store import repository as repo
 
 MIGRATION = Path(repo.__file__).parent / "migrations" / "0004_save_batch.sql"
@@ -35,7 +36,7 @@ def save_item() -> repo.SaveItem:
         author_id=2,
         content="likes tea",
         max_allowed=100,
-        result={"status": "memory_saved_successfully"},
+        result={"status": Status.SAVED},
         notice={"kind": "server_memory"},
         invalidation={"kind": "tomori_state"},
         attempts=1,
@@ -49,9 +50,9 @@ def record_item() -> repo.RecordItem:
         "call_2",
         "remember_this_fact",
         4,
-        status="memory_save_failed_disabled",
+        status=Status.DISABLED,
         scope=None,
-        result={"status": "memory_save_failed_disabled"},
+        result={"status": Status.DISABLED},
         attempts=2,
         processed_at=NOW,
     )
@@ -68,6 +69,6 @@ def test_a_record_item_has_every_key_the_record_branch_reads_and_no_other() -> N
     assert set(payload) == keys_read("record")
     assert (payload["kind"], payload["status"], payload["scope"]) == (
         "record",
-        "memory_save_failed_disabled",
+        Status.DISABLED,
         None,
     )
