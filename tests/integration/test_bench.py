@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from worker.bench.batches import measure
-from worker.bench.options import BenchOptions
-from worker.bench.run import bench_settings, run_bench
-from worker.bench.workload import build_workload
-from worker.bench.world import build_world
+from bench.batches import measure
+from bench.options import BenchOptions
+from bench.run import bench_settings, run_bench
+from bench.workload import build_workload
+from bench.world import build_world
 
 pytestmark = pytest.mark.integration
 

@@ -36,6 +36,7 @@ import aiormq.exceptions
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
+from bench.shards import Shard as BenchShard
 from contracts.models import shard_queue as shard_queue_name
 from tests.e2e.harness import Shard as HarnessShard
 from tests.factories import event_body
@@ -52,7 +53,6 @@ from tests.services import (
     run_async,
     with_path,
 )
-from worker.bench.shards import Shard as BenchShard
 from worker.broker.publisher import Publisher
 from worker.broker.topology import (
     dead_letter_queue_arguments,

@@ -1,4 +1,4 @@
-"""``python -m worker.bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
+"""``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
 
 It does the broker work of the worker and nothing else: consume with the same prefetch, publish a
 result of the worker's average size to the shard (confirmed, mandatory), plus a notice of the average
@@ -96,7 +96,7 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.bench.echo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.echo", description=__doc__)
     parser.add_argument("--queue", required=True)
     parser.add_argument("--results-exchange", required=True)
     parser.add_argument("--notifications-exchange", required=True)

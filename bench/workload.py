@@ -15,14 +15,13 @@ from __future__ import annotations
 import random
 import uuid
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
-from worker.bench.world import BOT_DISC_ID, BRIDGE_NAMES, Member, Persona, Server, World
+from bench.world import BOT_DISC_ID, BRIDGE_NAMES, Member, Persona, Server, World
 from worker.config import Limits
 from worker.pipeline.naming import effective_user_name
 from worker.pipeline.state import NamingConfig, UserRecord
@@ -576,16 +575,3 @@ def by_shard(events: list[PlannedEvent], shards: int) -> list[list[PlannedEvent]
     for event in events:
         out[event.shard_id].append(event)
     return out
-
-
-def status_check(
-    events: list[PlannedEvent], expected: Mapping[str, int], received: Mapping[str, str]
-) -> tuple[Counter[str], list[tuple[PlannedEvent, str | None]]]:
-    """Counts of the received statuses, and the events whose fixed expectation was not met."""
-    counts: Counter[str] = Counter(received.values())
-    wrong = [
-        (event, received.get(event.event_id))
-        for event in events
-        if event.expected is not None and received.get(event.event_id) != event.expected
-    ]
-    return counts, wrong

@@ -6,7 +6,7 @@ stopped with SIGTERM (SIGKILL after the grace period) at the end. "Ready" means 
 the work queue reports W consumers. An external fleet is only waited for (at least one consumer) and has
 no CPU figure.
 
-The same machinery starts the RabbitMQ ceiling's echo consumers (``python -m worker.bench.echo``).
+The same machinery starts the RabbitMQ ceiling's echo consumers (``python -m bench.echo``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from pathlib import Path
 
 import aio_pika
 
-from worker.bench.cpu import process_cpu_seconds
+from bench.cpu import process_cpu_seconds
 
+#: the checkout: children run there, so ``python -m bench.echo`` finds this package however the bench started
+CHECKOUT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 
@@ -74,6 +76,7 @@ class Processes:
                 self.procs.append(
                     subprocess.Popen(
                         [sys.executable, "-m", self.module, *self.args],
+                        cwd=CHECKOUT,
                         env=self.env,
                         stdin=subprocess.DEVNULL,
                         stdout=log,

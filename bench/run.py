@@ -24,21 +24,21 @@ from typing import Any, TypeVar
 
 import aio_pika
 
-from worker.bench import ceilings
-from worker.bench.echo import NOTICE_HEADER
-from worker.bench.fleet import ExternalFleet, Fleet, FleetError, SpawnedFleet, worker_environment
-from worker.bench.options import BenchOptions
-from worker.bench.report import BenchReport, Run, StatusCheck
-from worker.bench.sandbox import (
+from bench import ceilings
+from bench.echo import NOTICE_HEADER
+from bench.fleet import ExternalFleet, Fleet, FleetError, SpawnedFleet, worker_environment
+from bench.options import BenchOptions
+from bench.report import BenchReport, Run, StatusCheck
+from bench.sandbox import (
     Sandbox,
     SandboxError,
     check_database_is_empty,
     check_vhost_is_free,
 )
-from worker.bench.seed import Prefill, analyze, seed_database
-from worker.bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, Shards
-from worker.bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
-from worker.bench.world import World, build_world
+from bench.seed import Prefill, analyze, seed_database
+from bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, Shards
+from bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
+from bench.world import World, build_world
 from worker.broker.topology import declare_topology, retry_delays
 from worker.broker.urls import first_answering
 from worker.config import Settings, load_settings

@@ -34,9 +34,9 @@ from aio_pika.abc import (
     AbstractQueue,
 )
 
+from bench.cpu import CpuUsage, snapshot, usage
+from bench.workload import PlannedEvent
 from contracts.models import ShardQueueKind, shard_queue
-from worker.bench.cpu import CpuUsage, snapshot, usage
-from worker.bench.workload import PlannedEvent
 from worker.config import Topology
 
 EVENT_TYPE = "tool_call.v1"
