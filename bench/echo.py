@@ -21,6 +21,8 @@ import aio_pika
 import orjson
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
+from worker.broker.publisher import shard_routing_key
+
 NOTICE_HEADER = "x-bench-notice"
 
 
@@ -68,7 +70,7 @@ async def serve(
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             body = orjson.loads(message.body)
-            event_id, key = body["event_id"], f"shard.{body['shard_id']}"
+            event_id, key = body["event_id"], shard_routing_key(int(body["shard_id"]))
             answer = {"schema_version": 1, "event_id": event_id, "status": "echo", "success": True}
             publishes = [
                 results.publish(
