@@ -45,8 +45,7 @@ def test_the_wheel_holds_the_service_only() -> None:
     packages = find_packages(where=str(REPO), include=include)
 
     assert packages, "the wheel holds packages"
-    assert all(p.split(".")[0] in {"contracts", "worker"} for p in packages), packages
-    assert "bench" not in {p.split(".")[0] for p in packages}
+    assert {p.split(".")[0] for p in packages} == {"contracts", "worker"}, "not bench/ nor sim/"
 
 
 def test_the_image_copies_the_service_only() -> None:
@@ -57,8 +56,9 @@ def test_the_image_copies_the_service_only() -> None:
         if line.startswith("COPY ") and "--from" not in line
     ]
 
-    assert "bench" not in copies
     assert "worker" in copies
+    assert "bench" not in copies
+    assert "sim" not in copies
 
 
 def test_worker_bench_from_the_checkout_is_the_load_generator() -> None:
