@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
 BENCH_MISSING = """\
 The load generator ships with the source checkout, not with the worker's wheel or image: from a clone of
 the repository, run `python -m bench ...` (or `worker bench ...` with the project installed editable,
-`pip install -e .`). Its commands and figures: BENCHMARKS.md.
+`pip install -e '.[bench]'`). Its commands and figures: BENCHMARKS.md.
 """
 
 
