@@ -169,7 +169,8 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=d.timeout,
-        help=f"give up when no result came for this many seconds after the last publish ({d.timeout:g})",
+        help="give up when no result came for this many seconds after the last publish (in a closed loop, "
+        f"also while every window is full) ({d.timeout:g})",
     )
     workers = bench.add_argument_group("workers")
     workers.add_argument(

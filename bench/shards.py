@@ -167,6 +167,7 @@ class _Phase:
         self.done = asyncio.Event()
         self.progress = progress
         self.last_answer = time.perf_counter()
+        self.last_publish = self.last_answer
         if events == 0:
             self.done.set()
 
@@ -292,6 +293,7 @@ class Shard:
                 if delay > 0:
                     await asyncio.sleep(delay)
             phase.pending[event.event_id] = sent
+            phase.last_publish = time.perf_counter()
             task = asyncio.create_task(self._publish(exchange_name, event, headers(event), phase))
             publishes.add(task)
             task.add_done_callback(publishes.discard)
@@ -325,7 +327,12 @@ class Shards:
         cpu_pids: Sequence[int] = (),
     ) -> PhaseResult:
         """Play ``plan[i]`` on shard ``i``; returns when every event is answered, or nothing came back
-        for ``idle_timeout`` seconds after the last publish (the rest is reported missing)."""
+        for ``idle_timeout`` seconds after the last publish (the rest is reported missing).
+
+        In a closed loop the last publish can be one that filled every window: when nothing was answered
+        or published for ``idle_timeout`` seconds the consumers have stopped, and the phase ends with an
+        error instead of waiting for a free slot for ever.
+        """
         total = sum(len(events) for events in plan)
         phase = _Phase(name, [e.event_id for events in plan for e in events], progress)
         progress.begin(name, total, lambda: len(phase.pending))
@@ -346,8 +353,15 @@ class Shards:
             while not phase.done.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(phase.done.wait()), 1.0)
-                quiet = time.perf_counter() - phase.last_answer
+                now = time.perf_counter()
+                quiet = now - phase.last_answer
                 if publishing.done() and quiet > idle_timeout:
+                    break
+                if isinstance(mode, ClosedLoop) and min(quiet, now - phase.last_publish) > idle_timeout:
+                    phase.result.errors.append(
+                        f"no result and no free window slot for {idle_timeout:g} s: the consumers stopped "
+                        "answering"
+                    )
                     break
             phase.result.cpu = usage(before, snapshot(cpu_pids))
             if phase.result.errors:
