@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -114,10 +115,50 @@ def _parser() -> argparse.ArgumentParser:
         "fallbacks (variable, value, default, expected); same exit codes",
     )
     _add_dlq_parser(commands)
-    from worker.bench.options import add_bench_parser
-
-    add_bench_parser(commands)
+    _add_bench_parser(commands)
     return parser
+
+
+BENCH_MISSING = """\
+The load generator ships with the source checkout, not with the worker's wheel or image: from a clone of
+the repository, run `python -m bench ...` (or `worker bench ...` with the project installed editable,
+`pip install -e '.[bench]'`). Its commands and figures: BENCHMARKS.md.
+"""
+
+
+def _bench_checkout() -> bool:
+    """Make the checkout's ``bench`` package importable when this worker runs from a source checkout.
+
+    ``bench`` is not in the wheel (it is a tool, not part of the service), so an editable install does not
+    map it: when the ``worker`` package sits in a checkout with ``bench/`` beside it, that checkout's root
+    goes on ``sys.path``. False when there is no load generator to run (an installed wheel, the image).
+    """
+    root = Path(__file__).resolve().parent.parent
+    if (root / "bench" / "options.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        import bench.options  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench":  # the bench is there but broken: say so rather than "not shipped"
+            raise
+        return False
+    return True
+
+
+def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    if _bench_checkout():
+        from bench.options import add_bench_parser
+
+        add_bench_parser(commands)
+        return
+    stub = commands.add_parser(
+        "bench",
+        help="the load generator (source checkout only: python -m bench)",
+        description=BENCH_MISSING,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # whatever options follow, the answer is where the load generator is, not "unrecognized arguments"
+    stub.set_defaults(bench_missing=True)
 
 
 def _positive_int(text: str) -> int:
@@ -253,7 +294,10 @@ _OPTION_ENV = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worker`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "bench_missing", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     env = dict(os.environ)
     for option, var in _OPTION_ENV.items():
         value = getattr(args, option, None)
@@ -296,7 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return code
     if args.command == "bench":
-        from worker.bench.run import main as bench
+        if getattr(args, "bench_missing", False):
+            print(f"worker bench: {BENCH_MISSING}", end="", file=sys.stderr)
+            return 2
+        from bench.run import main as bench
 
         return bench(args)
     return 2

@@ -1,7 +1,9 @@
 """End-to-end harness: worker processes, a test shard speaking raw CONTRACT.md JSON, a Redis listener.
 
-The shard deliberately does not use the project's models: it writes and reads plain JSON, as the
-TypeScript bot does, so a contract drift in the models cannot hide here.
+The process runner and the shard's AMQP side are the simulators the bench uses too (``sim/``); this
+module puts the tests' face on them: log lines to wait for, every message recorded. The shard
+deliberately does not use the project's models: it writes and reads plain JSON, as the TypeScript bot
+does, so a contract drift in the models cannot hide here.
 """
 
 from __future__ import annotations
@@ -9,106 +11,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import redis.asyncio as aioredis
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractIncomingMessage
 
-from contracts.models import ShardQueueKind, shard_queue
+from sim.process import ModuleProcess
+from sim.shard import EVENT_TYPE, TOOL_ROUTING_KEY, ShardLink
 
 REPO = Path(__file__).resolve().parents[2]
-TOOL_ROUTING_KEY = "tool.create_long_term_memory"
 INVALIDATION_CHANNEL = "tomori:cache-invalidation"
 
 
-class WorkerProcess:
-    """``python -m worker run`` as a child process with its own log file."""
+class WorkerProcess(ModuleProcess):
+    """``python -m worker run`` as a child process with its own log file (JSON lines)."""
 
     def __init__(self, env: dict[str, str], log_path: Path, name: str = "worker") -> None:
-        self.env = env
-        self.log_path = log_path
-        self.name = name
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, *extra: str) -> WorkerProcess:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", "--log-format", "json", *extra],
-            cwd=REPO,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def lines(self) -> list[dict[str, Any]]:
-        """The JSON log lines written so far (non-JSON lines are skipped)."""
-        out = []
-        if not self.log_path.exists():
-            return out
-        for raw in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                line = json.loads(raw)
-                if isinstance(line, dict):
-                    out.append(line)
-        return out
-
-    def count(self, event: str) -> int:
-        return sum(1 for line in self.lines() if line.get("event") == event)
-
-    async def wait_for_log(self, event: str, *, at_least: int = 1, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.count(event) < at_least:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(
-                    f"{self.name} exited ({self.proc.returncode}) before logging {event!r}:\n"
-                    f"{self.log_path.read_text(errors='replace')[-3000:]}"
-                )
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"{self.name} did not log {event!r} within {timeout}s:\n"
-                    f"{self.log_path.read_text(errors='replace')[-3000:]}"
-                )
-            await asyncio.sleep(0.05)
-
-    def signal(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    async def wait_exit(self, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} still running after {timeout}s")
-            await asyncio.sleep(0.05)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        super().__init__("worker", ["run", "--log-format", "json"], env, log_path, name)
 
 
 @dataclass
@@ -126,14 +54,13 @@ class Received:
 
 
 class Shard:
-    """A bot shard: publishes tool-call events and consumes its results and notices (plain JSON).
+    """A bot shard: publishes tool-call events and records every result and notice (plain JSON).
 
-    It uses the contract's queue pattern, which the least-privilege ``bot`` user may: it checks the
-    exchanges (passive) and declares and binds its durable queues ``tomori.shard.<id>.results`` and
-    ``.notifications`` with ``shard.<id>``. The queues outlive it, like a real shard's over a restart, until
-    the test's vhost goes; two shards with the same id at once would share them (no test does).
-    ``declare_exchanges`` first declares the exchanges on a separate channel, standing in for the
-    definitions file a production broker loads (a test may open its shard before any worker declared them).
+    The AMQP side is ``sim.shard.ShardLink``, the contract's queue pattern the least-privilege ``bot`` user
+    may use (the bench's shards use it too), on a robust connection, acking each message it records. The
+    queues outlive it, like a real shard's over a restart, until the test's vhost goes; two shards with the
+    same id at once would share them (no test does). ``declare_exchanges`` first declares the exchanges,
+    standing in for the definitions file a production broker loads.
     """
 
     def __init__(self, url: str, shard_id: int = 3, *, declare_exchanges: bool = True) -> None:
@@ -141,36 +68,21 @@ class Shard:
         self.shard_id = shard_id
         self.declare_exchanges = declare_exchanges
         self.received = Received()
-        self._connection: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
-        self._queues: list[AbstractQueue] = []
+        self.link = ShardLink(url, shard_id, robust=True)
 
     async def __aenter__(self) -> Shard:
-        self._connection = await aio_pika.connect_robust(self.url)
-        if self.declare_exchanges:
-            setup = await self._connection.channel()
-            for name in ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications"):
-                await setup.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
-            await setup.close()
-        self._channel = await self._connection.channel(publisher_confirms=True)
-        bindings: tuple[tuple[str, ShardQueueKind], ...] = (
-            ("tomori.tool_results", "results"),
-            ("tomori.notifications", "notifications"),
+        await self.link.open(
+            self._collector("result"),
+            self._collector("notice"),
+            no_ack=False,
+            declare_exchanges=self.declare_exchanges,
         )
-        for exchange_name, kind in bindings:
-            exchange = await self._channel.get_exchange(exchange_name)  # passive: checkExchange
-            queue = await self._channel.declare_queue(shard_queue(self.shard_id, kind), durable=True)
-            await queue.bind(exchange, f"shard.{self.shard_id}")
-            await queue.consume(self._collector("result" if kind == "results" else "notice"))
-            self._queues.append(queue)
-        await self._channel.get_exchange("tomori.tool_calls")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._connection is not None:
-            await self._connection.close()
+        await self.link.close(delete_queues=False)
 
-    def _collector(self, kind: str) -> Callable[[AbstractIncomingMessage], Any]:
+    def _collector(self, kind: str) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
         async def collect(message: AbstractIncomingMessage) -> None:
             body = json.loads(message.body)
             event_id = body["event_id"]
@@ -192,23 +104,17 @@ class Shard:
         headers: dict[str, Any] | None = None,
     ) -> None:
         """Publish like the bot: persistent JSON with the ids in the AMQP properties, confirmed."""
-        assert self._channel is not None
         if isinstance(body, bytes):
-            message = aio_pika.Message(
-                body, content_type="application/json", delivery_mode=2, headers=headers
-            )
-        else:
-            message = aio_pika.Message(
-                json.dumps(body).encode(),
-                content_type="application/json",
-                delivery_mode=2,
-                message_id=str(body.get("event_id")),
-                correlation_id=str(body.get("tool_call_id")),
-                type="tool_call.v1",
-                headers=headers,
-            )
-        exchange = await self._channel.get_exchange("tomori.tool_calls")
-        await exchange.publish(message, routing_key)
+            await self.link.publish(body, routing_key=routing_key, headers=headers)
+            return
+        await self.link.publish(
+            json.dumps(body).encode(),
+            routing_key=routing_key,
+            message_id=str(body.get("event_id")),
+            correlation_id=str(body.get("tool_call_id")),
+            type=EVENT_TYPE,
+            headers=headers,
+        )
 
     async def publish_many(self, bodies: Iterable[dict[str, Any]], window: int = 200) -> None:
         pending: set[asyncio.Task[None]] = set()
@@ -226,12 +132,12 @@ class Shard:
 
         Call it once nothing publishes any more (workers stopped): the queues then only drain.
         """
-        assert self._channel is not None
+        assert self.link.consuming is not None
         # a fresh passive declare on the raw channel: aio-pika's robust channel would answer a passive
         # declare with the queue object it already has, and its stale message count
-        channel = await self._channel.get_underlay_channel()
+        channel = await self.link.consuming.get_underlay_channel()
         deadline = time.monotonic() + timeout
-        for queue in self._queues:
+        for queue in self.link.queues:
             while True:
                 declared = await channel.queue_declare(queue.name, passive=True)
                 if not declared.message_count:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import aio_pika
 import asyncpg
 import pytest
 
-from worker.bench.batches import measure
-from worker.bench.options import BenchOptions
-from worker.bench.run import bench_settings, run_bench
-from worker.bench.workload import build_workload
-from worker.bench.world import build_world
+from bench.batches import measure
+from bench.options import BenchOptions
+from bench.run import bench_settings, run_bench
+from bench.shards import ClosedLoop, Progress, Shards
+from bench.workload import build_workload, by_shard
+from bench.world import build_world
+from worker.config import Limits, Topology
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +106,44 @@ async def test_batch_micro_bench_measures_each_size_and_cleans_up(postgres_dsn: 
         assert cost.postgres_cpu is None or cost.postgres_cpu >= 0
         assert f"{cost.size:>5}  {cost.events:>7,}" in cost.row()
     assert await bench_databases() <= before, "the micro-bench drops its database"
+
+
+async def test_a_closed_loop_ends_with_an_error_when_nobody_answers(rabbitmq_url: str) -> None:
+    """Every window full and no answer: the phase gives up after the idle timeout instead of waiting."""
+    topology = Topology()
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        exchanges = (topology.tool_calls_exchange, topology.results_exchange, topology.notifications_exchange)
+        for name in exchanges:
+            await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+        unconsumed = await channel.declare_queue("bench.nobody.consumes", durable=True)
+        await unconsumed.bind(topology.tool_calls_exchange, "#")
+        limits = Limits()
+        world = build_world(
+            seed=7, servers=20, personas_per_server=2, users=300, members_per_server=12, limits=limits
+        )
+        workload = build_workload(world, count=12, shards=2, seed=7, limits=limits)
+        shards = Shards(rabbitmq_url, 2)
+        await shards.open(topology)
+        try:
+            # a safety net only: without the stall check this play waited for a free slot for ever
+            async with asyncio.timeout(120):
+                result = await shards.play(
+                    "stalled",
+                    by_shard(workload.events, 2),
+                    ClosedLoop(window=2),
+                    exchange=topology.tool_calls_exchange,
+                    progress=Progress(enabled=False),
+                    idle_timeout=0.5,
+                )
+        finally:
+            await shards.close()
+        published = (await channel.declare_queue(unconsumed.name, passive=True)).declaration_result
+    finally:
+        await connection.close()
+
+    assert result.answered == 0
+    assert len(result.missing) == 4, "two shards, two unanswered events each: their windows"
+    assert published.message_count == 4, "nothing more was published once the windows were full"
+    assert any("stopped answering" in error for error in result.errors), result.errors

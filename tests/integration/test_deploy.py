@@ -38,6 +38,7 @@ import aiormq.exceptions
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
+from bench.shards import Shard as BenchShard
 from contracts.models import shard_queue as shard_queue_name
 from tests.e2e.harness import Shard as HarnessShard
 from tests.factories import event_body
@@ -54,7 +55,6 @@ from tests.services import (
     run_async,
     with_path,
 )
-from worker.bench.shards import Shard as BenchShard
 from worker.broker.envelope import RoutableIds
 from worker.broker.publisher import Publisher
 from worker.broker.topology import (

@@ -6,29 +6,29 @@ stopped with SIGTERM (SIGKILL after the grace period) at the end. "Ready" means 
 the work queue reports W consumers. An external fleet is only waited for (at least one consumer) and has
 no CPU figure.
 
-The same machinery starts the RabbitMQ ceiling's echo consumers (``python -m worker.bench.echo``).
+The same machinery starts the RabbitMQ ceiling's echo consumers (``python -m bench.echo``); each child is a
+``sim.process.ModuleProcess``, the e2e tests' worker process too. A child that exits early is a
+``ProcessFailed`` (``FleetError`` is one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import aio_pika
 
-from worker.bench.cpu import process_cpu_seconds
+from bench.cpu import process_cpu_seconds
+from sim.process import ModuleProcess, ProcessFailed, stop_all
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 
 
-class FleetError(RuntimeError):
+class FleetError(ProcessFailed):
     """The workers did not start, or stopped on their own."""
 
 
@@ -48,7 +48,7 @@ async def consumer_count(url: str, queue: str) -> int:
 
 
 class Processes:
-    """Child processes running one Python module each, with their own log files."""
+    """Child processes running one Python module each (sim.process), with their own log files."""
 
     def __init__(
         self, name: str, module: str, args: Sequence[str], env: Mapping[str, str], log_dir: Path
@@ -58,37 +58,26 @@ class Processes:
         self.args = list(args)
         self.env = dict(env)
         self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.children: list[ModuleProcess] = []
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
+        return [child.pid for child in self.children]
 
     def log_path(self, index: int) -> Path:
         return self.log_dir / f"{self.name}-{index}.log"
 
     def start(self, count: int) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for index in range(count):
-            with self.log_path(index).open("ab") as log:
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", self.module, *self.args],
-                        env=self.env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
+        for _ in range(count):
+            index = len(self.children)
+            child = ModuleProcess(
+                self.module, self.args, self.env, self.log_path(index), f"{self.name} {index}"
+            )
+            self.children.append(child.start())
 
     def check_alive(self) -> None:
-        for index, proc in enumerate(self.procs):
-            if proc.poll() is not None:
-                tail = self.log_path(index).read_text(errors="replace")[-3000:]
-                raise FleetError(
-                    f"{self.name} {index} (pid {proc.pid}) exited with {proc.returncode}:\n{tail}"
-                )
+        for child in self.children:
+            child.check_alive()
 
     async def wait_consuming(self, url: str, queue: str, count: int, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
@@ -107,19 +96,7 @@ class Processes:
 
     async def stop(self) -> None:
         """SIGTERM every process this object started; SIGKILL the ones still there after the grace period."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(proc.wait, max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait(10)
+        await stop_all(self.children, STOP_TIMEOUT)
 
 
 def worker_environment(

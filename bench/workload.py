@@ -15,27 +15,28 @@ from __future__ import annotations
 import random
 import uuid
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
-from worker.bench.world import BOT_DISC_ID, BRIDGE_NAMES, Member, Persona, Server, World
+from bench.world import BOT_DISC_ID, BRIDGE_NAMES, Member, Persona, Server, World
+from contracts.models import Status
 from worker.config import Limits
 from worker.pipeline.naming import effective_user_name
 from worker.pipeline.state import NamingConfig, UserRecord
 
-SAVED = "memory_saved_successfully"
-INVALID_ARGS = "memory_save_failed_invalid_args"
-INVALID_CONTENT = "memory_save_failed_invalid_content"
-DISABLED = "memory_save_failed_disabled"
-LIMIT_EXCEEDED = "memory_save_failed_limit_exceeded"
-AMBIGUOUS = "memory_save_failed_ambiguous_user"
-NOT_FOUND = "memory_save_failed_user_not_found"
-PRIVACY = "memory_save_failed_privacy_restricted"
-INTERNAL = "memory_save_failed_internal_error"
+# the contract's statuses, under the short names the workload's expectations use
+SAVED = Status.SAVED
+INVALID_ARGS = Status.INVALID_ARGS
+INVALID_CONTENT = Status.INVALID_CONTENT
+DISABLED = Status.DISABLED
+LIMIT_EXCEEDED = Status.LIMIT_EXCEEDED
+AMBIGUOUS = Status.AMBIGUOUS_USER
+NOT_FOUND = Status.USER_NOT_FOUND
+PRIVACY = Status.PRIVACY_RESTRICTED
+INTERNAL = Status.INTERNAL_ERROR
 
 TOOL = "create_long_term_memory"
 ALIAS = "remember_this_fact"
@@ -576,16 +577,3 @@ def by_shard(events: list[PlannedEvent], shards: int) -> list[list[PlannedEvent]
     for event in events:
         out[event.shard_id].append(event)
     return out
-
-
-def status_check(
-    events: list[PlannedEvent], expected: Mapping[str, int], received: Mapping[str, str]
-) -> tuple[Counter[str], list[tuple[PlannedEvent, str | None]]]:
-    """Counts of the received statuses, and the events whose fixed expectation was not met."""
-    counts: Counter[str] = Counter(received.values())
-    wrong = [
-        (event, received.get(event.event_id))
-        for event in events
-        if event.expected is not None and received.get(event.event_id) != event.expected
-    ]
-    return counts, wrong

@@ -24,21 +24,22 @@ from typing import Any, TypeVar
 
 import aio_pika
 
-from worker.bench import ceilings
-from worker.bench.echo import NOTICE_HEADER
-from worker.bench.fleet import ExternalFleet, Fleet, FleetError, SpawnedFleet, worker_environment
-from worker.bench.options import BenchOptions
-from worker.bench.report import BenchReport, Run, StatusCheck
-from worker.bench.sandbox import (
+from bench import ceilings
+from bench.echo import NOTICE_HEADER
+from bench.fleet import ExternalFleet, Fleet, SpawnedFleet, worker_environment
+from bench.options import BenchOptions
+from bench.report import BenchReport, Run, StatusCheck
+from bench.sandbox import (
     Sandbox,
     SandboxError,
     check_database_is_empty,
     check_vhost_is_free,
 )
-from worker.bench.seed import Prefill, analyze, seed_database
-from worker.bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, Shards
-from worker.bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
-from worker.bench.world import World, build_world
+from bench.seed import Prefill, analyze, seed_database
+from bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, Shards
+from bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
+from bench.world import World, build_world
+from sim.process import ProcessFailed
 from worker.broker.topology import declare_topology, retry_delays
 from worker.broker.urls import first_answering
 from worker.config import Settings, load_settings
@@ -61,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         report = asyncio.run(run_bench(options))
-    except (SandboxError, FleetError, WorldTooSmall) as exc:
+    except (SandboxError, ProcessFailed, WorldTooSmall) as exc:  # FleetError is a ProcessFailed
         print(f"worker bench: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the workers are stopped and the sandbox removed on the way out
@@ -93,7 +94,7 @@ def bench_settings(options: BenchOptions, env: Mapping[str, str] | None = None) 
 
 
 async def run_bench(options: BenchOptions) -> BenchReport:
-    """Run the whole bench; raises :class:`SandboxError`/:class:`FleetError` when it cannot run."""
+    """Run the whole bench; raises :class:`SandboxError`/:class:`ProcessFailed` when it cannot run."""
     settings = bench_settings(options)
     limits, topology = settings.limits, settings.topology
     world = build_world(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import asyncpg
 import orjson
 
-from worker.bench.world import World
+from bench.world import World
 from worker.store.migrate import apply_migrations
 
 

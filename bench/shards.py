@@ -1,9 +1,10 @@
 """The bench's shards: S AMQP connections that publish tool-call events and consume their own results.
 
-Each shard has its own connection, a confirm-mode channel to publish on, and the two durable queues a bot
-shard declares (contracts/CONTRACT.md), ``tomori.shard.<id>.results`` and ``.notifications``, bound with
-``shard.<id>``; it only checks the exchanges, as the least-privilege ``bot`` user must, and deletes its
-queues when it closes. A phase plays a list of events per shard in one of two modes:
+Each shard is a ``sim.shard.ShardLink`` (shared with the e2e harness): its own connection, a confirm-mode
+channel to publish on, and the two durable queues a bot shard declares (contracts/CONTRACT.md),
+``tomori.shard.<id>.results`` and ``.notifications``, bound with ``shard.<id>``; it only checks the
+exchanges, as the least-privilege ``bot`` user must, and deletes its queues when it closes. A phase plays
+a list of events per shard in one of two modes:
 
 - closed loop: at most ``window`` events per shard are unanswered; a result frees a slot (throughput);
 - open loop: events leave at a fixed total rate whatever happens, and the latency of each is measured
@@ -24,22 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aio_pika
 import orjson
-from aio_pika.abc import (
-    AbstractChannel,
-    AbstractConnection,
-    AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
-)
+from aio_pika.abc import AbstractIncomingMessage
 
-from contracts.models import ShardQueueKind, shard_queue
-from worker.bench.cpu import CpuUsage, snapshot, usage
-from worker.bench.workload import PlannedEvent
+from bench.cpu import CpuUsage, snapshot, usage
+from bench.workload import PlannedEvent
+from sim.shard import EVENT_TYPE, ShardLink
 from worker.config import Topology
 
-EVENT_TYPE = "tool_call.v1"
 PUBLISH_TIMEOUT = 30.0
 
 
@@ -174,6 +167,7 @@ class _Phase:
         self.done = asyncio.Event()
         self.progress = progress
         self.last_answer = time.perf_counter()
+        self.last_publish = self.last_answer
         if events == 0:
             self.done.set()
 
@@ -209,53 +203,33 @@ class _Phase:
 
 
 class Shard:
-    """One bot shard: a connection, a confirm-mode channel, and its result and notice queues."""
+    """One bot shard: a ``sim.shard.ShardLink`` (the e2e harness's shard uses it too) playing a phase."""
 
     def __init__(self, shard_id: int, url: str) -> None:
         self.shard_id = shard_id
         self.url = url
         self.phase: _Phase | None = None
         self.window: asyncio.Semaphore | None = None
-        self._connection: AbstractConnection | None = None
-        self._channel: AbstractChannel | None = None
-        self._exchanges: dict[str, AbstractExchange] = {}
-        self._queues: list[AbstractQueue] = []
+        self.link = ShardLink(url, shard_id)
 
     async def open(self, topology: Topology) -> None:
-        """Connect, declare and bind this shard's two queues, and consume them.
+        """Connect, declare and bind this shard's two queues, and consume them (no acks: speed).
 
         The exchanges must exist (the bench declares the topology first, as the definitions file does in
         production): a shard only checks them, since ``bot`` may not declare exchanges.
         """
-        self._connection = await aio_pika.connect(self.url, timeout=10)
-        self._channel = await self._connection.channel(publisher_confirms=True)
-        consume = await self._connection.channel(publisher_confirms=False)
-        key = f"shard.{self.shard_id}"
-        queues: tuple[tuple[str, ShardQueueKind, Callable[[AbstractIncomingMessage], Any]], ...] = (
-            (topology.results_exchange, "results", self._on_result),
-            (topology.notifications_exchange, "notifications", self._on_notice),
+        await self.link.open(
+            self._on_result,
+            self._on_notice,
+            no_ack=True,
+            results_exchange=topology.results_exchange,
+            notifications_exchange=topology.notifications_exchange,
+            tool_calls_exchange=topology.tool_calls_exchange,
         )
-        for exchange_name, kind, callback in queues:
-            exchange = await consume.get_exchange(exchange_name)  # passive: checkExchange
-            queue = await consume.declare_queue(shard_queue(self.shard_id, kind), durable=True)
-            self._queues.append(queue)
-            await queue.bind(exchange, key)
-            await queue.consume(callback, no_ack=True)
 
     async def close(self) -> None:
         """Delete this shard's queues (the run is over: nothing in them is wanted) and disconnect."""
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                for queue in self._queues:
-                    await asyncio.wait_for(queue.delete(if_unused=False, if_empty=False), 10)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._connection.close(), 10)
-
-    async def _exchange(self, name: str) -> AbstractExchange:
-        if name not in self._exchanges:
-            assert self._channel is not None
-            self._exchanges[name] = await self._channel.get_exchange(name, ensure=False)
-        return self._exchanges[name]
+        await self.link.close(delete_queues=True)
 
     async def _on_result(self, message: AbstractIncomingMessage) -> None:
         phase = self.phase
@@ -272,19 +246,20 @@ class Shard:
             self.phase.on_notice(str(body.get("event_id")), len(message.body))
 
     async def _publish(
-        self, exchange: AbstractExchange, event: PlannedEvent, headers: Mapping[str, Any], phase: _Phase
+        self, exchange: str, event: PlannedEvent, headers: Mapping[str, Any], phase: _Phase
     ) -> None:
-        message = aio_pika.Message(
-            event.body,
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=event.event_id,
-            correlation_id=event.tool_call_id,
-            type=EVENT_TYPE,
-            headers={"traceparent": event.traceparent, **headers},
-        )
         try:
-            await exchange.publish(message, event.routing_key, mandatory=True, timeout=PUBLISH_TIMEOUT)
+            await self.link.publish(
+                event.body,
+                exchange=exchange,
+                routing_key=event.routing_key,
+                message_id=event.event_id,
+                correlation_id=event.tool_call_id,
+                type=EVENT_TYPE,
+                headers={"traceparent": event.traceparent, **headers},
+                mandatory=True,
+                timeout=PUBLISH_TIMEOUT,
+            )
         except Exception as exc:  # nack, unroutable, timeout, connection lost: the phase is void
             phase.result.errors.append(f"shard {self.shard_id}: publish failed: {type(exc).__name__}: {exc}")
             phase.done.set()
@@ -303,7 +278,7 @@ class Shard:
 
         Open loop: event ``k`` is due at ``offset + k * interval`` after the phase started.
         """
-        exchange = await self._exchange(exchange_name)
+        await self.link.exchange(exchange_name)  # looked up once, before the clock of the first event
         publishes: set[asyncio.Task[None]] = set()
         self.window = asyncio.Semaphore(mode.window) if isinstance(mode, ClosedLoop) else None
         for k, event in enumerate(events):
@@ -318,7 +293,8 @@ class Shard:
                 if delay > 0:
                     await asyncio.sleep(delay)
             phase.pending[event.event_id] = sent
-            task = asyncio.create_task(self._publish(exchange, event, headers(event), phase))
+            phase.last_publish = time.perf_counter()
+            task = asyncio.create_task(self._publish(exchange_name, event, headers(event), phase))
             publishes.add(task)
             task.add_done_callback(publishes.discard)
         if publishes:
@@ -351,7 +327,12 @@ class Shards:
         cpu_pids: Sequence[int] = (),
     ) -> PhaseResult:
         """Play ``plan[i]`` on shard ``i``; returns when every event is answered, or nothing came back
-        for ``idle_timeout`` seconds after the last publish (the rest is reported missing)."""
+        for ``idle_timeout`` seconds after the last publish (the rest is reported missing).
+
+        In a closed loop the last publish can be one that filled every window: when nothing was answered
+        or published for ``idle_timeout`` seconds the consumers have stopped, and the phase ends with an
+        error instead of waiting for a free slot for ever.
+        """
         total = sum(len(events) for events in plan)
         phase = _Phase(name, [e.event_id for events in plan for e in events], progress)
         progress.begin(name, total, lambda: len(phase.pending))
@@ -372,8 +353,15 @@ class Shards:
             while not phase.done.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(phase.done.wait()), 1.0)
-                quiet = time.perf_counter() - phase.last_answer
+                now = time.perf_counter()
+                quiet = now - phase.last_answer
                 if publishing.done() and quiet > idle_timeout:
+                    break
+                if isinstance(mode, ClosedLoop) and min(quiet, now - phase.last_publish) > idle_timeout:
+                    phase.result.errors.append(
+                        f"no result and no free window slot for {idle_timeout:g} s: the consumers stopped "
+                        "answering"
+                    )
                     break
             phase.result.cpu = usage(before, snapshot(cpu_pids))
             if phase.result.errors:

@@ -7,10 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from bench.cpu import CpuUsage
+from bench.shards import PhaseResult
+from bench.workload import SAVED, PlannedEvent
 from contracts.models import Status
-from worker.bench.cpu import CpuUsage
-from worker.bench.shards import PhaseResult
-from worker.bench.workload import SAVED, PlannedEvent
 from worker.config import Limits
 
 CPU_GROUPS = ("worker", "postgres", "rabbitmq", "redis", "bench", "other")

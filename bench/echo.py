@@ -1,4 +1,4 @@
-"""``python -m worker.bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
+"""``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
 
 It does the broker work of the worker and nothing else: consume with the same prefetch, publish a
 result of the worker's average size to the shard (confirmed, mandatory), plus a notice of the average
@@ -20,6 +20,8 @@ from typing import Any
 import aio_pika
 import orjson
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+
+from worker.broker.publisher import shard_routing_key
 
 NOTICE_HEADER = "x-bench-notice"
 
@@ -68,7 +70,7 @@ async def serve(
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             body = orjson.loads(message.body)
-            event_id, key = body["event_id"], f"shard.{body['shard_id']}"
+            event_id, key = body["event_id"], shard_routing_key(int(body["shard_id"]))
             answer = {"schema_version": 1, "event_id": event_id, "status": "echo", "success": True}
             publishes = [
                 results.publish(
@@ -96,7 +98,7 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.bench.echo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.echo", description=__doc__)
     parser.add_argument("--queue", required=True)
     parser.add_argument("--results-exchange", required=True)
     parser.add_argument("--notifications-exchange", required=True)

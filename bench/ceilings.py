@@ -1,7 +1,7 @@
 """What this machine can do for the same work without the worker: the two ceilings.
 
 (a) RabbitMQ alone: the same bodies, shards, window (or rate) and routing, published with confirms to a
-    bench-only quorum queue declared like ``ltm.create_memory``; W echo processes (``worker.bench.echo``)
+    bench-only quorum queue declared like ``ltm.create_memory``; W echo processes (``bench.echo``)
     with the worker's prefetch consume it, publish a result of the worker's average result size (and a
     notice of the average notice size for the events the worker saved), confirmed, and ack.
 (b) Postgres alone: the worker's own store path (:class:`~worker.service.batcher.Batcher`, which hands
@@ -21,11 +21,11 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 
+from bench.cpu import snapshot, usage
+from bench.fleet import Processes
+from bench.shards import PhaseResult, Progress
+from bench.workload import PlannedEvent
 from contracts.models import ToolCallEvent
-from worker.bench.cpu import snapshot, usage
-from worker.bench.fleet import Processes
-from worker.bench.shards import PhaseResult, Progress
-from worker.bench.workload import PlannedEvent
 from worker.broker.topology import work_queue_arguments
 from worker.config import Limits, Topology
 from worker.faults import is_transient
@@ -67,7 +67,7 @@ def echo_processes(
         "--result-bytes", str(result_bytes),
         "--notice-bytes", str(notice_bytes),
     ]  # fmt: skip
-    return Processes("echo", "worker.bench.echo", args, env, log_dir)
+    return Processes("echo", "bench.echo", args, env, log_dir)
 
 
 def parse_events(events: Sequence[PlannedEvent]) -> list[tuple[PlannedEvent, ToolCallEvent]]:

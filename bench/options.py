@@ -1,4 +1,4 @@
-"""``worker bench`` options: the argparse sub-command and the typed options it yields."""
+"""The bench's command line (``python -m bench``, ``worker bench``) and the typed options it yields."""
 
 from __future__ import annotations
 
@@ -104,21 +104,38 @@ class BenchOptions:
         return found
 
 
-def _positive(text: str) -> int:
-    return int(text)
+HELP = "the load generator: throughput, latency and CPU of the worker against this machine's ceilings"
+
+
+def bench_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
+    """The parser of ``python -m bench``: the same options as ``worker bench``."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_bench_arguments(parser)
+    return parser
 
 
 def add_bench_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
-    """Add ``bench`` to the ``worker`` sub-commands."""
+    """Add ``bench`` to the ``worker`` sub-commands (from a source checkout: see worker/cli.py)."""
     bench = commands.add_parser(
         "bench",
-        help="the load generator: throughput, latency and CPU of the worker against this machine's ceilings",
+        help=HELP,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_bench_arguments(bench)
+    return bench
+
+
+def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
+    """The bench's options, on ``worker bench`` or ``python -m bench``."""
     d = BenchOptions()
     load = bench.add_argument_group("load")
     load.add_argument(
@@ -152,7 +169,8 @@ def add_bench_parser(
         "--timeout",
         type=float,
         default=d.timeout,
-        help=f"give up when no result came for this many seconds after the last publish ({d.timeout:g})",
+        help="give up when no result came for this many seconds after the last publish (in a closed loop, "
+        f"also while every window is full) ({d.timeout:g})",
     )
     workers = bench.add_argument_group("workers")
     workers.add_argument(
@@ -230,4 +248,3 @@ def add_bench_parser(
     output.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress line on stderr"
     )
-    return bench

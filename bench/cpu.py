@@ -1,77 +1,68 @@
-"""CPU time from /proc: the worker processes, the bench itself, and the services on this machine.
+"""CPU time (psutil): the worker processes, the bench itself, and the services on this machine.
 
-``utime + stime`` of a process (``/proc/<pid>/stat`` fields 14 and 15) is what it has spent on a CPU.
-Snapshots before and after the measured window give each group's CPU seconds in it: ``worker`` (the
-processes the bench started), ``bench`` (this process: the shards), and, found by process name,
-``postgres``, ``rabbitmq`` (``beam.smp``, but not ``rabbitmqctl``, which is a ``beam.smp`` too) and
-``redis``. The services are only counted when they run on this machine; a process that started in the
-window counts whole, one that ended in it is lost. Machine-wide busy time comes from ``/proc/stat``;
-what the groups do not explain is ``other``: anything else running on the machine (another test run, a
-``rabbitmqctl``), and kernel work not charged to a process. Off Linux there are no figures.
+A process's user + system CPU time is what it has spent on a CPU. Snapshots before and after the measured
+window give each group's CPU seconds in it: ``worker`` (the processes the bench started), ``bench`` (this
+process: the shards), and, found by process name, ``postgres``, ``rabbitmq`` (``beam.smp``, but not
+``rabbitmqctl``, which is a ``beam.smp`` too) and ``redis``. The services are only counted when they run on
+this machine; a process that started in the window counts whole, one that ended in it is lost.
+Machine-wide busy time is everything but idle and iowait; what the groups do not explain is ``other``:
+anything else running on the machine (another test run, a ``rabbitmqctl``), and kernel work not charged to
+a process. Where psutil cannot read a figure there is none.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-PROC = Path("/proc")
-TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-#: process name (``/proc/<pid>/comm``) -> group
+try:
+    import psutil
+except ModuleNotFoundError as exc:  # a checkout installed without the extra: say which, not a traceback
+    print("the bench needs psutil: pip install -e '.[bench]' (or '.[test]')", file=sys.stderr)
+    raise SystemExit(2) from exc
+
+#: process name -> group
 SERVICE_GROUPS = {"postgres": "postgres", "beam.smp": "rabbitmq", "redis-server": "redis"}
 
 
 def process_cpu_seconds(pid: int) -> float | None:
-    """``utime + stime`` of ``pid`` in seconds; ``None`` when it is gone or unreadable."""
+    """User + system CPU seconds of ``pid``; ``None`` when it is gone or unreadable."""
     try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) ": fields from #3 on
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return times.user + times.system
 
 
 def _machine() -> tuple[float, float] | None:
     """(busy, total) CPU seconds of the whole machine since boot."""
     try:
-        first = (PROC / "stat").read_text().splitlines()[0].split()
-    except OSError:
+        times = psutil.cpu_times()
+    except (psutil.Error, OSError):
         return None
-    values = [int(v) for v in first[1:9]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values)
-    return (total - idle) / TICKS, total / TICKS
+    # the kernel's first eight counters, as /proc/stat lists them (guest time is already in user)
+    fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    total = sum(getattr(times, name, 0.0) for name in fields)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total
 
 
 def _services() -> dict[int, str]:
     found: dict[int, str] = {}
-    try:
-        entries = list(PROC.iterdir())
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.name.isdigit():
+    for process in psutil.process_iter(["name", "cmdline"]):
+        group = SERVICE_GROUPS.get(process.info["name"] or "")
+        if group is None or (group == "rabbitmq" and _is_rabbitmqctl(process.info["cmdline"])):
             continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-        except OSError:
-            continue
-        group = SERVICE_GROUPS.get(comm)
-        if group is None or (group == "rabbitmq" and _is_rabbitmqctl(entry)):
-            continue
-        found[int(entry.name)] = group
+        found[process.pid] = group
     return found
 
 
-def _is_rabbitmqctl(entry: Path) -> bool:
+def _is_rabbitmqctl(cmdline: list[str] | None) -> bool:
     """``rabbitmqctl`` and friends run as an escript on their own ``beam.smp``: not the broker."""
-    try:
-        return b"escript" in (entry / "cmdline").read_bytes()
-    except OSError:
-        return True
+    return cmdline is None or any("escript" in part for part in cmdline)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""``python -m worker.bench.batches``: what a batch of events costs Postgres and the worker's client.
+"""``python -m bench.batches``: what a batch of events costs Postgres and the worker's client.
 
 The store alone, on one connection: the bench's world and event mix, a warmup of single events followed
 by ``ANALYZE`` (as autovacuum would), then for each batch size the same number of events through
@@ -19,12 +19,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.bench.ceilings import parse_events
-from worker.bench.cpu import process_cpu_seconds
-from worker.bench.sandbox import Sandbox
-from worker.bench.seed import Prefill, analyze, seed_database
-from worker.bench.workload import build_workload
-from worker.bench.world import build_world
+from bench.ceilings import parse_events
+from bench.cpu import process_cpu_seconds
+from bench.sandbox import Sandbox
+from bench.seed import Prefill, analyze, seed_database
+from bench.workload import build_workload
+from bench.world import build_world
 from worker.config import load_settings
 from worker.service.process import process_batch
 from worker.store.pool import create_pool
@@ -96,7 +96,7 @@ async def measure(admin_dsn: str, sizes: Sequence[int], events: int, *, seed: in
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m worker.bench.batches",
+        prog="python -m bench.batches",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
