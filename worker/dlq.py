@@ -41,14 +41,22 @@ from aio_pika.abc import (
     AbstractQueue,
 )
 
-from worker.broker.publisher import ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY
+from worker.broker.headers import (
+    ATTEMPTS,
+    DEAD_LETTER_HEADERS,
+    ERROR,
+    ERROR_KIND,
+    FAILED_AT,
+    ORIGINAL_ROUTING_KEY,
+    REPLAY_COUNT,
+    REPLAYED_AT,
+    copy_message,
+    header_text,
+    rfc3339,
+)
 from worker.broker.urls import NoNodeAnswered, connect_any
 from worker.config import Topology
 from worker.config import redact_url as redact
-
-#: headers replay adds (CONTRACT.md "Dead letters" lists the ones the worker adds when it dead-letters)
-REPLAYED_AT = "x-ltm-replayed-at"
-REPLAY_COUNT = "x-ltm-replay-count"
 
 EXIT_OK = 0  # also when nothing was selected: an empty list, or nothing to replay or purge, is an answer
 EXIT_FAILED = 1  # show: not found; replay: some could not be republished; purge: declined
@@ -78,8 +86,6 @@ SETTLE_GRACE = 0.5
 #: broker-owned headers a replayed message must not carry back into the work queue
 _BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count"})
 _BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
-#: what the worker added when it dead-lettered the message (the attempt count restarts on replay)
-_DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS})
 
 #: x-death reasons (the broker dead-lettered the message itself) and how they read
 _BROKER_REASONS = {
@@ -156,14 +162,14 @@ def describe_dead_letter(
     if event_id is None:
         event_id = message_id or None
     replay_count = _integer(headers.get(REPLAY_COUNT)) or 0
-    kept_key = _text(headers.get(ORIGINAL_ROUTING_KEY))
+    kept_key = header_text(headers.get(ORIGINAL_ROUTING_KEY))
 
-    kind = _text(headers.get(ERROR_KIND))
+    kind = header_text(headers.get(ERROR_KIND))
     if kind:  # the worker dead-lettered it: its headers say everything
         return DeadLetter(
             event_id=event_id,
             kind=kind,
-            error=_text(headers.get(ERROR)) or "",
+            error=header_text(headers.get(ERROR)) or "",
             attempts=_integer(headers.get(ATTEMPTS)),
             failed_at=_timestamp(headers.get(FAILED_AT)),
             shard_id=shard_id,
@@ -174,13 +180,13 @@ def describe_dead_letter(
 
     # the broker dead-lettered it (over the work queue's delivery limit, or a rejection / TTL / length limit)
     death = _death_entry(headers.get("x-death"), topology.work_queue)
-    reason = _text(death.get("reason")) or _text(headers.get("x-last-death-reason"))
-    reason = reason or _text(headers.get("x-first-death-reason"))
+    reason = header_text(death.get("reason")) or header_text(headers.get("x-last-death-reason"))
+    reason = reason or header_text(headers.get("x-first-death-reason"))
     death_keys = death.get("routing-keys")
-    death_key = _text(death_keys[0]) if isinstance(death_keys, list) and death_keys else None
+    death_key = header_text(death_keys[0]) if isinstance(death_keys, list) and death_keys else None
     if reason:
         error = _BROKER_REASONS.get(reason, f"dead-lettered by the broker ({reason})")
-        queue = _text(death.get("queue"))
+        queue = header_text(death.get("queue"))
         if queue and queue != topology.work_queue:
             error = f"{error} in {queue}"
     else:
@@ -221,15 +227,9 @@ def _death_entry(value: Any, work_queue: str) -> Mapping[str, Any]:
         return {}
     entries = [entry for entry in value if isinstance(entry, Mapping)]
     for entry in entries:
-        if _text(entry.get("queue")) == work_queue:
+        if header_text(entry.get("queue")) == work_queue:
             return entry
     return entries[0] if entries else {}
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    return value if isinstance(value, str) else None
 
 
 def _integer(value: Any) -> int | None:
@@ -237,7 +237,7 @@ def _integer(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    text = _text(value)
+    text = header_text(value)
     if text is not None and text.strip().lstrip("-").isdigit():
         return int(text)
     return None
@@ -248,7 +248,7 @@ def _timestamp(value: Any) -> datetime | None:
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     if isinstance(value, int) and not isinstance(value, bool):
         return datetime.fromtimestamp(value, UTC)
-    text = _text(value)
+    text = header_text(value)
     if not text:
         return None
     try:
@@ -256,11 +256,6 @@ def _timestamp(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def rfc3339(moment: datetime) -> str:
-    """``2026-12-02T08:00:00.120Z``: the format of ``x-ltm-failed-at``."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --- choosing dead letters ----------------------------------------------------------------------------
@@ -645,7 +640,8 @@ def replay_headers(headers: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     kept = {
         key: value
         for key, value in headers.items()
-        if key not in _DEAD_LETTER_HEADERS
+        # the worker's dead-letter headers go too: the attempt count restarts on replay
+        if key not in DEAD_LETTER_HEADERS
         and key not in _BROKER_HEADERS
         and not key.startswith(_BROKER_HEADER_PREFIXES)
     }
@@ -655,24 +651,8 @@ def replay_headers(headers: Mapping[str, Any], now: datetime) -> dict[str, Any]:
 
 
 def replay_message(message: AbstractIncomingMessage, now: datetime) -> aio_pika.Message:
-    """The original body and properties with the replay headers (user_id is dropped: the broker only
-    accepts the publishing connection's own user there)."""
-    return aio_pika.Message(
-        message.body,
-        headers=replay_headers(dict(message.headers or {}), now),
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        delivery_mode=message.delivery_mode or aio_pika.DeliveryMode.PERSISTENT,
-        priority=message.priority,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        expiration=message.expiration,
-        message_id=message.message_id,
-        timestamp=message.timestamp,
-        type=message.type,
-        user_id=None,
-        app_id=message.app_id,
-    )
+    """The original body and properties with the replay headers."""
+    return copy_message(message, replay_headers(dict(message.headers or {}), now))
 
 
 async def purge(

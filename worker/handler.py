@@ -18,7 +18,8 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from contracts.models import DeadLetterKind, ToolCallEvent
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
-from worker.broker.publisher import ATTEMPTS, TRACEPARENT, Publisher
+from worker.broker.headers import attempts_made, traceparent_of
+from worker.broker.publisher import Publisher
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.faults import describe
@@ -337,18 +338,3 @@ def channel_closed(message: AbstractIncomingMessage) -> bool:
         return bool(message.channel.is_closed)
     except aio_pika.exceptions.ChannelInvalidStateError:  # aio-pika's way of saying "closed"
         return True
-
-
-def attempts_made(message: AbstractIncomingMessage) -> int:
-    """Processing attempts before this delivery (our own ``x-ltm-attempts`` header; 0 when absent)."""
-    value = (message.headers or {}).get(ATTEMPTS)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return int(value)
-    return 0
-
-
-def traceparent_of(message: AbstractIncomingMessage) -> str | None:
-    value = (message.headers or {}).get(TRACEPARENT)
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    return value if isinstance(value, str) and value else None

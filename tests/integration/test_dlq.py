@@ -28,7 +28,8 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.factories import event_body
 from worker import dlq
-from worker.broker.publisher import ORIGINAL_ROUTING_KEY, Publisher
+from worker.broker.headers import ORIGINAL_ROUTING_KEY
+from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared, declare_topology, retry_queue_name
 from worker.config import Topology
 

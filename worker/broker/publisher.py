@@ -18,16 +18,18 @@ import orjson
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind, ToolResult
+from worker.broker.headers import (
+    ATTEMPTS,
+    ERROR,
+    ERROR_KIND,
+    FAILED_AT,
+    ORIGINAL_ROUTING_KEY,
+    TRACEPARENT,
+    copy_message,
+    original_routing_key,
+    rfc3339,
+)
 from worker.faults import TransientError
-
-#: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping)
-ATTEMPTS = "x-ltm-attempts"
-ERROR = "x-ltm-error"
-ERROR_KIND = "x-ltm-error-kind"
-FAILED_AT = "x-ltm-failed-at"
-#: the routing key the shard used, kept while the message travels through the retry queues
-ORIGINAL_ROUTING_KEY = "x-ltm-routing-key"
-TRACEPARENT = "traceparent"
 
 PUBLISH_TIMEOUT = 10.0
 
@@ -82,9 +84,11 @@ class Publisher:
             ERROR: error,
             ERROR_KIND: kind,
             ATTEMPTS: attempts,
-            FAILED_AT: datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            FAILED_AT: rfc3339(datetime.now(UTC)),
         }
-        await _confirmed(self._dead_letter, _copy(message, headers), original_routing_key(message))
+        # a dead letter waits in the DLQ for an operator: whatever expiration the event had does not follow it
+        copy = copy_message(message, headers, expiration=None)
+        await _confirmed(self._dead_letter, copy, original_routing_key(message))
 
     async def retry_later(
         self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
@@ -92,15 +96,9 @@ class Publisher:
         """Park ``message`` in a retry queue for ``delay_ms``; it comes back with ``attempts`` recorded."""
         headers = {**dict(message.headers or {}), ATTEMPTS: attempts}
         headers.setdefault(ORIGINAL_ROUTING_KEY, message.routing_key or "")
-        await _confirmed(self._default, _copy(message, headers, expiration_ms=delay_ms), queue)
-
-
-def original_routing_key(message: AbstractIncomingMessage) -> str:
-    """The routing key the shard published with, even after a trip through a retry queue."""
-    kept = (message.headers or {}).get(ORIGINAL_ROUTING_KEY)
-    if isinstance(kept, bytes):
-        kept = kept.decode(errors="replace")
-    return kept if isinstance(kept, str) and kept else message.routing_key or ""
+        # the per-message expiration is the retry delay: the retry queue dead-letters it back when it ends
+        copy = copy_message(message, headers, expiration=delay_ms / 1000)
+        await _confirmed(self._default, copy, queue)
 
 
 def result_body(result: ToolResult) -> bytes:
@@ -120,28 +118,6 @@ def _output(
         correlation_id=correlation_id,
         type=kind,
         headers=headers,
-    )
-
-
-def _copy(
-    message: AbstractIncomingMessage, headers: dict[str, Any], expiration_ms: int | None = None
-) -> aio_pika.Message:
-    """The same body and properties, with ``headers`` in place of the old ones."""
-    return aio_pika.Message(
-        message.body,
-        headers=headers,
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        delivery_mode=message.delivery_mode or aio_pika.DeliveryMode.PERSISTENT,
-        priority=message.priority,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        expiration=expiration_ms / 1000 if expiration_ms is not None else None,
-        message_id=message.message_id,
-        timestamp=message.timestamp,
-        type=message.type,
-        user_id=None,
-        app_id=message.app_id,
     )
 
 
