@@ -1,0 +1,51 @@
+"""``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``."""
+
+from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339
+from worker.config import redact_url as redact
+from worker.dlq.commands import (
+    DEFAULT_BATCH,
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    Console,
+    DeadLetter,
+    Selection,
+    browse,
+    describe_dead_letter,
+    format_age,
+    list_command,
+    open_dead_letters,
+    parse_duration,
+    purge,
+    purge_command,
+    replay,
+    replay_command,
+    replay_headers,
+    show_command,
+    vhost_of,
+)
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "EXIT_CODES_HELP",
+    "EXIT_INTERRUPTED",
+    "REPLAYED_AT",
+    "REPLAY_COUNT",
+    "Console",
+    "DeadLetter",
+    "Selection",
+    "browse",
+    "describe_dead_letter",
+    "format_age",
+    "list_command",
+    "open_dead_letters",
+    "parse_duration",
+    "purge",
+    "purge_command",
+    "redact",
+    "replay",
+    "replay_command",
+    "replay_headers",
+    "rfc3339",
+    "show_command",
+    "vhost_of",
+]
