@@ -1,28 +1,24 @@
-"""``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``."""
+"""``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``.
+
+``letters`` reads a dead letter and selects (pure), ``sweep`` takes the queue's messages and puts them back,
+``operations`` browses, replays and purges, ``render`` prints, ``commands`` are what the CLI runs.
+"""
 
 from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339
 from worker.config import redact_url as redact
 from worker.dlq.commands import (
-    DEFAULT_BATCH,
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     Console,
-    DeadLetter,
-    Selection,
-    browse,
-    describe_dead_letter,
-    format_age,
     list_command,
-    open_dead_letters,
-    parse_duration,
-    purge,
     purge_command,
-    replay,
     replay_command,
-    replay_headers,
     show_command,
-    vhost_of,
 )
+from worker.dlq.letters import DeadLetter, Selection, describe_dead_letter, parse_duration, replay_headers
+from worker.dlq.operations import browse, purge, replay
+from worker.dlq.render import format_age
+from worker.dlq.sweep import DEFAULT_BATCH, open_dead_letters, vhost_of
 
 __all__ = [
     "DEFAULT_BATCH",

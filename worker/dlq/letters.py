@@ -1,0 +1,247 @@
+"""What a dead letter says about itself (the worker's ``x-ltm-*`` headers or the broker's x-death),
+which ones a command selects, and the headers a replay sends: pure, no broker needed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from aio_pika.abc import AbstractIncomingMessage
+
+from worker.broker.headers import (
+    ATTEMPTS,
+    DEAD_LETTER_HEADERS,
+    ERROR,
+    ERROR_KIND,
+    FAILED_AT,
+    ORIGINAL_ROUTING_KEY,
+    REPLAY_COUNT,
+    REPLAYED_AT,
+    header_text,
+    rfc3339,
+)
+from worker.config import Topology
+
+#: broker-owned headers a replayed message must not carry back into the work queue
+_BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count"})
+_BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
+
+#: x-death reasons (the broker dead-lettered the message itself) and how they read
+_BROKER_REASONS = {
+    "delivery_limit": "redelivered more than the delivery limit",
+    "rejected": "rejected by a consumer without requeue",
+    "expired": "expired (message TTL)",
+    "maxlen": "dropped by a queue length limit",
+}
+
+
+# --- reading a dead letter ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """What a dead letter says about itself, from the worker's ``x-ltm-*`` headers or the broker's x-death."""
+
+    event_id: str | None
+    kind: str
+    error: str
+    attempts: int | None
+    failed_at: datetime | None
+    shard_id: int | None
+    #: the key the shard published with: replay sends the message back with it
+    routing_key: str
+    message_id: str | None = None
+    replay_count: int = 0
+
+    def age(self, now: datetime) -> timedelta | None:
+        return None if self.failed_at is None else now - self.failed_at
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``worker dlq list --json`` object: exactly the keys of CONTRACT.md."""
+        return {
+            "event_id": self.event_id,
+            "kind": self.kind,
+            "error": self.error,
+            "attempts": self.attempts,
+            "failed_at": None if self.failed_at is None else rfc3339(self.failed_at),
+            "shard_id": self.shard_id,
+            "routing_key": self.routing_key,
+        }
+
+
+def read_dead_letter(message: AbstractIncomingMessage, topology: Topology) -> DeadLetter:
+    """Describe a message taken from the DLQ."""
+    return describe_dead_letter(
+        message.body,
+        dict(message.headers or {}),
+        message_id=message.message_id,
+        routing_key=message.routing_key or "",
+        topology=topology,
+    )
+
+
+def describe_dead_letter(
+    body: bytes,
+    headers: Mapping[str, Any],
+    *,
+    message_id: str | None,
+    routing_key: str,
+    topology: Topology,
+) -> DeadLetter:
+    """Describe a dead letter from its parts (pure: no broker needed)."""
+    event_id, shard_id = _ids_from_body(body)
+    if event_id is None:
+        event_id = message_id or None
+    replay_count = _integer(headers.get(REPLAY_COUNT)) or 0
+    kept_key = header_text(headers.get(ORIGINAL_ROUTING_KEY))
+
+    kind = header_text(headers.get(ERROR_KIND))
+    if kind:  # the worker dead-lettered it: its headers say everything
+        return DeadLetter(
+            event_id=event_id,
+            kind=kind,
+            error=header_text(headers.get(ERROR)) or "",
+            attempts=_integer(headers.get(ATTEMPTS)),
+            failed_at=_timestamp(headers.get(FAILED_AT)),
+            shard_id=shard_id,
+            routing_key=kept_key or routing_key,
+            message_id=message_id,
+            replay_count=replay_count,
+        )
+
+    # the broker dead-lettered it (over the work queue's delivery limit, or a rejection / TTL / length limit)
+    death = _death_entry(headers.get("x-death"), topology.work_queue)
+    reason = header_text(death.get("reason")) or header_text(headers.get("x-last-death-reason"))
+    reason = reason or header_text(headers.get("x-first-death-reason"))
+    death_keys = death.get("routing-keys")
+    death_key = header_text(death_keys[0]) if isinstance(death_keys, list) and death_keys else None
+    if reason:
+        error = _BROKER_REASONS.get(reason, f"dead-lettered by the broker ({reason})")
+        queue = header_text(death.get("queue"))
+        if queue and queue != topology.work_queue:
+            error = f"{error} in {queue}"
+    else:
+        error = "no dead-letter headers (neither x-ltm-* nor x-death)"
+    return DeadLetter(
+        event_id=event_id,
+        kind=reason or "unknown",
+        error=error,
+        # x-death's count is how often the broker dead-lettered it for this reason; the x-delivery-count
+        # a DLQ delivery carries counts redeliveries from the DLQ itself, not attempts, so it is not used
+        attempts=_integer(death.get("count")),
+        failed_at=_timestamp(death.get("time")),
+        shard_id=shard_id,
+        routing_key=kept_key or death_key or routing_key,
+        message_id=message_id,
+        replay_count=replay_count,
+    )
+
+
+def _ids_from_body(body: bytes) -> tuple[str | None, int | None]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    event_id = data.get("event_id")
+    shard_id = data.get("shard_id")
+    return (
+        event_id if isinstance(event_id, str) and event_id else None,
+        shard_id if isinstance(shard_id, int) and not isinstance(shard_id, bool) else None,
+    )
+
+
+def _death_entry(value: Any, work_queue: str) -> Mapping[str, Any]:
+    """The x-death entry for the work queue, else the most recent one (the broker keeps newest first)."""
+    if not isinstance(value, list):
+        return {}
+    entries = [entry for entry in value if isinstance(entry, Mapping)]
+    for entry in entries:
+        if header_text(entry.get("queue")) == work_queue:
+            return entry
+    return entries[0] if entries else {}
+
+
+def _integer(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    text = header_text(value)
+    if text is not None and text.strip().lstrip("-").isdigit():
+        return int(text)
+    return None
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, UTC)
+    text = header_text(value)
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# --- choosing dead letters ----------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``10m``, ``2h``, ``1d``, ``1w`` or a sum such as ``1h30m``; ValueError otherwise."""
+    compact = text.strip().lower()
+    parts = _DURATION_PART.findall(compact)
+    if not parts or "".join(n + unit for n, unit in parts) != compact:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 2h, 1d or 1h30m)")
+    return timedelta(seconds=sum(int(n) * _UNIT_SECONDS[unit] for n, unit in parts))
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which dead letters a command acts on; empty means all. Filters combine with AND, values with OR."""
+
+    kinds: frozenset[str] = frozenset()
+    event_ids: frozenset[str] = frozenset()
+    #: only dead letters that failed at least this long ago (unknown failure time: never selected)
+    older_than: timedelta | None = None
+
+    def matches(self, letter: DeadLetter, now: datetime) -> bool:
+        if self.kinds and letter.kind not in self.kinds:
+            return False
+        if self.event_ids and not ({letter.event_id, letter.message_id} & self.event_ids):
+            return False
+        if self.older_than is not None:
+            age = letter.age(now)
+            if age is None or age < self.older_than:
+                return False
+        return True
+
+
+# --- replaying ----------------------------------------------------------------------------------------
+
+
+def replay_headers(headers: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """The headers a replayed message carries: dead-letter and broker bookkeeping gone, replay recorded."""
+    kept = {
+        key: value
+        for key, value in headers.items()
+        # the worker's dead-letter headers go too: the attempt count restarts on replay
+        if key not in DEAD_LETTER_HEADERS
+        and key not in _BROKER_HEADERS
+        and not key.startswith(_BROKER_HEADER_PREFIXES)
+    }
+    kept[REPLAYED_AT] = rfc3339(now)
+    kept[REPLAY_COUNT] = (_integer(headers.get(REPLAY_COUNT)) or 0) + 1
+    return kept

@@ -1,0 +1,293 @@
+"""The DLQ's I/O: connect, check that the queue exists, and sweep it (each message taken once, held until
+settled, the rest put back in order)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import unquote, urlsplit
+
+import aiormq.exceptions
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from worker.broker.urls import NoNodeAnswered, connect_any
+from worker.config import Topology
+from worker.config import redact_url as redact
+from worker.dlq.letters import DeadLetter, Selection, read_dead_letter
+
+DEFAULT_BATCH = 1000
+CONNECT_TIMEOUT = 10.0
+GET_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 3.0
+SETTLE_GRACE = 0.5
+
+
+class DlqError(Exception):
+    """A failure the operator must act on; the message says what and where."""
+
+
+class Unreachable(DlqError):
+    """RabbitMQ cannot be reached, or refused the connection."""
+
+
+class Undeclared(DlqError):
+    """The DLQ (or, for a replay, the work exchange) does not exist on the vhost."""
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A dead letter taken from the queue and held (unacked) by a sweep."""
+
+    message: AbstractIncomingMessage
+    letter: DeadLetter
+
+
+class DeadLetterQueue:
+    """A connection to the broker on which the DLQ is known to exist."""
+
+    def __init__(self, connection: AbstractConnection, url: str, topology: Topology, depth: int) -> None:
+        self.connection = connection
+        self.url = url
+        self.topology = topology
+        #: messages ready in the DLQ when it was opened
+        self.depth = depth
+
+    @property
+    def name(self) -> str:
+        return self.topology.dead_letter_queue
+
+    async def sweep(
+        self,
+        selection: Selection = Selection(),
+        *,
+        batch: int = DEFAULT_BATCH,
+        limit: int | None = None,
+        now: datetime | None = None,
+    ) -> Sweep:
+        """Start one pass over the queue (use it as ``async with``)."""
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        channel = await self.connection.channel(publisher_confirms=False)
+        expected = await _queue_depth(channel, self.name)
+        return Sweep(
+            channel,
+            self.name,
+            self.topology,
+            selection,
+            expected=expected,
+            batch=batch,
+            limit=limit,
+            now=now or datetime.now(UTC),
+        )
+
+    async def work_exchange(self) -> AbstractChannel:
+        """A confirm-mode channel for republishing, after checking the work exchange exists."""
+        probe = await self.connection.channel(publisher_confirms=False)
+        try:
+            await probe.declare_exchange(self.topology.tool_calls_exchange, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise Undeclared(
+                f"exchange {self.topology.tool_calls_exchange} does not exist on vhost "
+                f"{vhost_of(self.url)!r}; has `worker run` ever started here?"
+            ) from None
+        finally:
+            await close_quietly(probe)
+        return await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+
+
+@contextlib.asynccontextmanager
+async def open_dead_letters(url: str, topology: Topology) -> AsyncIterator[DeadLetterQueue]:
+    """Connect and check (passive declare on a throwaway channel) that the DLQ exists."""
+    try:
+        # several nodes listed: the first that answers serves the whole command
+        connection, url = await connect_any(url, timeout=CONNECT_TIMEOUT)
+    except NoNodeAnswered as exc:
+        raise Unreachable(f"cannot reach RabbitMQ: {exc}") from None
+    except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as exc:
+        raise Unreachable(f"cannot reach RabbitMQ at {redact(url)}: {_connect_reason(exc, url)}") from None
+    try:
+        probe = await connection.channel(publisher_confirms=False)
+        try:
+            depth = await _queue_depth(probe, topology.dead_letter_queue)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise Undeclared(
+                f"queue {topology.dead_letter_queue} does not exist on vhost {vhost_of(url)!r}; "
+                "has `worker run` ever started here?"
+            ) from None
+        finally:
+            await close_quietly(probe)
+        yield DeadLetterQueue(connection, url, topology, depth)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(connection.close(), timeout=5)
+
+
+async def _queue_depth(channel: AbstractChannel, name: str) -> int:
+    queue = await channel.declare_queue(name, passive=True)
+    result = queue.declaration_result
+    return int(result.message_count or 0)
+
+
+class Sweep:
+    """One pass over the DLQ on one channel: each message is taken once and held until settled.
+
+    ``next_batch`` returns the selected dead letters of the next ``batch`` messages taken (possibly none),
+    or None when the pass is over. The caller ``remove``s the ones it is done with; everything else is
+    requeued, in the order it was taken, when the sweep closes.
+
+    Messages are taken with ``basic.get`` (manual ack) and held unacked until the end of the pass, so every
+    dead letter is seen exactly once wherever the broker puts a requeued message (a RabbitMQ 3.x quorum
+    queue without a delivery limit appends it to the back; with one, and on 4.x, it is served again
+    first). The pass stops after the number of messages the queue held when it started, so dead letters
+    that arrive meanwhile (a replayed event failing again) are left for the next run. ``batch`` is how many
+    bodies are in memory (and republishes await their confirms) at once; every message not removed is kept
+    as a delivery tag only and released with ``basic.nack(requeue=True)`` one by one in the order taken, so
+    the queue keeps its order. A nack, unlike a reject, does not count as a failed delivery on RabbitMQ
+    4.3+. If the tool dies, the broker requeues whatever it still held: nothing is lost.
+    """
+
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        queue_name: str,
+        topology: Topology,
+        selection: Selection,
+        *,
+        expected: int,
+        batch: int,
+        limit: int | None,
+        now: datetime,
+    ) -> None:
+        self._channel = channel
+        self._queue_name = queue_name
+        self._topology = topology
+        self._selection = selection
+        self.expected = expected
+        self._batch = batch
+        self._limit = limit
+        self.now = now
+        self.scanned = 0
+        self.selected = 0
+        self.removed = 0
+        #: delivery tags taken and not acked yet, in the order taken (dict: ordered, O(1) delete)
+        self._held: dict[int, None] = {}
+        self._exhausted = False
+        self._queue: AbstractQueue | None = None
+        self._last_ack: float | None = None
+
+    async def __aenter__(self) -> Sweep:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def _done(self) -> bool:
+        limit_reached = self._limit is not None and self.selected >= self._limit
+        return self._exhausted or self.scanned >= self.expected or limit_reached
+
+    async def next_batch(self) -> list[Found] | None:
+        if self._done():
+            return None
+        if self._queue is None:
+            self._queue = await self._channel.get_queue(self._queue_name, ensure=False)
+        queue = self._queue
+        found: list[Found] = []
+        taken = 0
+        while taken < self._batch and not self._done():
+            message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
+            if message is None:
+                self._exhausted = True
+                break
+            taken += 1
+            self.scanned += 1
+            if message.delivery_tag is not None:
+                self._held[message.delivery_tag] = None
+            letter = read_dead_letter(message, self._topology)
+            if self._selection.matches(letter, self.now):
+                self.selected += 1
+                found.append(Found(message, letter))
+        return found
+
+    async def remove(self, found: Sequence[Found]) -> None:
+        """Ack: these dead letters leave the queue for good."""
+        await self.remove_tags([item.message.delivery_tag for item in found if item.message.delivery_tag])
+
+    async def remove_tags(self, tags: Sequence[int]) -> None:
+        """Ack by delivery tag (lets a caller hold a selection without keeping the bodies)."""
+        underlay = await self._channel.get_underlay_channel()
+        for tag in tags:
+            if tag in self._held:
+                await underlay.basic_ack(tag, multiple=False)
+                del self._held[tag]
+                self.removed += 1
+                self._last_ack = time.monotonic()
+
+    async def close(self) -> None:
+        """Requeue everything still held, in the order taken, and close the channel."""
+        try:
+            if self._held and not self._channel.is_closed:
+                ready_before = await _queue_depth(self._channel, self._queue_name)
+                underlay = await self._channel.get_underlay_channel()
+                for tag in self._held:
+                    await underlay.basic_nack(tag, multiple=False, requeue=True)
+                released = len(self._held)
+                self._held.clear()
+                await self._wait_until_ready(ready_before + released)
+            if self._last_ack is not None and not self._channel.is_closed:
+                # A quorum queue turns every ack of a basic.get delivery into its own command, and a
+                # channel that sent more than a few dozen of them at once holds the rest back until the
+                # first ones are applied; closing the channel then drops them and the broker requeues
+                # messages that were acked (rabbitmq-server#10327). Nothing is lost that way (a replayed
+                # dead letter would be in both queues), but give the acks time to go through.
+                await asyncio.sleep(max(0.0, self._last_ack + SETTLE_GRACE - time.monotonic()))
+        finally:
+            # closing the channel requeues anything a failure above left unacked
+            await close_quietly(self._channel)
+
+    async def _wait_until_ready(self, ready: int) -> None:
+        """Wait (briefly) until the queue shows the released messages as ready again: a nack has no
+        reply and the queue applies it a moment later; a command run right after this one must see them."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while await _queue_depth(self._channel, self._queue_name) < ready:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.01)
+
+
+def vhost_of(url: str) -> str:
+    """The vhost an AMQP URL names (``/`` when it names none)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _connect_reason(exc: BaseException, url: str) -> str:
+    text = error_text(exc)
+    if "Connection.Close" in text:  # aiormq only says it got a Connection.Close instead of OpenOk
+        user = urlsplit(url).username or "guest"
+        return (
+            f"the broker closed the connection while opening vhost {vhost_of(url)!r} "
+            f"(does the vhost exist, and may user {user!r} use it?)"
+        )
+    return text
+
+
+def error_text(exc: BaseException) -> str:
+    """What an error says, or its class name when it says nothing."""
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+async def close_quietly(channel: AbstractChannel) -> None:
+    """Close a channel, at most 5 s, whatever state it is in."""
+    if channel.is_closed:
+        return
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(channel.close(), timeout=5)
