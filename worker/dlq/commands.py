@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TextIO
 
 import aiormq.exceptions
 
-from worker.config import Topology
+from worker.config import Settings, Topology
 from worker.config import redact_url as redact
-from worker.dlq.letters import Selection
+from worker.dlq.letters import Selection, parse_duration
 from worker.dlq.operations import browse, purge, replay
 from worker.dlq.render import Progress, format_message, json_line, list_header, list_line
 from worker.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, error_text, open_dead_letters
@@ -234,3 +237,164 @@ async def _guarded(work: Awaitable[int], url: str, console: Console) -> int:
             "(dead letters not yet settled stay in the queue)\n"
         )
         return EXIT_UNREACHABLE
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_dlq_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], environment_help: str
+) -> None:
+    """Add ``worker dlq`` and its actions to the ``worker`` parser (``environment_help`` ends each help)."""
+    epilog = EXIT_CODES_HELP + environment_help
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--rabbitmq-url", help="AMQP URL with vhost (env LTM_RABBITMQ_URL)")
+    connection.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=DEFAULT_BATCH,
+        help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
+    )
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument(
+        "--kind",
+        action="append",
+        metavar="KIND",
+        help="only this error kind (malformed, schema, transient_exhausted, internal, or a broker reason "
+        "such as delivery_limit); repeat or comma-separate for several",
+    )
+    filters.add_argument(
+        "--event-id", action="append", metavar="ID", help="only this event id; repeat for several"
+    )
+    filters.add_argument(
+        "--older-than",
+        type=_duration,
+        metavar="DURATION",
+        help="only dead letters that failed at least this long ago (30s, 10m, 2h, 1d, 1h30m)",
+    )
+
+    dlq = commands.add_parser(
+        "dlq",
+        help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
+        description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
+        "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
+        "nothing: what was not settled returns to the queue.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list",
+        parents=[connection, filters],
+        help="one line per dead letter",
+        description="One line per dead letter: event id, kind, attempts, failed at, shard, age, error. "
+        "A count goes to stderr. The queue is left as it was.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, routing_key",
+    )
+    show = actions.add_parser(
+        "show",
+        parents=[connection],
+        help="print a dead letter in full",
+        description="Print every dead letter with this event id in full: properties, headers, body (as JSON "
+        "when it parses). The queue is left as it was.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    show.add_argument("event_id", metavar="EVENT_ID")
+    replay = actions.add_parser(
+        "replay",
+        parents=[connection, filters],
+        help="send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
+        description="Republish the selected dead letters (all by default) to tomori.tool_calls with their "
+        "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/-attempts "
+        "and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ copy is removed "
+        "only after the broker confirmed the republished one, so an interrupted replay loses nothing (at "
+        "worst an event is in both queues; the worker's idempotency makes that harmless).",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_argument("--limit", type=_positive_int, metavar="N", help="move at most N dead letters")
+    replay.add_argument("--dry-run", action="store_true", help="list what would move; move nothing")
+    replay.add_argument(
+        "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
+    )
+    purge = actions.add_parser(
+        "purge",
+        parents=[connection, filters],
+        help="delete dead letters for good (asks first unless --yes)",
+        description="Delete the selected dead letters (all by default). Scans the whole queue first, then "
+        "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
+        "stdin, --yes is required.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    purge.add_argument(
+        "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
+    )
+
+
+def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
+    """``worker dlq ACTION`` as parsed by :func:`add_dlq_parser`: run it, return the exit code."""
+    try:
+        code = asyncio.run(_dispatch(args, settings))
+    except KeyboardInterrupt:  # the sweep's cleanup already requeued what it held
+        print("interrupted; dead letters not yet settled stay in the DLQ", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader of a pipe left early: nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
+
+
+async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    # the commands report connection failures themselves, in one line; the client libraries' own error
+    # logs (aiormq logs every failed connect) would only repeat them as noise
+    for name in ("aiormq", "aio_pika"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    url, topology = settings.rabbitmq_url, settings.topology
+    if args.dlq_command == "show":
+        return await show_command(url, topology, args.event_id, batch=args.batch)
+    kinds = {kind.strip() for value in args.kind or () for kind in value.split(",") if kind.strip()}
+    selection = Selection(
+        kinds=frozenset(kinds), event_ids=frozenset(args.event_id or ()), older_than=args.older_than
+    )
+    if args.dlq_command == "list":
+        return await list_command(url, topology, selection, batch=args.batch, as_json=args.json)
+    if args.dlq_command == "replay":
+        return await replay_command(
+            url,
+            topology,
+            selection,
+            batch=args.batch,
+            limit=args.limit,
+            dry_run=args.dry_run,
+            progress=args.progress,
+        )
+    return await purge_command(
+        url, topology, selection, yes=args.yes, batch=args.batch, progress=args.progress
+    )
