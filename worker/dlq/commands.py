@@ -14,6 +14,7 @@ from typing import TextIO
 
 import aiormq.exceptions
 
+from contracts.models import DeadLetterKind
 from worker.config import Settings, Topology
 from worker.config import redact_url as redact
 from worker.dlq.letters import Selection, parse_duration
@@ -277,8 +278,8 @@ def add_dlq_parser(
         "--kind",
         action="append",
         metavar="KIND",
-        help="only this error kind (malformed, schema, transient_exhausted, internal, or a broker reason "
-        "such as delivery_limit); repeat or comma-separate for several",
+        help=f"only this error kind ({', '.join(DeadLetterKind)}, or a broker reason such as "
+        "delivery_limit); repeat or comma-separate for several",
     )
     filters.add_argument(
         "--event-id", action="append", metavar="ID", help="only this event id; repeat for several"
