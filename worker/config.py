@@ -1,29 +1,50 @@
 """Settings from the environment, read once at start-up into one typed object.
 
-Every variable is listed in the README. Integer settings follow the original bot's parse
-(``Number.parseInt``: leading digits count, so ``"12abc"`` is 12); a value that is not an integer > 0
-falls back to the default. So does every other setting given a value it does not take (a port that is no
-port, an unknown log format, level or tracing mode): each fallback is recorded in ``Settings.fallbacks``,
-which ``worker run`` and ``worker migrate`` log as warnings and ``worker check`` lists.
+One declaration: each field of :class:`Settings` (and of :class:`Limits`, whose fields it nests) carries its
+default, its meaning (``description``, the README's configuration table, checked by
+tests/unit/test_settings_declaration.py) and, as :class:`Env` metadata, its variable, how the variable's text
+is read, and the ``worker run`` option that overrides it. ``load_settings``, the CLI's overrides and help,
+``Settings.as_env`` and the README table all come from it.
+
+Integer settings follow the original bot's parse (``Number.parseInt``: leading digits count, so ``"12abc"``
+is 12); a value that is not an integer > 0 falls back to the default. So does every other setting given a
+value it does not take (a port that is no port, an unknown log format, level or tracing mode): each fallback
+is recorded in ``Settings.fallbacks``, in declaration order, which ``worker run`` and ``worker migrate`` log
+as warnings and ``worker check`` lists.
+
+Plain pydantic, not pydantic-settings: every variable's text goes through a rule that falls back with a
+record instead of failing validation, ``load_settings`` reads any mapping (tests pass their own), the
+``MAX_*`` limits are unprefixed variables of a nested model, and ``Settings()`` is the defaults, not the
+environment. Those are the four things pydantic-settings would have to be bent around; what it would add,
+reading ``os.environ``, is one line here.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+
+TracingMode = Literal["off", "otlp", "console"]
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+#: LTM_TRACING values (worker/tracing.py)
+TRACING_MODES: tuple[str, ...] = get_args(TracingMode)
+#: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/logs.py)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-#: LTM_TRACING values (worker/tracing.py)
-TRACING_MODES = ("off", "otlp", "console")
-#: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/logs.py)
-LOG_FORMATS = ("auto", "json", "console")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 #: where the probe and metrics endpoint listens unless LTM_HTTP_HOST says otherwise: this host only
 DEFAULT_HTTP_HOST = "127.0.0.1"
 
@@ -80,19 +101,157 @@ def parse_port(raw: str) -> int | None:
     return int(text)
 
 
+# --- how a variable's text is read ---------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """The text is not a value the setting takes; ``shown`` is the text the fallback records."""
+
+    def __init__(self, shown: str) -> None:
+        super().__init__(shown)
+        self.shown = shown
+
+
+#: what a rule returns for "not set": the field's default, no fallback
+_UNSET: Any = object()
+
+
+class Rule:
+    """How one variable's text becomes a value; ``expected`` says what it takes, for the fallback message."""
+
+    expected = "a valid value"
+
+    def read(self, raw: str) -> Any:
+        """The value of ``raw``, or ``_UNSET`` (use the default); raises ``_Invalid`` to fall back."""
+        raise NotImplementedError
+
+
+class Text(Rule):
+    """Taken as written (``strip``: without surrounding blanks); empty is the default. Never falls back."""
+
+    def __init__(self, *, strip: bool = False) -> None:
+        self.strip = strip
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip() if self.strip else raw
+        return text or _UNSET
+
+
+class PositiveInt(Rule):
+    """The bot's ``parseInt`` rule: leading digits count; anything but an integer > 0 falls back."""
+
+    expected = "an integer > 0"
+
+    def read(self, raw: str) -> Any:
+        value, fell_back = parse_positive_int(raw, 0)
+        if fell_back:
+            raise _Invalid(raw)
+        return value or _UNSET
+
+
+class NonNegativeInt(Rule):
+    """Digits only, 0 included (0 is the useful value: off); empty is the default."""
+
+    expected = "an integer >= 0 (0: off)"
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip()
+        if not text:
+            return _UNSET
+        if not (text.isascii() and text.isdigit()):
+            raise _Invalid(text)
+        return int(text)
+
+
+class Port(Rule):
+    """A TCP port 0..65535; 0 or empty is off."""
+
+    expected = "a port number 0..65535 (0 or empty: off)"
+
+    def read(self, raw: str) -> Any:
+        port = parse_port(raw)
+        if port is None:
+            raise _Invalid(raw)
+        return port
+
+
+class Choice(Rule):
+    """One of a few words, any case, blanks around ignored; empty is the default."""
+
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
+        self.expected = "one of " + ", ".join(choices)
+
+    def read(self, raw: str) -> Any:
+        value = raw.strip().lower()
+        if not value:
+            return _UNSET
+        if value not in self.choices:
+            raise _Invalid(raw)
+        return value
+
+
 @dataclass(frozen=True, slots=True)
-class Limits:
+class Env:
+    """Field metadata: the variable a setting is read from, how, and the ``worker run`` option, if any.
+
+    ``note`` follows the default in the README table (``0`` (off)).
+    """
+
+    var: str
+    rule: Rule
+    option: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """One setting as declared: where it sits (``path``: field names from Settings down), its variable, rule,
+    option, default and meaning."""
+
+    path: tuple[str, ...]
+    env: Env
+    default: Any
+    description: str
+
+    @property
+    def var(self) -> str:
+        return self.env.var
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the README table shows it: `` `0` (off) ``."""
+        text = f"`{self.default}`"
+        return f"{text} ({self.env.note})" if self.env.note else text
+
+
+# --- the declaration -------------------------------------------------------------------------------------
+
+_MODEL = ConfigDict(frozen=True, extra="forbid")
+
+
+class Limits(BaseModel):
     """Memory limits of SPEC.md (defaults of the current bot)."""
 
-    max_server_memories: int = 100
-    max_personal_memories: int = 100
-    max_memory_length: int = 1000
-    notice_preview_limit: int = 600
+    model_config = _MODEL
+
+    max_server_memories: Annotated[int, Env("MAX_SERVER_MEMORIES", PositiveInt())] = Field(
+        100, gt=0, description="server-wide memories per `(server, persona lineage)`"
+    )
+    max_personal_memories: Annotated[int, Env("MAX_PERSONAL_MEMORIES", PositiveInt())] = Field(
+        100, gt=0, description="personal memories per `(user, persona lineage)`, lineage 0 included"
+    )
+    max_memory_length: Annotated[int, Env("MAX_MEMORY_LENGTH", PositiveInt())] = Field(
+        1000, gt=0, description="maximum memory length in UTF-16 code units"
+    )
+    notice_preview_limit: Annotated[int, Env("MEMORY_NOTICE_PREVIEW_LIMIT", PositiveInt())] = Field(
+        600, gt=0, description="code points shown in the notice preview"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """Exchange, queue and channel names of CONTRACT.md. The defaults are the contract."""
+    """Exchange, queue and channel names of CONTRACT.md. The defaults are the contract (not settings)."""
 
     tool_calls_exchange: str = "tomori.tool_calls"
     work_queue: str = "ltm.create_memory"
@@ -105,124 +264,155 @@ class Topology:
     invalidation_channel: str = "tomori:cache-invalidation"
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Everything the worker is configured with."""
+#: a setting that fell back: (variable, the text given, the default used)
+Fallback = tuple[str, str, int | str]
 
-    postgres_dsn: str = DEFAULT_POSTGRES_DSN
-    rabbitmq_url: str = DEFAULT_RABBITMQ_URL
-    redis_url: str = DEFAULT_REDIS_URL
-    limits: Limits = field(default_factory=Limits)
-    topology: Topology = field(default_factory=Topology)
-    retry_max_attempts: int = 5
-    retry_base_delay_ms: int = 1000
-    retry_max_delay_ms: int = 60000
-    prefetch: int = 64
-    concurrency: int = 32
-    postgres_pool_size: int = 10
-    #: asyncpg's prepared-statement cache per connection; 0 (off) also works through a transaction-pooling
-    #: PgBouncer, which a cache breaks (worker/store/pool.py)
-    postgres_statement_cache_size: int = 0
-    shutdown_grace_seconds: int = 30
-    log_format: str = "auto"
-    log_level: str = "info"
-    http_port: int = 0
-    #: address the probe endpoint binds (``0.0.0.0`` for every interface, as in a container)
-    http_host: str = DEFAULT_HTTP_HOST
-    #: how often queue depths and dependency state are sampled for /metrics (worker/sampler.py)
-    metrics_interval_seconds: int = 15
-    #: OpenTelemetry spans: ``off``, ``otlp`` or ``console`` (worker/tracing.py)
-    tracing: str = "off"
+
+class Settings(BaseModel):
+    """Everything the worker is configured with; ``Settings()`` holds the defaults."""
+
+    model_config = _MODEL
+
+    postgres_dsn: Annotated[str, Env("LTM_POSTGRES_DSN", Text(), "--postgres-dsn")] = Field(
+        DEFAULT_POSTGRES_DSN,
+        description="Postgres connection string (libpq URI; the multi-host form "
+        '`postgresql://u:p@pg-a,pg-b/db?target_session_attrs=read-write` works, see "Past one machine")',
+    )
+    #: 0 (off) also works through a transaction-pooling PgBouncer, which a cache breaks (worker/store/pool.py)
+    postgres_statement_cache_size: Annotated[
+        int, Env("LTM_POSTGRES_STATEMENT_CACHE_SIZE", NonNegativeInt(), note="off")
+    ] = Field(
+        0,
+        ge=0,
+        description="asyncpg's prepared statements cached per connection; off works through a "
+        "transaction-pooling PgBouncer, `100` saves Postgres CPU where the worker connects directly "
+        '(see "Past one machine")',
+    )
+    rabbitmq_url: Annotated[str, Env("LTM_RABBITMQ_URL", Text(), "--rabbitmq-url")] = Field(
+        DEFAULT_RABBITMQ_URL,
+        description="AMQP URL, vhost included; for a cluster, one URL per node, comma-separated",
+    )
+    redis_url: Annotated[str, Env("LTM_REDIS_URL", Text(), "--redis-url")] = Field(
+        DEFAULT_REDIS_URL, description="Redis URL"
+    )
+    limits: Limits = Field(default_factory=Limits)
+    retry_max_attempts: Annotated[int, Env("LTM_RETRY_MAX_ATTEMPTS", PositiveInt())] = Field(
+        5, gt=0, description="processing attempts for a transient fault, the first included"
+    )
+    retry_base_delay_ms: Annotated[int, Env("LTM_RETRY_BASE_DELAY_MS", PositiveInt())] = Field(
+        1000, gt=0, description="first retry delay; doubles per attempt"
+    )
+    retry_max_delay_ms: Annotated[int, Env("LTM_RETRY_MAX_DELAY_MS", PositiveInt())] = Field(
+        60000, gt=0, description="cap of the retry delay"
+    )
+    prefetch: Annotated[int, Env("LTM_PREFETCH", PositiveInt(), "--prefetch")] = Field(
+        64, gt=0, description="deliveries RabbitMQ may push to one worker ahead of processing"
+    )
+    concurrency: Annotated[int, Env("LTM_CONCURRENCY", PositiveInt(), "--concurrency")] = Field(
+        32, gt=0, description="events one worker processes at once"
+    )
+    postgres_pool_size: Annotated[int, Env("LTM_POSTGRES_POOL_SIZE", PositiveInt())] = Field(
+        10,
+        gt=0,
+        description="Postgres connections per worker; at most this many batches of events are at Postgres "
+        'at once (usually one: see "Batches" below)',
+    )
+    shutdown_grace_seconds: Annotated[
+        int, Env("LTM_SHUTDOWN_GRACE_SECONDS", PositiveInt(), "--grace-seconds")
+    ] = Field(30, gt=0, description="how long SIGTERM waits for in-flight events")
+    http_port: Annotated[int, Env("LTM_HTTP_PORT", Port(), "--http-port", note="off")] = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="port of `/healthz`, `/readyz`, `/metrics`: 0..65535, `0` or empty is off",
+    )
+    http_host: Annotated[str, Env("LTM_HTTP_HOST", Text(strip=True), "--http-host")] = Field(
+        DEFAULT_HTTP_HOST,
+        description="address that endpoint listens on; `0.0.0.0` for every interface (the container image, "
+        "compose and the Kubernetes ConfigMap set it)",
+    )
+    #: sampled by worker/sampler.py
+    metrics_interval_seconds: Annotated[int, Env("LTM_METRICS_INTERVAL_SECONDS", PositiveInt())] = Field(
+        15,
+        gt=0,
+        description="how often a worker with the HTTP port on samples queue depths and dependency state "
+        "for `/metrics`",
+    )
+    log_format: Annotated[LogFormat, Env("LTM_LOG_FORMAT", Choice(LOG_FORMATS), "--log-format")] = Field(
+        "auto", description="`json`, `console`, or `auto` (console on a terminal, JSON otherwise)"
+    )
+    log_level: Annotated[LogLevel, Env("LTM_LOG_LEVEL", Choice(LOG_LEVELS), "--log-level")] = Field(
+        "info", description="`debug`, `info`, `warning` or `error`; `debug` also logs memory contents"
+    )
+    tracing: Annotated[TracingMode, Env("LTM_TRACING", Choice(TRACING_MODES), "--tracing")] = Field(
+        "off",
+        description="`otlp` or `console`: an OpenTelemetry span per event (needs "
+        "`pip install 'tomoribot-ltm-worker[tracing]'`)",
+    )
+    topology: Topology = Field(default_factory=Topology)
     #: settings that were given but invalid, as (variable, raw value, default used)
-    fallbacks: tuple[tuple[str, str, int | str], ...] = ()
+    fallbacks: tuple[Fallback, ...] = ()
+
+    def as_env(self) -> dict[str, str]:
+        """Every declared setting as the variable that gives it this value (for a worker process to start)."""
+        env: dict[str, str] = {}
+        for setting in declared():
+            value: Any = self
+            for name in setting.path:
+                value = getattr(value, name)
+            env[setting.var] = str(value)
+        return env
 
 
-#: integer settings: environment variable -> (Settings or Limits field, default)
-_LIMIT_VARS = {
-    "MAX_SERVER_MEMORIES": ("max_server_memories", 100),
-    "MAX_PERSONAL_MEMORIES": ("max_personal_memories", 100),
-    "MAX_MEMORY_LENGTH": ("max_memory_length", 1000),
-    "MEMORY_NOTICE_PREVIEW_LIMIT": ("notice_preview_limit", 600),
-}
-_INT_VARS = {
-    "LTM_RETRY_MAX_ATTEMPTS": ("retry_max_attempts", 5),
-    "LTM_RETRY_BASE_DELAY_MS": ("retry_base_delay_ms", 1000),
-    "LTM_RETRY_MAX_DELAY_MS": ("retry_max_delay_ms", 60000),
-    "LTM_PREFETCH": ("prefetch", 64),
-    "LTM_CONCURRENCY": ("concurrency", 32),
-    "LTM_POSTGRES_POOL_SIZE": ("postgres_pool_size", 10),
-    "LTM_SHUTDOWN_GRACE_SECONDS": ("shutdown_grace_seconds", 30),
-    "LTM_METRICS_INTERVAL_SECONDS": ("metrics_interval_seconds", 15),
-}
-#: what each setting that can fall back takes, for the warning and `worker check`
-_EXPECTED = {
-    **{var: "an integer > 0" for var in (*_LIMIT_VARS, *_INT_VARS)},
-    "LTM_HTTP_PORT": "a port number 0..65535 (0 or empty: off)",
-    "LTM_POSTGRES_STATEMENT_CACHE_SIZE": "an integer >= 0 (0: off)",
-    "LTM_LOG_FORMAT": "one of " + ", ".join(LOG_FORMATS),
-    "LTM_LOG_LEVEL": "one of " + ", ".join(LOG_LEVELS),
-    "LTM_TRACING": "one of " + ", ".join(TRACING_MODES),
-}
+def _env_of(field: FieldInfo) -> Env | None:
+    return next((meta for meta in field.metadata if isinstance(meta, Env)), None)
+
+
+def _walk(model: type[BaseModel], path: tuple[str, ...]) -> Iterator[Declared]:
+    for name, field in model.model_fields.items():
+        env = _env_of(field)
+        if env is not None:
+            yield Declared((*path, name), env, field.default, field.description or "")
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from _walk(field.annotation, (*path, name))
+
+
+@cache
+def declared() -> tuple[Declared, ...]:
+    """Every setting read from the environment, in declaration order (the README table's order)."""
+    return tuple(_walk(Settings, ()))
 
 
 def expected_value(var: str) -> str:
     """What the setting ``var`` takes, in words (for the message about a value that fell back)."""
-    return _EXPECTED.get(var, "a valid value")
+    return next((s.env.rule.expected for s in declared() if s.var == var), "a valid value")
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Build the settings from ``env`` (default: ``os.environ``)."""
+    """Build the settings from ``env`` (default: ``os.environ``); a value not taken falls back."""
     env = os.environ if env is None else env
-    fallbacks: list[tuple[str, str, int | str]] = []
+    fallbacks: list[Fallback] = []
+    values: dict[str, Any] = {}
+    for setting in declared():
+        raw = env.get(setting.var)
+        if raw is None:
+            continue
+        try:
+            value = setting.env.rule.read(raw)
+        except _Invalid as invalid:
+            fallbacks.append((setting.var, invalid.shown, setting.default))
+            continue
+        if value is not _UNSET:
+            *parents, name = setting.path
+            target = values
+            for parent in parents:
+                target = target.setdefault(parent, {})
+            target[name] = value
+    return Settings.model_validate({**values, "fallbacks": tuple(fallbacks)})
 
-    def integer(var: str, default: int) -> int:
-        raw = env.get(var)
-        value, fell_back = parse_positive_int(raw, default)
-        if fell_back and raw is not None:
-            fallbacks.append((var, raw, default))
-        return value
 
-    def choice(var: str, choices: tuple[str, ...], default: str) -> str:
-        raw = env.get(var) or ""
-        value = raw.strip().lower() or default
-        if value not in choices:
-            fallbacks.append((var, raw, default))
-            return default
-        return value
-
-    limits = Limits(**{name: integer(var, default) for var, (name, default) in _LIMIT_VARS.items()})
-    ints = {name: integer(var, default) for var, (name, default) in _INT_VARS.items()}
-    http_raw = env.get("LTM_HTTP_PORT") or ""
-    http_port = parse_port(http_raw)
-    if http_port is None:
-        fallbacks.append(("LTM_HTTP_PORT", http_raw, 0))
-        http_port = 0
-    cache_raw = env.get("LTM_POSTGRES_STATEMENT_CACHE_SIZE", "").strip()
-    statement_cache_size = 0
-    if cache_raw:
-        # 0 is the useful value here, so not parse_positive_int: a non-negative integer or the default
-        if cache_raw.isdigit():
-            statement_cache_size = int(cache_raw)
-        else:
-            fallbacks.append(("LTM_POSTGRES_STATEMENT_CACHE_SIZE", cache_raw, 0))
-    return Settings(
-        postgres_dsn=env.get("LTM_POSTGRES_DSN") or DEFAULT_POSTGRES_DSN,
-        rabbitmq_url=env.get("LTM_RABBITMQ_URL") or DEFAULT_RABBITMQ_URL,
-        redis_url=env.get("LTM_REDIS_URL") or DEFAULT_REDIS_URL,
-        limits=limits,
-        log_format=choice("LTM_LOG_FORMAT", LOG_FORMATS, "auto"),
-        log_level=choice("LTM_LOG_LEVEL", LOG_LEVELS, "info"),
-        http_port=http_port,
-        http_host=(env.get("LTM_HTTP_HOST") or "").strip() or DEFAULT_HTTP_HOST,
-        tracing=choice("LTM_TRACING", TRACING_MODES, "off"),
-        retry_max_attempts=ints["retry_max_attempts"],
-        retry_base_delay_ms=ints["retry_base_delay_ms"],
-        retry_max_delay_ms=ints["retry_max_delay_ms"],
-        prefetch=ints["prefetch"],
-        concurrency=ints["concurrency"],
-        postgres_pool_size=ints["postgres_pool_size"],
-        postgres_statement_cache_size=statement_cache_size,
-        shutdown_grace_seconds=ints["shutdown_grace_seconds"],
-        metrics_interval_seconds=ints["metrics_interval_seconds"],
-        fallbacks=tuple(fallbacks),
-    )
+def configuration_table() -> str:
+    """The README's configuration table (variable, default, meaning), one row per declared setting."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{s.var}` | {s.shown_default} | {s.description} |" for s in declared()]
+    return "\n".join(rows)

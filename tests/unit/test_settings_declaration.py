@@ -1,0 +1,81 @@
+"""One declaration of the settings: the README table, the environment round trip and the typed model agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from worker.config import Limits, Settings, configuration_table, declared, load_settings
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_table_is_the_declaration() -> None:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("| variable | default | meaning |")
+    table = text[start : text.index("\n\n", start)]
+
+    # on a difference: paste `python -c "from worker.config import configuration_table as t; print(t())"`
+    assert table.splitlines() == configuration_table().splitlines()
+
+
+def test_every_field_but_the_contract_and_the_record_is_read_from_a_variable() -> None:
+    paths = {".".join(s.path) for s in declared()}
+
+    assert set(Settings.model_fields) - {p.split(".")[0] for p in paths} == {"topology", "fallbacks"}
+    assert {p for p in paths if p.startswith("limits.")} == {f"limits.{f}" for f in Limits.model_fields}
+    assert len({s.var for s in declared()}) == len(paths)
+
+
+def test_settings_written_as_variables_read_back_the_same_without_a_fallback() -> None:
+    settings = Settings(
+        postgres_dsn="postgresql://ltm:s3cret@pg-a,pg-b/bot",
+        rabbitmq_url="amqp://w:p@rmq-1/ltm,amqp://w:p@rmq-2/ltm",
+        limits=Limits(max_server_memories=7, notice_preview_limit=9),
+        concurrency=3,
+        postgres_statement_cache_size=100,
+        http_port=9109,
+        http_host="0.0.0.0",
+        log_format="json",
+        log_level="debug",
+        tracing="console",
+    )
+    env = settings.as_env()
+
+    assert set(env) == {s.var for s in declared()}
+    assert (env["MAX_SERVER_MEMORIES"], env["LTM_CONCURRENCY"], env["LTM_HTTP_PORT"]) == ("7", "3", "9109")
+    assert load_settings(env) == settings
+    assert load_settings(Settings().as_env()) == Settings() == load_settings({})
+
+
+def test_fallbacks_come_in_declaration_order() -> None:
+    invalid = {s.var: "-7" for s in declared() if s.env.rule.expected != "a valid value"}
+    settings = load_settings(dict(reversed(invalid.items())))
+
+    assert [var for var, _, _ in settings.fallbacks] == list(invalid)
+    assert settings.model_dump(exclude={"fallbacks"}) == Settings().model_dump(exclude={"fallbacks"})
+
+
+@pytest.mark.parametrize("raw", ["²", "1e3", "0x10"])
+def test_a_statement_cache_size_that_is_no_decimal_falls_back(raw: str) -> None:
+    settings = load_settings({"LTM_POSTGRES_STATEMENT_CACHE_SIZE": raw})
+
+    assert settings.postgres_statement_cache_size == 0
+    assert settings.fallbacks == (("LTM_POSTGRES_STATEMENT_CACHE_SIZE", raw, 0),)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"concurrency": 0},
+        {"http_port": 70000},
+        {"log_level": "verbose"},
+        {"postgres_statement_cache_size": -1},
+    ],
+)
+def test_a_value_given_in_code_is_checked_not_fallen_back(values: dict[str, object]) -> None:
+    # a fallback is for an operator's text; a wrong value in code is a bug and fails at once
+    with pytest.raises(ValidationError):
+        Settings.model_validate(values)
