@@ -7,29 +7,30 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from worker.config import LOG_FORMATS, LOG_LEVELS, TRACING_MODES, load_settings, redact_url
+from worker.config import Settings, add_setting_options, declared, load_settings, redact_url
 from worker.logs import configure_logging, log_fallbacks
 
-ENVIRONMENT_HELP = """
-configuration comes from the environment (see the README for the full table):
-  LTM_POSTGRES_DSN   Postgres connection string   (default postgresql://postgres@127.0.0.1:5432/postgres)
-  LTM_RABBITMQ_URL   AMQP URL, vhost included      (default amqp://guest:guest@127.0.0.1:5672/)
-  LTM_REDIS_URL      Redis URL                     (default redis://127.0.0.1:6379/0)
-  MAX_SERVER_MEMORIES, MAX_PERSONAL_MEMORIES, MAX_MEMORY_LENGTH   limits (100, 100, 1000)
-  LTM_RETRY_MAX_ATTEMPTS, LTM_RETRY_BASE_DELAY_MS, LTM_RETRY_MAX_DELAY_MS   retries (5, 1000, 60000)
-  LTM_PREFETCH, LTM_CONCURRENCY, LTM_POSTGRES_POOL_SIZE, LTM_SHUTDOWN_GRACE_SECONDS (64, 32, 10, 30)
-  LTM_LOG_FORMAT, LTM_LOG_LEVEL   logs (auto, info)
-  LTM_HTTP_PORT, LTM_HTTP_HOST    the probe endpoint: port (0 = off) and address (127.0.0.1)
-  LTM_TRACING        OpenTelemetry spans: off, otlp (OTEL_EXPORTER_OTLP_* variables) or console (off)
-command-line options override the environment; a value a setting does not take falls back to its
-default with a warning (`worker check` lists them).
-"""
+
+def _environment_help() -> str:
+    """The epilog of every command: each variable and its default, from the settings' declaration."""
+    settings = declared()
+    width = max(len(s.var) for s in settings) + 2
+    lines = ["configuration comes from the environment (see the README for the full table):"]
+    lines += [f"  {s.var:<{width}}default {s.shown_default}" for s in settings]
+    lines += [
+        "command-line options override the environment; a value a setting does not take falls back to its",
+        "default with a warning (`worker check` lists them).",
+    ]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+ENVIRONMENT_HELP = _environment_help()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    migrate.add_argument("--postgres-dsn", help="Postgres connection string (env LTM_POSTGRES_DSN)")
+    add_setting_options(migrate, "postgres_dsn")
 
     run = commands.add_parser(
         "run",
@@ -64,34 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--postgres-dsn", help="Postgres connection string (env LTM_POSTGRES_DSN)")
-    run.add_argument("--rabbitmq-url", help="AMQP URL with vhost (env LTM_RABBITMQ_URL)")
-    run.add_argument("--redis-url", help="Redis URL (env LTM_REDIS_URL)")
-    run.add_argument("--prefetch", type=int, help="deliveries RabbitMQ may push ahead (env LTM_PREFETCH, 64)")
-    run.add_argument("--concurrency", type=int, help="events processed at once (env LTM_CONCURRENCY, 32)")
-    run.add_argument(
-        "--grace-seconds",
-        type=int,
-        help="how long a stop waits for in-flight events (env LTM_SHUTDOWN_GRACE_SECONDS, 30)",
-    )
-    run.add_argument("--log-format", choices=LOG_FORMATS, help="env LTM_LOG_FORMAT (auto)")
-    run.add_argument("--log-level", choices=LOG_LEVELS, help="env LTM_LOG_LEVEL (info)")
-    run.add_argument(
-        "--http-port",
-        type=int,
-        help="serve /healthz, /readyz and /metrics on this port (env LTM_HTTP_PORT; 0 = off, the default)",
-    )
-    run.add_argument(
-        "--http-host",
-        help="address the probe endpoint listens on; 0.0.0.0 for every interface "
-        "(env LTM_HTTP_HOST; 127.0.0.1)",
-    )
-    run.add_argument(
-        "--tracing",
-        choices=TRACING_MODES,
-        help="an OpenTelemetry span per event: otlp (configured by OTEL_EXPORTER_OTLP_*) or console "
-        "(spans on stdout); needs the tracing extra (env LTM_TRACING; off)",
-    )
+    add_setting_options(run)
     check = commands.add_parser(
         "check",
         help="test every connection with the current configuration",
@@ -103,9 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("--postgres-dsn", help="Postgres connection string (env LTM_POSTGRES_DSN)")
-    check.add_argument("--rabbitmq-url", help="AMQP URL with vhost (env LTM_RABBITMQ_URL)")
-    check.add_argument("--redis-url", help="Redis URL (env LTM_REDIS_URL)")
+    add_setting_options(check, "postgres_dsn", "rabbitmq_url", "redis_url")
     check.add_argument(
         "--json",
         action="store_true",
@@ -161,19 +133,20 @@ def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     stub.set_defaults(bench_missing=True)
 
 
+#: option dest -> variable, for every setting with a `worker run` option
 _OPTION_ENV = {
-    "postgres_dsn": "LTM_POSTGRES_DSN",
-    "rabbitmq_url": "LTM_RABBITMQ_URL",
-    "redis_url": "LTM_REDIS_URL",
-    "prefetch": "LTM_PREFETCH",
-    "concurrency": "LTM_CONCURRENCY",
-    "grace_seconds": "LTM_SHUTDOWN_GRACE_SECONDS",
-    "log_format": "LTM_LOG_FORMAT",
-    "log_level": "LTM_LOG_LEVEL",
-    "http_port": "LTM_HTTP_PORT",
-    "http_host": "LTM_HTTP_HOST",
-    "tracing": "LTM_TRACING",
+    s.env.option.lstrip("-").replace("-", "_"): s.var for s in declared() if s.env.option is not None
 }
+
+
+def settings_for(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """The settings of a command: ``env`` with the command's options on top, read by the same rules."""
+    merged = dict(env)
+    for option, var in _OPTION_ENV.items():
+        value = getattr(args, option, None)
+        if value is not None:
+            merged[var] = str(value)
+    return load_settings(merged)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,12 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "bench_missing", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    env = dict(os.environ)
-    for option, var in _OPTION_ENV.items():
-        value = getattr(args, option, None)
-        if value is not None:
-            env[var] = str(value)
-    settings = load_settings(env)
+    settings = settings_for(args, os.environ)
     configure_logging(settings.log_format, settings.log_level)
     if args.command == "migrate":
         log_fallbacks(settings.fallbacks)  # `worker run` logs them itself, as it starts

@@ -21,6 +21,7 @@ reading ``os.environ``, is one line here.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -220,9 +221,14 @@ class Declared:
 
     @property
     def shown_default(self) -> str:
-        """The default as the README table shows it: `` `0` (off) ``."""
-        text = f"`{self.default}`"
-        return f"{text} ({self.env.note})" if self.env.note else text
+        """The default for people: ``0 (off)``."""
+        return f"{self.default} ({self.env.note})" if self.env.note else str(self.default)
+
+    @property
+    def table_row(self) -> str:
+        """The setting's row of the README table: variable, default (`` `0` (off) ``), meaning."""
+        default = f"`{self.default}` ({self.env.note})" if self.env.note else f"`{self.default}`"
+        return f"| `{self.var}` | {default} | {self.description} |"
 
 
 # --- the declaration -------------------------------------------------------------------------------------
@@ -346,7 +352,8 @@ class Settings(BaseModel):
     )
     tracing: Annotated[TracingMode, Env("LTM_TRACING", Choice(TRACING_MODES), "--tracing")] = Field(
         "off",
-        description="`otlp` or `console`: an OpenTelemetry span per event (needs "
+        description="`otlp` (configured by the `OTEL_EXPORTER_OTLP_*` variables) or `console`: an "
+        "OpenTelemetry span per event (needs "
         "`pip install 'tomoribot-ltm-worker[tracing]'`)",
     )
     topology: Topology = Field(default_factory=Topology)
@@ -411,8 +418,30 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings.model_validate({**values, "fallbacks": tuple(fallbacks)})
 
 
+def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
+    """Add to ``parser`` the options of the settings named ``fields`` (all that have one when none are named).
+
+    Help, type and choices come from the declaration. The CLI puts an option's value in the environment
+    (worker/cli.py ``settings_for``), so it goes through the variable's rule and falls back like it.
+    """
+    for setting in declared():
+        option = setting.env.option
+        if option is None or (fields and setting.path[-1] not in fields):
+            continue
+        rule = setting.env.rule
+        help_text = (
+            f"{setting.description.replace('`', '')} (env {setting.var}; default {setting.shown_default})"
+        )
+        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
+        if isinstance(rule, Choice):
+            kwargs["choices"] = rule.choices
+        elif isinstance(rule, (PositiveInt, NonNegativeInt, Port)):
+            kwargs["type"] = int
+        parser.add_argument(option, **kwargs)
+
+
 def configuration_table() -> str:
     """The README's configuration table (variable, default, meaning), one row per declared setting."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
-    rows += [f"| `{s.var}` | {s.shown_default} | {s.description} |" for s in declared()]
+    rows += [s.table_row for s in declared()]
     return "\n".join(rows)

@@ -15,7 +15,7 @@ from typing import TextIO
 import aiormq.exceptions
 
 from contracts.models import DeadLetterKind
-from worker.config import Settings, Topology
+from worker.config import Settings, Topology, add_setting_options
 from worker.config import redact_url as redact
 from worker.dlq.letters import Selection, parse_duration
 from worker.dlq.operations import browse, purge, replay
@@ -266,7 +266,7 @@ def add_dlq_parser(
     """Add ``worker dlq`` and its actions to the ``worker`` parser (``environment_help`` ends each help)."""
     epilog = EXIT_CODES_HELP + environment_help
     connection = argparse.ArgumentParser(add_help=False)
-    connection.add_argument("--rabbitmq-url", help="AMQP URL with vhost (env LTM_RABBITMQ_URL)")
+    add_setting_options(connection, "rabbitmq_url")
     connection.add_argument(
         "--batch",
         type=_positive_int,

@@ -1,0 +1,58 @@
+"""The command line's overrides and help come from the settings' declaration."""
+
+from __future__ import annotations
+
+import argparse
+
+from worker.cli import ENVIRONMENT_HELP, _parser, settings_for
+from worker.config import declared
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser: argparse.ArgumentParser = commands.choices[name]
+    return parser
+
+
+def test_run_has_an_option_for_every_setting_that_declares_one_with_its_variable_and_default() -> None:
+    helps = {option: action.help for action in subcommand("run")._actions for option in action.option_strings}
+
+    with_option = [s for s in declared() if s.env.option is not None]
+    assert {"--prefetch", "--concurrency", "--grace-seconds", "--http-port", "--tracing"} <= {
+        s.env.option for s in with_option
+    }
+    for setting in with_option:
+        assert f"(env {setting.var}; default {setting.shown_default})" in str(helps[setting.env.option])
+
+
+def test_the_environment_help_lists_every_variable_with_its_default() -> None:
+    for setting in declared():
+        assert any(
+            line.split() == [setting.var, "default", *setting.shown_default.split()]
+            for line in ENVIRONMENT_HELP.splitlines()
+        ), setting.var
+
+
+def test_an_option_overrides_the_variable_and_falls_back_like_it() -> None:
+    args = _parser().parse_args(["run", "--prefetch", "0", "--concurrency", "3", "--http-port", "70000"])
+    settings = settings_for(args, {"LTM_PREFETCH": "7", "LTM_CONCURRENCY": "9", "LTM_LOG_LEVEL": "debug"})
+
+    assert (settings.prefetch, settings.concurrency, settings.http_port, settings.log_level) == (
+        64,
+        3,
+        0,
+        "debug",
+    )
+    assert settings.fallbacks == (("LTM_PREFETCH", "0", 64), ("LTM_HTTP_PORT", "70000", 0))
+
+
+def test_check_and_migrate_take_only_their_connection_options() -> None:
+    def options(name: str) -> set[str]:
+        return {
+            o for a in subcommand(name)._actions for o in a.option_strings if o.endswith(("-dsn", "-url"))
+        }
+
+    assert options("check") == {"--postgres-dsn", "--rabbitmq-url", "--redis-url"}
+    assert options("migrate") == {"--postgres-dsn"}
+    args = _parser().parse_args(["check", "--redis-url", "redis://cache:6379/1"])
+    assert settings_for(args, {"LTM_REDIS_URL": "redis://other/0"}).redis_url == "redis://cache:6379/1"
