@@ -17,7 +17,7 @@ import aio_pika
 import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
-from worker.config import Settings, expected_value
+from worker.config import Fallback, Settings, expected_value
 from worker.config import redact_url as redact
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
@@ -102,9 +102,6 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
             return CheckResult(name, redact(url), False, f"{type(exc).__name__}: {reason}")
 
     return list(await asyncio.gather(*(guarded(*c) for c in checks)))
-
-
-Fallback = tuple[str, str, int | str]
 
 
 def fallback_line(fallback: Fallback) -> str:

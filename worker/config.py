@@ -390,6 +390,11 @@ def declared() -> tuple[Declared, ...]:
     return tuple(_walk(Settings, ()))
 
 
+def variable_of(field: str) -> str:
+    """The variable of the setting named ``field`` (``prefetch`` -> ``LTM_PREFETCH``), for option maps."""
+    return next(s.var for s in declared() if s.path[-1] == field)
+
+
 def expected_value(var: str) -> str:
     """What the setting ``var`` takes, in words (for the message about a value that fell back)."""
     return next((s.env.rule.expected for s in declared() if s.var == var), "a valid value")

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import aiormq.exceptions
 import structlog
 
-from worker.config import expected_value
+from worker.config import Fallback, expected_value
 
 #: AMQP reply code of a connection the broker closes on purpose: shutdown, restart, maintenance mode, or an
 #: operator's ``rabbitmqctl close_connection``
@@ -89,7 +89,7 @@ class ExpectedDisconnects(logging.Filter):
         return None
 
 
-def log_fallbacks(fallbacks: Iterable[tuple[str, str, int | str]]) -> None:
+def log_fallbacks(fallbacks: Iterable[Fallback]) -> None:
     """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes."""
     log = structlog.get_logger("worker")
     for var, raw, default in fallbacks:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from worker.config import Limits, Settings, configuration_table, declared, load_settings
+from worker.config import Limits, Settings, configuration_table, declared, load_settings, variable_of
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -79,3 +79,11 @@ def test_a_value_given_in_code_is_checked_not_fallen_back(values: dict[str, obje
     # a fallback is for an operator's text; a wrong value in code is a bug and fails at once
     with pytest.raises(ValidationError):
         Settings.model_validate(values)
+
+
+def test_a_field_names_its_variable() -> None:
+    assert [variable_of(f) for f in ("prefetch", "postgres_pool_size", "max_memory_length")] == [
+        "LTM_PREFETCH",
+        "LTM_POSTGRES_POOL_SIZE",
+        "MAX_MEMORY_LENGTH",
+    ]
