@@ -18,12 +18,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from contracts.models import Status
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import REPO, Shard, free_port
 from tests.e2e.pgbouncer import SERVER_CONNECTIONS, PgBouncer, find_pgbouncer
 from tests.e2e.workload import (
-    LIMIT_EXCEEDED,
-    SAVED,
     build_stream,
     check_outcome,
     limit_env,
@@ -149,8 +148,10 @@ async def test_more_workers_than_server_connections_answer_every_event_once(
             await sampler
 
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
-    assert statuses[SAVED] > 0, statuses
-    assert statuses[LIMIT_EXCEEDED] > 0, statuses  # the workers raced for the last slots of full scopes
+    assert statuses[Status.SAVED] > 0, statuses
+    assert statuses[Status.LIMIT_EXCEEDED] > 0, (
+        statuses
+    )  # the workers raced for the last slots of full scopes
     counts = processed_counts(processes)
     assert sum(counts.values()) == EVENTS, counts
     assert 0 < peaks["server"] <= SERVER_CONNECTIONS, peaks
@@ -195,4 +196,4 @@ async def test_a_multi_host_dsn_with_its_first_host_down_works(stack: Stack) -> 
         await shard.publish(event)
         await shard.wait_for_results([event["event_id"]], timeout=30)
     [result] = shard.received.results[event["event_id"]]
-    assert result["status"] == SAVED
+    assert result["status"] == Status.SAVED

@@ -26,11 +26,11 @@ import aio_pika
 import asyncpg
 import pytest
 
+from contracts.models import Status
 from tests.e2e.cluster import Node, RabbitCluster, find_server
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.e2e.workload import (
-    SAVED,
     Stream,
     build_stream,
     check_outcome,
@@ -242,7 +242,7 @@ async def test_losing_the_workers_node_and_the_queue_leader_loses_and_duplicates
 
     # every event answered, each memory written once, limits exact (answers may repeat: replays)
     statuses = await check_outcome(stack.rows.conn, published, shard.received)
-    assert statuses[SAVED] > 0
+    assert statuses[Status.SAVED] > 0
     copies = sum(len(c) for c in shard.received.results.values())
     figures.update(
         events=len(published),
