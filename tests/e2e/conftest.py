@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.e2e.harness import WorkerProcess
+from tests.e2e.harness import REPO, WorkerProcess
 from tests.e2e.pgbouncer import PgBouncer, find_pgbouncer
 from tests.factories import BotRows
 from worker.store.migrate import apply_migrations
@@ -50,6 +52,18 @@ class Stack:
         )
         self.workers.append(process.start())
         return process
+
+    def cli(self, *args: str, timeout: float = 120, **env_overrides: str) -> subprocess.CompletedProcess[str]:
+        """Run ``worker ARGS...`` on this stack to the end (blocking: call it via ``asyncio.to_thread``)."""
+        return subprocess.run(
+            [sys.executable, "-m", "worker", *args],
+            cwd=REPO,
+            env=self.env(**env_overrides),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     async def workers_ready(self) -> None:
         for process in self.workers:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
-import sys
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import REPO, Shard, free_port
+from tests.e2e.harness import Shard, free_port
 from tests.factories import event_body
 
 pytestmark = pytest.mark.e2e
@@ -28,21 +26,9 @@ def dead_node(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"ltm:{SECRET}@127.0.0.1:{free_port()}"))
 
 
-def run(stack: Stack, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        cwd=REPO,
-        env=stack.env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_check_reports_every_node_and_masks_every_password(stack: Stack) -> None:
     nodes = f"{dead_node(stack.rabbitmq_url)},{stack.rabbitmq_url}"
-    done = await asyncio.to_thread(run, stack, "check", LTM_RABBITMQ_URL=nodes)
+    done = await asyncio.to_thread(stack.cli, "check", LTM_RABBITMQ_URL=nodes)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output  # a listed node that does not answer is reported as failing
     assert SECRET not in output
@@ -51,7 +37,7 @@ async def test_check_reports_every_node_and_masks_every_password(stack: Stack) -
     assert len(re.findall(r"^(?:ok|FAIL)\s+rabbitmq", output, re.M)) == 2, output
     assert "not working: rabbitmq" in output
 
-    as_json = await asyncio.to_thread(run, stack, "check", "--json", LTM_RABBITMQ_URL=nodes)
+    as_json = await asyncio.to_thread(stack.cli, "check", "--json", LTM_RABBITMQ_URL=nodes)
     assert as_json.returncode == 1
     assert SECRET not in as_json.stdout + as_json.stderr
     rabbitmq = json.loads(as_json.stdout)["dependencies"]["rabbitmq"]
@@ -78,13 +64,12 @@ async def test_worker_and_dlq_use_the_node_that_answers(stack: Stack) -> None:
     [result] = shard.received.results[event["event_id"]]
     assert result["status"] == Status.SAVED
 
-    listed = await asyncio.to_thread(run, stack, "dlq", "list", LTM_RABBITMQ_URL=nodes)
+    listed = await asyncio.to_thread(stack.cli, "dlq", "list", LTM_RABBITMQ_URL=nodes)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "0 of 0 dead letters" in listed.stderr  # it reached the broker through the second node
     assert SECRET not in listed.stdout + listed.stderr
     unreachable = await asyncio.to_thread(
-        run,
-        stack,
+        stack.cli,
         "dlq",
         "list",
         LTM_RABBITMQ_URL=f"{dead_node(stack.rabbitmq_url)},{dead_node(stack.rabbitmq_url)}",

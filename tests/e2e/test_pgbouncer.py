@@ -9,8 +9,6 @@ import asyncio
 import contextlib
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import REPO, Shard, free_port
+from tests.e2e.harness import Shard, free_port
 from tests.e2e.pgbouncer import SERVER_CONNECTIONS, PgBouncer, find_pgbouncer
 from tests.e2e.workload import (
     build_stream,
@@ -67,21 +65,9 @@ async def pooled_stack(
         await conn.close()
 
 
-def run(stack: Stack, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        cwd=REPO,
-        env=stack.env(**env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 async def test_concurrent_migrations_and_check_work_through_pgbouncer(pooled_stack: Stack) -> None:
     stack = pooled_stack
-    runs = await asyncio.gather(*(asyncio.to_thread(run, stack, "migrate") for _ in range(3)))
+    runs = await asyncio.gather(*(asyncio.to_thread(stack.cli, "migrate") for _ in range(3)))
     for done in runs:
         assert done.returncode == 0, done.stdout + done.stderr
     # the migrations take turns on a transaction-scoped lock: one run applies everything, the others
@@ -92,11 +78,11 @@ async def test_concurrent_migrations_and_check_work_through_pgbouncer(pooled_sta
     assert sum("schema is up to date" in out for out in outputs) == 2, outputs
     applied = await stack.rows.conn.fetchval("SELECT count(*) FROM ltm_schema_migrations")
     assert applied == len(available_migrations())
-    again = await asyncio.to_thread(run, stack, "migrate")
+    again = await asyncio.to_thread(stack.cli, "migrate")
     assert again.returncode == 0
     assert "schema is up to date" in again.stdout + again.stderr
 
-    checked = await asyncio.to_thread(run, stack, "check")
+    checked = await asyncio.to_thread(stack.cli, "check")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert re.search(r"^ok\s+postgres\s+.*\n\s+server .*; schema up to date", checked.stdout, re.M)
 
@@ -105,7 +91,7 @@ async def test_more_workers_than_server_connections_answer_every_event_once(
     pooled_stack: Stack, pgbouncer: PgBouncer, record_property: Callable[[str, object], None]
 ) -> None:
     stack = pooled_stack
-    assert (await asyncio.to_thread(run, stack, "migrate")).returncode == 0
+    assert (await asyncio.to_thread(stack.cli, "migrate")).returncode == 0
     server_scopes, personal_scopes = await seed_scopes(stack.rows)
     stream = build_stream(EVENTS, server_scopes, personal_scopes, seed=31)
     processes = [stack.worker(**limit_env(), LTM_POSTGRES_POOL_SIZE=str(POOL_SIZE)) for _ in range(WORKERS)]
@@ -184,7 +170,7 @@ async def test_a_multi_host_dsn_with_its_first_host_down_works(stack: Stack) -> 
     assert f"127.0.0.1:{dead}," in multi
 
     for command in ("migrate", "check"):
-        done = await asyncio.to_thread(run, stack, command, LTM_POSTGRES_DSN=multi)
+        done = await asyncio.to_thread(stack.cli, command, LTM_POSTGRES_DSN=multi)
         assert done.returncode == 0, done.stdout + done.stderr
 
     world = await stack.rows.world()
