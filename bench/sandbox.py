@@ -20,6 +20,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
+from worker.broker.urls import vhost_of
 from worker.config import redact_url as redact
 
 RABBITMQCTL_TIMEOUT = 60.0
@@ -43,11 +44,6 @@ def is_local(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def vhost_of(url: str) -> str:
-    path = urlsplit(url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
 
 
 @dataclass

@@ -14,10 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
 from worker.config import redact_url
+
+
+def vhost_of(url: str) -> str:
+    """The vhost an AMQP URL names (``/`` when it names none)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
 
 #: how long one node gets to accept the connection before the next one is tried
 NODE_CONNECT_TIMEOUT = 10.0

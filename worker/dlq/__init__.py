@@ -5,6 +5,7 @@
 """
 
 from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339
+from worker.broker.urls import vhost_of
 from worker.config import redact_url as redact
 from worker.dlq.commands import (
     EXIT_CODES_HELP,
@@ -18,7 +19,7 @@ from worker.dlq.commands import (
 from worker.dlq.letters import DeadLetter, Selection, describe_dead_letter, parse_duration, replay_headers
 from worker.dlq.operations import browse, purge, replay
 from worker.dlq.render import format_age
-from worker.dlq.sweep import DEFAULT_BATCH, open_dead_letters, vhost_of
+from worker.dlq.sweep import DEFAULT_BATCH, open_dead_letters
 
 __all__ = [
     "DEFAULT_BATCH",

@@ -9,12 +9,12 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
-from worker.broker.urls import NoNodeAnswered, connect_any
+from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
 from worker.config import redact_url as redact
 from worker.dlq.letters import DeadLetter, Selection, read_dead_letter
@@ -260,12 +260,6 @@ class Sweep:
             if time.monotonic() > deadline:
                 return
             await asyncio.sleep(0.01)
-
-
-def vhost_of(url: str) -> str:
-    """The vhost an AMQP URL names (``/`` when it names none)."""
-    path = urlsplit(url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
 
 
 def _connect_reason(exc: BaseException, url: str) -> str:
