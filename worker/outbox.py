@@ -41,6 +41,10 @@ SWEEP_BATCH = 500
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError)
 
 
+class _RedisUnavailable(Exception):
+    """Redis did not take the pending invalidations of a sweep."""
+
+
 class InvalidationOutbox:
     """Publishes invalidations now if Redis answers, else later from their pending mark in Postgres."""
 
@@ -114,7 +118,7 @@ class InvalidationOutbox:
                 await self._sweep()
             except asyncio.CancelledError:
                 raise
-            except REDIS_DOWN as exc:
+            except _RedisUnavailable as exc:
                 self._redis_down = True
                 log.warning("redis unavailable while publishing pending invalidations", error=str(exc))
                 self._wake.set()
@@ -133,6 +137,15 @@ class InvalidationOutbox:
                 continue
             return
 
+    async def _publish_pending(self, invalidations: list[Any]) -> None:
+        # only Redis's own failures mean "Redis is down": a Postgres connection refused is an OSError too,
+        # and taking it for Redis would have the outbox probe a healthy Redis and sweep again at once, in a
+        # loop
+        try:
+            await self._cache.publish_all(invalidations)
+        except REDIS_DOWN as exc:
+            raise _RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
     async def _sweep(self) -> None:
         """Publish every pending row, oldest first, in batches; then report the backlog."""
         published = 0
@@ -141,7 +154,7 @@ class InvalidationOutbox:
                 async with conn.transaction():
                     rows = await repo.take_pending_invalidations(conn, SWEEP_BATCH)
                     if rows:
-                        await self._cache.publish_all([invalidation for _, invalidation in rows])
+                        await self._publish_pending([invalidation for _, invalidation in rows])
                         await repo.clear_invalidations(conn, [event_id for event_id, _ in rows])
                 published += len(rows)
                 if len(rows) < SWEEP_BATCH:

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from tests.e2e.proxy import CuttableProxy
 from worker.cache import InvalidationPublisher
 from worker.outbox import InvalidationOutbox
+from worker.store.pool import create_pool
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +139,40 @@ async def test_workers_share_a_backlog_and_publish_each_row_once(pool: asyncpg.P
     for outbox, cache in zip(outboxes, caches, strict=True):
         await outbox.close()
         await cache.close()
+
+
+async def test_postgres_down_during_a_sweep_is_not_taken_for_redis(migrated_dsn: str, redis_url: str) -> None:
+    """A sweep that cannot reach Postgres (connection refused, an OSError like a socket error from Redis)
+    leaves Redis marked up and waits for the next sweep; the rows are published once Postgres is back."""
+    parts = urlsplit(migrated_dsn)
+    proxy = await CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    pool = await create_pool(proxy.url(migrated_dsn), size=2)
+    channel = f"ltm-test-{uuid.uuid4().hex}"
+    cache = InvalidationPublisher(redis_url, channel)
+    sweeps = 0
+    outbox = InvalidationOutbox(pool, cache, sweep_seconds=0.3)
+    real_sweep = outbox._sweep
+
+    async def counted_sweep() -> None:
+        nonlocal sweeps
+        sweeps += 1
+        await real_sweep()
+
+    outbox._sweep = counted_sweep  # type: ignore[method-assign]
+    try:
+        ids = await ledger_rows(pool, 5, pending=True)
+        await proxy.cut()
+        await pool.expire_connections()
+        async with Subscriber(redis_url, channel) as sub:
+            outbox.start()
+            await asyncio.sleep(1.0)
+            assert not outbox.redis_down, "a Postgres failure was taken for Redis"
+            assert sweeps <= 5, f"{sweeps} sweeps in 1 s: the outbox loops instead of waiting"
+            await proxy.restore()
+            await sub.collect({str(i) for i in ids})
+        assert set(sub.seen.values()) == {1}
+    finally:
+        await outbox.close()
+        await cache.close()
+        pool.terminate()
+        await proxy.close()
