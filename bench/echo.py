@@ -1,9 +1,10 @@
 """``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
 
-It does the broker work of the worker and nothing else: consume with the same prefetch, publish a
-result of the worker's average size to the shard (confirmed, mandatory), plus a notice of the average
-notice size when the event carries the bench's ``x-bench-notice`` header (the events the worker saved),
-then ack. The body is read only for ``event_id`` and ``shard_id``. The AMQP URL comes from
+It does the broker work of the worker and nothing else, with the worker's own publishing path
+(``worker.broker.publisher.publish_confirmed`` on aiormq's channel): consume with the same prefetch,
+publish a result of the worker's average size to the shard (confirmed, mandatory), plus a notice of the
+average notice size when the event carries the bench's ``x-bench-notice`` header (the events the worker
+saved), then ack. The body is read only for ``event_id`` and ``shard_id``. The AMQP URL comes from
 ``LTM_RABBITMQ_URL`` (never the command line, where ``ps`` would show its password).
 """
 
@@ -15,13 +16,14 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
+import aiormq
 import orjson
-from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+from aio_pika.abc import AbstractIncomingMessage
 
-from worker.broker.publisher import shard_routing_key
+from worker.broker.publisher import output_properties, publish_confirmed, shard_routing_key
 
 NOTICE_HEADER = "x-bench-notice"
 
@@ -33,17 +35,6 @@ def padded(body: dict[str, Any], size: int) -> bytes:
     if missing <= 0:
         return raw
     return orjson.dumps({**body, "filler": "x" * missing})
-
-
-def _message(body: bytes, message_id: str, correlation_id: str | None, kind: str) -> aio_pika.Message:
-    return aio_pika.Message(
-        body,
-        content_type="application/json",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        message_id=message_id,
-        correlation_id=correlation_id,
-        type=kind,
-    )
 
 
 async def serve(
@@ -62,8 +53,7 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         publish = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        results: AbstractExchange = await publish.get_exchange(results_exchange, ensure=False)
-        notices: AbstractExchange = await publish.get_exchange(notifications_exchange, ensure=False)
+        channel = cast(aiormq.Channel, await publish.get_underlay_channel())
         consume = await connection.channel(publisher_confirms=False)
         await consume.set_qos(prefetch_count=prefetch)
         queue = await consume.get_queue(queue_name, ensure=False)
@@ -72,23 +62,16 @@ async def serve(
             body = orjson.loads(message.body)
             event_id, key = body["event_id"], shard_routing_key(int(body["shard_id"]))
             answer = {"schema_version": 1, "event_id": event_id, "status": "echo", "success": True}
-            publishes = [
-                results.publish(
-                    _message(padded(answer, result_bytes), f"result:{event_id}", message.correlation_id, "r"),
-                    key,
-                    mandatory=True,
-                )
-            ]
+            result = output_properties(f"result:{event_id}", message.correlation_id, "r", None)
+            sent = publish_confirmed(channel, results_exchange, key, padded(answer, result_bytes), result)
             if (message.headers or {}).get(NOTICE_HEADER):
                 notice = padded({"schema_version": 1, "event_id": event_id}, notice_bytes)
-                publishes.append(
-                    notices.publish(
-                        _message(notice, f"notice:{event_id}", message.correlation_id, "n"),
-                        key,
-                        mandatory=True,
-                    )
+                properties = output_properties(f"notice:{event_id}", message.correlation_id, "n", None)
+                await asyncio.gather(
+                    sent, publish_confirmed(channel, notifications_exchange, key, notice, properties)
                 )
-            await asyncio.gather(*publishes)
+            else:
+                await sent
             await message.ack()
 
         await queue.consume(on_message, no_ack=False)

@@ -59,6 +59,7 @@ class Consumer:
             self._handler = EventHandler(
                 processor=self._services.batcher,
                 publisher=Publisher(
+                    channel=publish_channel,
                     results=declared.results,
                     notifications=declared.notifications,
                     dead_letter=declared.dead_letter,

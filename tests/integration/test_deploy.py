@@ -431,6 +431,7 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
         publish_channel = await worker.channel(publisher_confirms=True, on_return_raises=True)
         declared = await declare_topology(publish_channel, TOPOLOGY, DEFAULT_DELAYS)
         publisher = Publisher(
+            channel=publish_channel,
             results=declared.results,
             notifications=declared.notifications,
             dead_letter=declared.dead_letter,

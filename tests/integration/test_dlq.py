@@ -178,6 +178,7 @@ async def seeded(broker: Broker) -> Seeded:
     # C: the worker's own path: a trip through a retry queue (broker x-death, x-ltm-routing-key),
     # then Publisher.dead_letter
     publisher = Publisher(
+        channel=broker.channel,
         results=broker.declared.results,
         notifications=broker.declared.notifications,
         dead_letter=broker.declared.dead_letter,
@@ -449,6 +450,7 @@ async def test_replay_restores_key_properties_and_body(broker: Broker, seeded: S
 async def test_replaying_again_counts_replays_and_resets_attempts(broker: Broker, seeded: Seeded) -> None:
     only_a = dlq.Selection(event_ids=frozenset({seeded.ids["A"]}))
     publisher = Publisher(
+        channel=broker.channel,
         results=broker.declared.results,
         notifications=broker.declared.notifications,
         dead_letter=broker.declared.dead_letter,
