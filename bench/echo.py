@@ -1,11 +1,12 @@
 """``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
 
-It does the broker work of the worker and nothing else, with the worker's own publishing path
-(``worker.broker.publisher.publish_confirmed`` on aiormq's channel): consume with the same prefetch,
-publish a result of the worker's average size to the shard (confirmed, mandatory), plus a notice of the
-average notice size when the event carries the bench's ``x-bench-notice`` header (the events the worker
-saved), then ack. The body is read only for ``event_id`` and ``shard_id``. The AMQP URL comes from
-``LTM_RABBITMQ_URL`` (never the command line, where ``ps`` would show its password).
+It does the broker work of the worker and nothing else, with the worker's own AMQP paths: consume with
+the same prefetch, publish a result of the worker's average size to the shard (confirmed, mandatory,
+``worker.broker.publisher.publish_confirmed`` on aiormq's channel), plus a notice of the average notice
+size when the event carries the bench's ``x-bench-notice`` header (the events the worker saved), then ack
+(``worker.broker.acks.Acks``: acks of one turn leave together). The body is read only for ``event_id`` and
+``shard_id``. The AMQP URL comes from ``LTM_RABBITMQ_URL`` (never the command line, where ``ps`` would show
+its password).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import aiormq
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
+from worker.broker.acks import Acks
 from worker.broker.publisher import output_properties, publish_confirmed, shard_routing_key
 
 NOTICE_HEADER = "x-bench-notice"
@@ -56,6 +58,7 @@ async def serve(
         channel = cast(aiormq.Channel, await publish.get_underlay_channel())
         consume = await connection.channel(publisher_confirms=False)
         await consume.set_qos(prefetch_count=prefetch)
+        acks = Acks(await consume.get_underlay_channel())
         queue = await consume.get_queue(queue_name, ensure=False)
 
         async def on_message(message: AbstractIncomingMessage) -> None:
@@ -72,7 +75,8 @@ async def serve(
                 )
             else:
                 await sent
-            await message.ack()
+            assert message.delivery_tag is not None
+            await acks.ack(message.delivery_tag)
 
         await queue.consume(on_message, no_ack=False)
         await stop.wait()

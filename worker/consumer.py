@@ -13,11 +13,12 @@ import structlog
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from worker.bootstrap import Services
+from worker.broker.acks import Acks
 from worker.broker.publisher import Publisher
 from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
 from worker.config import redact_url
 from worker.faults import describe
-from worker.handler import EventHandler
+from worker.handler import EventHandler, delivery_tag
 from worker.settle import Slots
 
 log = structlog.get_logger("worker")
@@ -35,6 +36,7 @@ class Consumer:
         self._stopping = stopping
         self._inflight: set[asyncio.Task[Any]] = set()
         self._handler: EventHandler | None = None
+        self._acks: Acks | None = None
 
     @property
     def in_flight(self) -> int:
@@ -56,6 +58,12 @@ class Consumer:
             policy = self._services.policy
             delays = retry_delays(policy.base_delay_ms, policy.max_delay_ms, policy.max_attempts)
             declared = await declare_topology(publish_channel, topology, delays)
+            consume_channel = await connection.channel(publisher_confirms=False)
+            consume_channel.close_callbacks.add(lambda *_: lost.set())
+            await consume_channel.set_qos(prefetch_count=settings.prefetch)
+            # delivery tags are per channel: a new channel, new acks
+            underlay = await consume_channel.get_underlay_channel()
+            self._acks = Acks(underlay)
             self._handler = EventHandler(
                 processor=self._services.batcher,
                 publisher=Publisher(
@@ -65,6 +73,7 @@ class Consumer:
                     dead_letter=declared.dead_letter,
                     default=publish_channel.default_exchange,
                 ),
+                acks=self._acks,
                 invalidations=self._services.outbox,
                 metrics=self._services.metrics,
                 tracer=self._services.tracer,
@@ -72,15 +81,11 @@ class Consumer:
                 topology=topology,
                 stopping=self._stopping,
             )
-            consume_channel = await connection.channel(publisher_confirms=False)
-            consume_channel.close_callbacks.add(lambda *_: lost.set())
-            await consume_channel.set_qos(prefetch_count=settings.prefetch)
             queue = await consume_channel.declare_queue(
                 topology.work_queue, durable=True, arguments=work_queue_arguments(topology)
             )
             # the broker may cancel the consumer itself (the queue was deleted, a node went away): aio-pika
             # does not restore it, so treat it like a lost connection and start over (declare, consume)
-            underlay = await consume_channel.get_underlay_channel()
             underlay.on_consumer_cancel_callbacks.add(lambda *_: self._consumer_cancelled(lost))
             tag = await queue.consume(self._on_message, no_ack=False)
             self._services.readiness.set_consuming(True)
@@ -114,8 +119,9 @@ class Consumer:
             if not await self._slots.take():
                 # stopping before this event started: hand it back now, so another worker takes it
                 # without waiting for this one's drain to end
+                assert self._acks is not None  # set before the consumer starts
                 with contextlib.suppress(Exception):
-                    await message.nack(requeue=True)
+                    await self._acks.nack(delivery_tag(message), requeue=True)
                 return
             try:
                 assert self._handler is not None  # set before the consumer starts

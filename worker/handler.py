@@ -17,6 +17,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from contracts.models import DeadLetterKind, ToolCallEvent
+from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.headers import attempts_made, traceparent_of
 from worker.broker.publisher import Publisher
@@ -61,6 +62,7 @@ class EventHandler:
         *,
         processor: EventProcessor,
         publisher: Publisher,
+        acks: Acks,
         invalidations: InvalidationSink,
         metrics: Metrics,
         tracer: EventTracer,
@@ -70,6 +72,7 @@ class EventHandler:
     ) -> None:
         self._processor = processor
         self._publisher = publisher
+        self._acks = acks
         self._invalidations = invalidations
         self._metrics = metrics
         self._tracer = tracer
@@ -135,7 +138,7 @@ class EventHandler:
                 return
             finally:
                 self._metrics.in_flight.dec()
-            if not await ack(message):
+            if not await self._ack(message):
                 return  # the channel closed: the broker redelivers it, and the ledger answers it
             elapsed = time.monotonic() - started
             self._metrics.observe_answered(event.issued_at)
@@ -249,7 +252,7 @@ class EventHandler:
                     message, queue=queue, attempts=decision.attempts, delay_ms=decision.delay_ms
                 )
                 self._metrics.retries.inc()
-                await ack(message)
+                await self._ack(message)
                 log.warning("transient fault; retrying later", error=reason, retry_in_ms=decision.delay_ms)
         except Exception as routing_error:
             # the broker refused the retry or dead-letter copy: the delivery is handed back to the work
@@ -296,14 +299,14 @@ class EventHandler:
                     kind=kind,
                     error=describe(exc),
                 )
-        await ack(message)
+        await self._ack(message)
 
     async def _settle_leftover(self, message: AbstractIncomingMessage) -> None:
         """Every delivery ends settled: one the handler could neither ack nor route (the broker refused a
         retry or dead-letter copy) is handed back after a pause, so it does not hold a prefetch slot until
         the connection closes. Each hand-back counts toward the work queue's delivery limit, so a delivery
         that can never be routed reaches the DLQ through the broker, never loops for ever."""
-        if message.processed or channel_closed(message):
+        if self._acks.settled(delivery_tag(message)) or channel_closed(message):
             return  # settled, or the broker requeues it with the channel
         log.warning(
             "delivery not settled; handing it back to the queue",
@@ -315,21 +318,29 @@ class EventHandler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=UNSETTLED_REQUEUE_SECONDS)
         try:
-            await message.nack(requeue=True)
+            await self._acks.nack(delivery_tag(message), requeue=True)
         except Exception as exc:
             log.warning("could not hand a delivery back; the broker requeues it", error=describe(exc))
 
+    async def _ack(self, message: AbstractIncomingMessage) -> bool:
+        """Ack ``message`` (with the acks of its turn: :class:`worker.broker.acks.Acks`); False when its
+        channel is gone (the broker then redelivers it)."""
+        try:
+            await self._acks.ack(delivery_tag(message))
+        except Exception as exc:
+            log.warning(
+                "ack failed; the broker redelivers the event",
+                message_id=message.message_id,
+                error=describe(exc),
+            )
+            return False
+        return True
 
-async def ack(message: AbstractIncomingMessage) -> bool:
-    """Ack ``message``; False when its channel is gone (the broker then redelivers it)."""
-    try:
-        await message.ack()
-    except Exception as exc:
-        log.warning(
-            "ack failed; the broker redelivers the event", message_id=message.message_id, error=describe(exc)
-        )
-        return False
-    return True
+
+def delivery_tag(message: AbstractIncomingMessage) -> int:
+    """The delivery's tag on its channel (every delivery of a consumer has one)."""
+    assert message.delivery_tag is not None
+    return message.delivery_tag
 
 
 def channel_closed(message: AbstractIncomingMessage) -> bool:

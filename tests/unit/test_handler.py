@@ -14,6 +14,7 @@ import pytest
 
 from contracts.models import SAVED_MESSAGE, DeadLetterKind, Status, ToolResult
 from tests.factories import event_body, published
+from worker.broker.acks import Acks
 from worker.config import Topology
 from worker.faults import TransientError
 from worker.handler import EventHandler
@@ -27,12 +28,28 @@ POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=l
 
 @dataclass
 class FakeChannel:
+    """aiormq's channel as :class:`worker.broker.acks.Acks` uses it: records every settling frame."""
+
     is_closed: bool = False
+    ack_fails: bool = False
+    frames: list[tuple[str, int, bool]] = field(default_factory=list)
+
+    async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
+        if self.is_closed or self.ack_fails:
+            raise ConnectionError("channel closed")
+        self.frames.append(("ack", delivery_tag, multiple))
+
+    async def basic_nack(
+        self, delivery_tag: int, multiple: bool = False, requeue: bool = True, wait: bool = True
+    ) -> None:
+        if self.is_closed:
+            raise ConnectionError("channel closed")
+        self.frames.append((f"nack(requeue={requeue})", delivery_tag, multiple))
 
 
 @dataclass
 class FakeMessage:
-    """What the handler uses of an aio-pika delivery; records how it was settled."""
+    """What the handler uses of an aio-pika delivery; ``settled`` says how it was settled."""
 
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
@@ -41,22 +58,15 @@ class FakeMessage:
     timestamp: datetime | None = None  # the AMQP property (ltm_queue_wait_seconds reads it)
     redelivered: bool = False
     channel: FakeChannel = field(default_factory=FakeChannel)
-    settled: list[str] = field(default_factory=list)
-    ack_fails: bool = False
 
     @property
-    def processed(self) -> bool:
-        return bool(self.settled)
-
-    async def ack(self) -> None:
-        if self.ack_fails:
-            raise ConnectionError("channel closed")
-        assert not self.settled, f"settled twice: {self.settled} then ack"
-        self.settled.append("ack")
-
-    async def nack(self, requeue: bool = False) -> None:
-        assert not self.settled, f"settled twice: {self.settled} then nack"
-        self.settled.append(f"nack(requeue={requeue})")
+    def settled(self) -> list[str]:
+        """The frames that settled this delivery (a multiple ack covers every tag up to its own)."""
+        return [
+            kind
+            for kind, tag, multiple in self.channel.frames
+            if tag == self.delivery_tag or (multiple and tag > self.delivery_tag)
+        ]
 
 
 @dataclass
@@ -118,12 +128,14 @@ def saved(event_id: str) -> ProcessedEvent:
 
 
 def handler_with(
-    processor: FakeProcessor, publisher: FakePublisher
+    processor: FakeProcessor, publisher: FakePublisher, message: FakeMessage
 ) -> tuple[EventHandler, FakeInvalidations]:
+    """A handler for the deliveries of ``message``'s channel."""
     sink = FakeInvalidations()
     handler = EventHandler(
         processor=processor,
         publisher=publisher,  # type: ignore[arg-type]
+        acks=Acks(message.channel),
         invalidations=sink,
         metrics=Metrics(),
         tracer=UntracedEvents(),
@@ -144,8 +156,8 @@ EVENT = event_body({"memory_content": "x", "memory_scope": "server_wide"}, perso
 
 async def test_a_processed_event_is_published_then_acked() -> None:
     publisher = FakePublisher()
-    handler, sink = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher)
     message = delivery(EVENT)
+    handler, sink = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher, message)
     await handler.handle(message)
     assert message.settled == ["ack"]
     assert [event_id for event_id, _ in publisher.outputs] == [EVENT["event_id"]]
@@ -154,8 +166,8 @@ async def test_a_processed_event_is_published_then_acked() -> None:
 
 async def test_a_transient_fault_goes_to_the_retry_queue_of_its_tier_and_is_acked() -> None:
     publisher = FakePublisher()
-    handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher)
     message = delivery(EVENT, attempts=1)  # the second attempt fails
+    handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher, message)
     await handler.handle(message)
     assert publisher.retries == [("ltm.create_memory.retry.200", 2, 200)]
     assert message.settled == ["ack"]
@@ -164,8 +176,8 @@ async def test_a_transient_fault_goes_to_the_retry_queue_of_its_tier_and_is_acke
 
 async def test_the_last_attempt_is_dead_lettered_with_a_db_error_result() -> None:
     publisher = FakePublisher()
-    handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher)
     message = delivery(EVENT, attempts=2)
+    handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher, message)
     await handler.handle(message)
     assert publisher.dead_letters == [(DeadLetterKind.TRANSIENT_EXHAUSTED, 3)]
     [(_, result)] = publisher.outputs
@@ -175,8 +187,8 @@ async def test_the_last_attempt_is_dead_lettered_with_a_db_error_result() -> Non
 
 async def test_a_bug_is_dead_lettered_with_an_internal_error_result() -> None:
     publisher = FakePublisher()
-    handler, _ = handler_with(FakeProcessor(ZeroDivisionError("oops")), publisher)
     message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(ZeroDivisionError("oops")), publisher, message)
     await handler.handle(message)
     assert publisher.dead_letters == [(DeadLetterKind.INTERNAL, 1)]
     [(_, result)] = publisher.outputs
@@ -199,8 +211,8 @@ async def test_an_unreadable_body_is_dead_lettered_at_once(
     body: dict[str, Any] | bytes, kind: str, answered: bool
 ) -> None:
     publisher = FakePublisher()
-    handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher)
     message = delivery(body)
+    handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher, message)
     await handler.handle(message)
     assert publisher.dead_letters == [(kind, 1)]
     assert bool(publisher.outputs) is answered
@@ -209,9 +221,9 @@ async def test_an_unreadable_body_is_dead_lettered_at_once(
 
 async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_confirmed() -> None:
     publisher = FakePublisher(fail={"outputs": TransientError("NO_ROUTE")})
-    handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher)
     body = {"schema_version": 1, "event_id": str(uuid.uuid4()), "tool_call_id": "c", "shard_id": 77}
     message = delivery(body)
+    handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher, message)
     await handler.handle(message)
     assert publisher.dead_letters == [(DeadLetterKind.SCHEMA, 1)]
     assert message.settled == ["ack"]
@@ -224,16 +236,16 @@ async def test_a_refused_copy_hands_the_delivery_back_once(
     monkeypatch.setattr("worker.handler.UNSETTLED_REQUEUE_SECONDS", 0.01)
     publisher = FakePublisher(fail={operation: TransientError("refused")})
     answer = TransientError("db down") if operation == "retry" else ZeroDivisionError("bug")
-    handler, _ = handler_with(FakeProcessor(answer), publisher)
     message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(answer), publisher, message)
     await handler.handle(message)
     assert message.settled == ["nack(requeue=True)"]
 
 
 async def test_a_lost_channel_leaves_the_delivery_to_the_broker() -> None:
     publisher = FakePublisher()
-    handler, _ = handler_with(FakeProcessor(TransientError("connection reset")), publisher)
     message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(TransientError("connection reset")), publisher, message)
     message.channel.is_closed = True
     await handler.handle(message)
     assert message.settled == []
@@ -242,9 +254,9 @@ async def test_a_lost_channel_leaves_the_delivery_to_the_broker() -> None:
 
 async def test_a_failed_ack_after_publishing_does_not_route_the_event_again() -> None:
     publisher = FakePublisher()
-    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher)
     message = delivery(EVENT)
-    message.ack_fails = True
+    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher, message)
+    message.channel.ack_fails = True
     await handler.handle(message)
     assert publisher.retries == publisher.dead_letters == []
     assert len(publisher.outputs) == 1
