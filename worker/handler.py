@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -28,6 +27,7 @@ from worker.metrics import Metrics
 from worker.pipeline import outcome
 from worker.service.process import ProcessedEvent, failure_answer
 from worker.settle import DeadLetter, RetryPolicy, route_failure
+from worker.together import side_by_side
 from worker.tracing import Attribute, EventSpan, EventTracer, in_step
 
 log = structlog.get_logger("worker")
@@ -175,18 +175,17 @@ class EventHandler:
             "messaging.destination.name": exchange,
             "ltm.notice": processed.notification is not None,  # the notice goes to tomori.notifications
         }
-        outputs: list[Awaitable[None]] = [
-            in_step(span, f"{exchange} publish", sent, publish, kind="producer")
-        ]
-        if processed.invalidation is not None:
-            invalidate = self._invalidations.publish(event.event_id, processed.invalidation)
-            sent = {
-                "messaging.system": "redis",
-                "messaging.operation.type": "publish",
-                "messaging.destination.name": channel,
-            }
-            outputs.append(in_step(span, f"{channel} publish", sent, invalidate, kind="producer"))
-        await asyncio.gather(*outputs)
+        outputs = in_step(span, f"{exchange} publish", sent, publish, kind="producer")
+        if processed.invalidation is None:
+            await outputs
+            return
+        invalidate = self._invalidations.publish(event.event_id, processed.invalidation)
+        sent = {
+            "messaging.system": "redis",
+            "messaging.operation.type": "publish",
+            "messaging.destination.name": channel,
+        }
+        await side_by_side(outputs, in_step(span, f"{channel} publish", sent, invalidate, kind="producer"))
 
     async def _dead_letter_unreadable(self, message: AbstractIncomingMessage, parsed: Unreadable) -> None:
         event_id = str(parsed.ids.event_id) if parsed.ids else None

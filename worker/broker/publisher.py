@@ -12,7 +12,6 @@ which copy a delivery's properties, keep aio-pika's ``Message``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -37,6 +36,7 @@ from worker.broker.headers import (
     rfc3339,
 )
 from worker.faults import TransientError
+from worker.together import side_by_side
 
 PUBLISH_TIMEOUT = 10.0
 PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
@@ -85,7 +85,7 @@ class Publisher:
             await sent
             return
         notice = output_properties(f"notice:{event_id}", tool_call_id, NOTIFICATION_TYPE, headers)
-        await asyncio.gather(
+        await side_by_side(
             sent,
             publish_confirmed(channel, self._notifications.name, key, orjson.dumps(notification), notice),
         )
