@@ -57,7 +57,7 @@ def sanitize_placeholders(content: str) -> str:
 
 def utf16_length(text: str) -> int:
     """JavaScript ``length``: UTF-16 code units (a character outside the BMP counts 2, a lone surrogate 1)."""
-    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def utf16_slice(text: str, start: int, end: int | None = None) -> str:
