@@ -99,15 +99,13 @@ def build_preview(text: str, limit: int = MEMORY_NOTICE_PREVIEW_LIMIT) -> tuple[
     guarded = neutralize_backticks(js_trim(text))
     if len(guarded) <= limit:
         return guarded, False
-    kept: list[str] = []
-    count = 0
+    # the clusters cover the text end to end: cut after the last one that ends within the limit
+    cut = 0
     for cluster in _GRAPHEME.finditer(guarded):
-        size = len(cluster.group())
-        if count + size > limit:
+        if cluster.end() > limit:
             break
-        kept.append(cluster.group())
-        count += size
-    return "".join(kept), True
+        cut = cluster.end()
+    return guarded[:cut], True
 
 
 def mentioned_user_ids(content: str) -> set[str]:

@@ -5,8 +5,9 @@ No I/O here. The store builds these values inside the event's transaction; the p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 #: users.privacy_level values (original ``PrivacyLevel``).
 PRIVACY_MINIMAL = 0
@@ -66,6 +67,39 @@ class UserRecord:
     persona_suffix_override: str | None = None
     #: on ``personalization_blacklist`` for the event's server
     blacklisted: bool = False
+
+
+class UserRows(Mapping[str, UserRecord]):
+    """Loaded ``users`` rows by Discord id, each made a :class:`UserRecord` the first time it is looked up.
+
+    A ``target_user`` event loads every guild member the resolver may pick from (dozens), and the
+    pipeline reads the records of a few of them: building every one up front was a sizeable share of
+    the worker's CPU. ``rows`` hold :class:`UserRecord`'s fields by name; each is read once, at most.
+    """
+
+    __slots__ = ("_records", "_rows")
+
+    def __init__(self, rows: Mapping[str, Mapping[str, Any]]) -> None:
+        self._rows = rows
+        self._records: dict[str, UserRecord] = {}
+
+    def __getitem__(self, disc_id: str) -> UserRecord:
+        record = self._records.get(disc_id)
+        if record is None:
+            record = self._records[disc_id] = UserRecord(**self._rows[disc_id])
+        return record
+
+    def __contains__(self, disc_id: object) -> bool:
+        return disc_id in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)

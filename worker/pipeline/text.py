@@ -17,7 +17,6 @@ JS_WHITESPACE = (
 )
 
 _JS_WHITESPACE_RUN = re.compile(f"[{re.escape(JS_WHITESPACE)}]+")
-_LEADING_AT_SIGNS = re.compile("^@+")
 
 #: A placeholder word: one ASCII letter, then ASCII letters, digits or ``_`` (never ``\w``: Unicode).
 _DOUBLE_BRACE_PLACEHOLDER = re.compile(r"\{\{([A-Za-z][A-Za-z0-9_]*)\}\}")
@@ -36,8 +35,8 @@ def normalize_alias(value: str) -> str:
     Trim, drop every leading ``@``, trim again, lower-case, collapse each whitespace run to one space.
     Like the original, ``"@ @x"`` keeps its second ``@`` (``"@x"``): only one run is dropped.
     """
-    without_at = _LEADING_AT_SIGNS.sub("", js_trim(value), count=1)
-    return _JS_WHITESPACE_RUN.sub(" ", js_trim(without_at).lower())
+    without_at = js_trim(js_trim(value).lstrip("@"))
+    return _JS_WHITESPACE_RUN.sub(" ", without_at.lower())
 
 
 def _keep_known_placeholder(match: re.Match[str]) -> str:
@@ -58,7 +57,7 @@ def sanitize_placeholders(content: str) -> str:
 
 def utf16_length(text: str) -> int:
     """JavaScript ``length``: UTF-16 code units (a character outside the BMP counts 2, a lone surrogate 1)."""
-    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def utf16_slice(text: str, start: int, end: int | None = None) -> str:

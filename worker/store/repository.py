@@ -15,7 +15,7 @@ from uuid import UUID
 import asyncpg
 import orjson
 
-from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, ServerState, UserRecord
+from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, ServerState, UserRows
 
 _LOAD = """
 SELECT ev.i,
@@ -114,8 +114,8 @@ def _loaded(row: asyncpg.Record) -> Loaded:
                 lineage_id=row["persona_lineage_id"],
                 naming=NamingConfig(prefixes=_styles(row["prefixes"]), suffixes=_styles(row["suffixes"])),
             )
-    users = {u["user_disc_id"]: UserRecord(**u) for u in row["users"]} if server is not None else {}
-    return Loaded(row["stored"], LoadedState(server=server, persona=persona, users=users))
+    rows = {u["user_disc_id"]: u for u in row["users"]} if server is not None else {}
+    return Loaded(row["stored"], LoadedState(server=server, persona=persona, users=UserRows(rows)))
 
 
 def _styles(raw: Any) -> dict[str, str]:
