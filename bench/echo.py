@@ -25,7 +25,7 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
 from worker.broker.acks import Acks
-from worker.broker.publisher import output_properties, publish_confirmed, shard_routing_key
+from worker.broker.publisher import json_properties, publish_confirmed, shard_routing_key
 
 NOTICE_HEADER = "x-bench-notice"
 
@@ -65,11 +65,11 @@ async def serve(
             body = orjson.loads(message.body)
             event_id, key = body["event_id"], shard_routing_key(int(body["shard_id"]))
             answer = {"schema_version": 1, "event_id": event_id, "status": "echo", "success": True}
-            result = output_properties(f"result:{event_id}", message.correlation_id, "r", None)
+            result = json_properties(f"result:{event_id}", message.correlation_id, "r", None)
             sent = publish_confirmed(channel, results_exchange, key, padded(answer, result_bytes), result)
             if (message.headers or {}).get(NOTICE_HEADER):
                 notice = padded({"schema_version": 1, "event_id": event_id}, notice_bytes)
-                properties = output_properties(f"notice:{event_id}", message.correlation_id, "n", None)
+                properties = json_properties(f"notice:{event_id}", message.correlation_id, "n", None)
                 await asyncio.gather(
                     sent, publish_confirmed(channel, notifications_exchange, key, notice, properties)
                 )

@@ -24,6 +24,7 @@ from aio_pika.abc import (
 )
 
 from contracts.models import ShardQueueKind, shard_queue
+from worker.broker.publisher import json_properties
 
 TOOL_CALLS_EXCHANGE = "tomori.tool_calls"
 RESULTS_EXCHANGE = "tomori.tool_results"
@@ -116,18 +117,22 @@ class ShardLink:
         mandatory: bool = False,
         timeout: float | None = None,
     ) -> None:
-        """Publish like the bot: persistent JSON, confirmed by the broker (an exception when it is not)."""
-        message = aio_pika.Message(
-            body,
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            type=type,
-            headers=dict(headers) if headers is not None else None,
-        )
+        """Publish like the bot: persistent JSON, confirmed by the broker (an exception when it is not).
+
+        Straight to aiormq's channel with the properties an aio-pika ``Message`` would carry (the worker's
+        own hot path, :func:`worker.broker.publisher.json_properties`): the bench's shards share the
+        machine with what they measure, so they cost as little as they can."""
         target = await self.exchange(exchange)
-        await target.publish(message, routing_key, mandatory=mandatory, timeout=timeout)
+        assert self.publishing is not None, "the shard is not open"
+        channel = await self.publishing.get_underlay_channel()
+        await channel.basic_publish(
+            body,
+            exchange=target.name,
+            routing_key=routing_key,
+            properties=json_properties(message_id, correlation_id, type, headers),
+            mandatory=mandatory,
+            timeout=timeout,
+        )
 
     async def close(self, *, delete_queues: bool) -> None:
         """Disconnect; with ``delete_queues`` first delete the two queues (nothing in them is wanted).

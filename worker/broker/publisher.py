@@ -5,7 +5,7 @@ message comes back as an error (never a silent drop). Concurrent events await th
 same time on one channel, so the broker confirms them in batches.
 
 Results and notices, one or two per event, are the hot path: they go to aiormq's channel directly with
-their AMQP properties built once (:func:`output_properties`), the same bytes on the wire as an aio-pika
+their AMQP properties built once (:func:`json_properties`), the same bytes on the wire as an aio-pika
 ``Message`` would give, without its per-message object, lock and property copy. Retries and dead letters,
 which copy a delivery's properties, keep aio-pika's ``Message``.
 """
@@ -79,12 +79,12 @@ class Publisher:
         channel = cast(aiormq.Channel, await self._channel.get_underlay_channel())
         headers = {TRACEPARENT: traceparent} if traceparent else None
         key = shard_routing_key(shard_id)
-        answer = output_properties(f"result:{event_id}", tool_call_id, RESULT_TYPE, headers)
+        answer = json_properties(f"result:{event_id}", tool_call_id, RESULT_TYPE, headers)
         sent = publish_confirmed(channel, self._results.name, key, result_body(result), answer)
         if notification is None:
             await sent
             return
-        notice = output_properties(f"notice:{event_id}", tool_call_id, NOTIFICATION_TYPE, headers)
+        notice = json_properties(f"notice:{event_id}", tool_call_id, NOTIFICATION_TYPE, headers)
         await side_by_side(
             sent,
             publish_confirmed(channel, self._notifications.name, key, orjson.dumps(notification), notice),
@@ -122,17 +122,18 @@ def result_body(result: ToolResult) -> bytes:
     return result.model_dump_json().encode()
 
 
-def output_properties(
-    message_id: str, correlation_id: str | None, kind: str, headers: dict[str, Any] | None
+def json_properties(
+    message_id: str | None, correlation_id: str | None, kind: str | None, headers: Mapping[str, Any] | None
 ) -> Basic.Properties:
-    """The AMQP properties of a result or notice: persistent JSON with its ids and type (CONTRACT.md)."""
+    """The AMQP properties of a persistent JSON message with its ids and type: a result or notice
+    (CONTRACT.md), or a shard's tool-call event in the simulations."""
     return Basic.Properties(
         content_type="application/json",
         delivery_mode=PERSISTENT,
         message_id=message_id,
         correlation_id=correlation_id,
         message_type=kind,
-        headers=headers or {},
+        headers=dict(headers) if headers else {},
         priority=0,  # aio-pika's Message always sent it: shards have always seen it
     )
 

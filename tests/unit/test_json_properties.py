@@ -9,7 +9,7 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE
-from worker.broker.publisher import output_properties
+from worker.broker.publisher import json_properties
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -20,7 +20,7 @@ def header_bytes(properties: Basic.Properties, size: int = 321) -> bytes:
 
 @pytest.mark.parametrize("kind", [RESULT_TYPE, NOTIFICATION_TYPE])
 @pytest.mark.parametrize("headers", [None, {"traceparent": TRACEPARENT}])
-def test_output_properties_are_the_bytes_an_aio_pika_message_gives(
+def test_json_properties_are_the_bytes_an_aio_pika_message_gives(
     kind: str, headers: dict[str, str] | None
 ) -> None:
     message_id, correlation_id = "result:8c1d0e52-5b40-4bb5-9d89-64e42c1e4f41", "call_9"
@@ -33,7 +33,7 @@ def test_output_properties_are_the_bytes_an_aio_pika_message_gives(
         type=kind,
         headers=headers,
     ).properties
-    now = output_properties(message_id, correlation_id, kind, headers)
+    now = json_properties(message_id, correlation_id, kind, headers)
     assert header_bytes(now) == header_bytes(before)
     assert now.delivery_mode == 2
     assert now.message_type == kind
