@@ -24,6 +24,7 @@ import aiormq
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
+from worker import heap
 from worker.broker.acks import Acks
 from worker.broker.publisher import json_properties, publish_confirmed, shard_routing_key
 
@@ -78,6 +79,7 @@ async def serve(
             assert message.delivery_tag is not None
             await acks.ack(message.delivery_tag)
 
+        heap.settle()  # the worker's collector settings (worker/heap.py): the same runtime on both sides
         await queue.consume(on_message, no_ack=False)
         await stop.wait()
     finally:
