@@ -46,6 +46,7 @@ class Acks:
         self._ready: set[int] = set()
         self._flushed: asyncio.Future[None] | None = None
         self._lock = asyncio.Lock()
+        self._senders: set[asyncio.Future[None]] = set()
         #: frames sent and deliveries they settled (the tests and the bench read them)
         self.ack_frames = 0
         self.acked = 0
@@ -63,7 +64,10 @@ class Acks:
         self._ready.add(tag)
         if self._flushed is None:
             self._flushed = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().call_soon(self._flush)
+            # a task's first step runs on the loop's next turn: the acks of this turn are all in by then
+            sender = asyncio.ensure_future(self._send())
+            self._senders.add(sender)  # the loop keeps only a weak reference to a task
+            sender.add_done_callback(self._senders.discard)
         # several callers await one future: shield it, so a cancelled caller does not cancel the others'
         await asyncio.shield(self._flushed)
 
@@ -76,44 +80,44 @@ class Acks:
             self.nack_frames += 1
             self._settle_single(tag)
 
-    def _flush(self) -> None:
-        flushed, self._flushed = self._flushed, None
-        assert flushed is not None
-        task = asyncio.ensure_future(self._send())
-
-        def report(done: asyncio.Task[None]) -> None:
-            if done.cancelled():
+    async def _send(self) -> None:
+        async with self._lock:
+            # planned under the lock (every frame planned before is already queued); the tags and the future
+            # their callers await are taken together, so each caller hears how its own frame went
+            ready, flushed = self._ready, self._flushed
+            self._ready, self._flushed = set(), None
+            if flushed is None:
+                return
+            try:
+                await self._send_acks(ready)
+            except asyncio.CancelledError:
                 flushed.cancel()
-            elif (exc := done.exception()) is not None:
+                raise
+            except Exception as exc:  # the channel is gone: every caller of this flush hears it
                 flushed.set_exception(exc)
             else:
                 flushed.set_result(None)
 
-        task.add_done_callback(report)
-
-    async def _send(self) -> None:
-        async with self._lock:
-            # planned under the lock: every frame planned before is already queued
-            ready, self._ready = self._ready, set()
-            run_end, last_ready = self._through, 0
-            while (run_end + 1) in ready or (run_end + 1) in self._done:
-                run_end += 1
-                if run_end in ready:
-                    last_ready = run_end
-            if last_ready:
-                await self._channel.basic_ack(last_ready, multiple=True, wait=False)
-                self.ack_frames += 1
-                for tag in range(self._through + 1, run_end + 1):
-                    if tag in ready:
-                        ready.discard(tag)
-                        self.acked += 1
-                    self._done.discard(tag)
-                self._through = run_end
-            for tag in sorted(ready):
-                await self._channel.basic_ack(tag, multiple=False, wait=False)
-                self.ack_frames += 1
-                self.acked += 1
-                self._settle_single(tag)
+    async def _send_acks(self, ready: set[int]) -> None:
+        run_end, last_ready = self._through, 0
+        while (run_end + 1) in ready or (run_end + 1) in self._done:
+            run_end += 1
+            if run_end in ready:
+                last_ready = run_end
+        if last_ready:
+            await self._channel.basic_ack(last_ready, multiple=True, wait=False)
+            self.ack_frames += 1
+            for tag in range(self._through + 1, run_end + 1):
+                if tag in ready:
+                    ready.discard(tag)
+                    self.acked += 1
+                self._done.discard(tag)
+            self._through = run_end
+        for tag in sorted(ready):
+            await self._channel.basic_ack(tag, multiple=False, wait=False)
+            self.ack_frames += 1
+            self.acked += 1
+            self._settle_single(tag)
 
     def _settle_single(self, tag: int) -> None:
         self._done.add(tag)
