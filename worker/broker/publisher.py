@@ -4,10 +4,11 @@ Every publish is persistent, ``mandatory`` and awaited until the broker confirms
 message comes back as an error (never a silent drop). Concurrent events await their confirms at the
 same time on one channel, so the broker confirms them in batches.
 
-Results and notices, one or two per event, are the hot path: they go to aiormq's channel directly with
-their AMQP properties built once (:func:`json_properties`), the same bytes on the wire as an aio-pika
-``Message`` would give, without its per-message object, lock and property copy. Retries and dead letters,
-which copy a delivery's properties, keep aio-pika's ``Message``.
+Everything goes to aiormq's channel directly (:func:`publish_confirmed`). Results and notices, one or two
+per event, are the hot path: their AMQP properties are built once (:func:`json_properties`), the same bytes
+on the wire as an aio-pika ``Message`` would give, without its per-message object, lock and property copy.
+Retries and dead letters copy a delivery with aio-pika's ``Message`` (:func:`copy_message`) and send its
+body and properties.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ class Publisher:
         traceparent: str | None,
     ) -> None:
         """Publish the result (and the notice, after a save) and wait until both are confirmed."""
-        # aio-pika's channels are aiormq.Channel underneath (its abstract type leaves out ``wait``)
-        channel = cast(aiormq.Channel, await self._channel.get_underlay_channel())
+        channel = await self._underlay()
         headers = {TRACEPARENT: traceparent} if traceparent else None
         key = shard_routing_key(shard_id)
         answer = json_properties(f"result:{event_id}", tool_call_id, RESULT_TYPE, headers)
@@ -103,7 +103,8 @@ class Publisher:
         }
         # a dead letter waits in the DLQ for an operator: whatever expiration the event had does not follow it
         copy = copy_message(message, headers, expiration=None)
-        await _confirmed(self._dead_letter, copy, original_routing_key(message))
+        channel, key = await self._underlay(), original_routing_key(message)
+        await publish_confirmed(channel, self._dead_letter.name, key, copy.body, copy.properties)
 
     async def retry_later(
         self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
@@ -113,7 +114,11 @@ class Publisher:
         headers.setdefault(ORIGINAL_ROUTING_KEY, message.routing_key or "")
         # the per-message expiration is the retry delay: the retry queue dead-letters it back when it ends
         copy = copy_message(message, headers, expiration=delay_ms / 1000)
-        await _confirmed(self._default, copy, queue)
+        await publish_confirmed(await self._underlay(), self._default.name, queue, copy.body, copy.properties)
+
+    async def _underlay(self) -> aiormq.Channel:
+        # aio-pika's channels are aiormq.Channel underneath (its abstract type leaves out ``wait``)
+        return cast(aiormq.Channel, await self._channel.get_underlay_channel())
 
 
 def result_body(result: ToolResult) -> bytes:
@@ -161,14 +166,4 @@ async def publish_confirmed(
     except aiormq.exceptions.DeliveryError as exc:
         raise TransientError(
             f"publish to {exchange!r} with key {routing_key!r} was not delivered: {exc}"
-        ) from exc
-
-
-async def _confirmed(exchange: AbstractExchange, message: aio_pika.Message, routing_key: str) -> None:
-    """Publish and wait for the broker's confirm; a nack, a return or a timeout is a transient error."""
-    try:
-        await exchange.publish(message, routing_key, mandatory=True, timeout=PUBLISH_TIMEOUT)
-    except aio_pika.exceptions.DeliveryError as exc:
-        raise TransientError(
-            f"publish to {exchange.name!r} with key {routing_key!r} was not delivered: {exc}"
         ) from exc
