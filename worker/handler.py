@@ -17,6 +17,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from contracts.models import DeadLetterKind, ToolCallEvent
 from worker.broker.acks import Acks
+from worker.broker.content_header import undecodable
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.headers import attempts_made, traceparent_of
 from worker.broker.publisher import Publisher
@@ -91,6 +92,15 @@ class EventHandler:
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         started = time.monotonic()
         attempt = attempts_made(message) + 1
+        left_out = undecodable(message.headers)
+        if left_out:
+            # the worker reads no property a shard must set: the event is processed, its copies say what
+            # was left out (x-ltm-dropped)
+            log.warning(
+                "message properties could not be decoded; left out",
+                fields=left_out,
+                message_id=message.message_id,
+            )
         parsed = read_event(message.body)
         if isinstance(parsed, Unreadable):
             await self._dead_letter_unreadable(message, parsed)

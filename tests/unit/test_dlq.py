@@ -99,6 +99,28 @@ def test_a_broker_dead_letter_is_read_from_x_death() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("exchange", "routes_to"), [("tomori.tool_calls", "tool.create_long_term_memory"), ("", "tool.kept")]
+)
+def test_a_broker_dead_letter_keeps_x_ltm_routing_key_only_from_the_workers_retry_copy(
+    exchange: str, routes_to: str
+) -> None:
+    """A shard that sets x-ltm-routing-key on an event that reaches the delivery limit does not steer its
+    replay; the worker's own retry copy (through the default exchange) does."""
+    death = {
+        "count": 1,
+        "reason": "delivery_limit",
+        "queue": "ltm.create_memory",
+        "exchange": exchange,
+        "routing-keys": ["tool.create_long_term_memory" if exchange else "ltm.create_memory"],
+    }
+    headers = {"x-death": [death], "x-ltm-routing-key": "tool.kept" if exchange == "" else "tool.forged"}
+    if exchange:
+        headers["x-ltm-routing-key"] = "tool.some_other_tool"
+    letter = dlq.describe_dead_letter(b"{}", headers, message_id=None, routing_key="x", topology=TOPOLOGY)
+    assert letter.routing_key == routes_to
+
+
 def test_a_message_without_dead_letter_headers() -> None:
     letter = dlq.describe_dead_letter(b"[1]", {}, message_id=None, routing_key="tool.x", topology=TOPOLOGY)
     assert (letter.event_id, letter.kind, letter.attempts, letter.failed_at) == (None, "unknown", None, None)
@@ -111,7 +133,9 @@ def test_selection() -> None:
     assert dlq.Selection().matches(old, NOW)
     assert dlq.Selection(kinds=frozenset({"schema", "internal"})).matches(old, NOW)
     assert not dlq.Selection(kinds=frozenset({"internal"})).matches(old, NOW)
-    assert dlq.Selection(event_ids=frozenset({"m-1"})).matches(old, NOW)
+    assert dlq.Selection(event_ids=frozenset({"e-1"})).matches(old, NOW)
+    # the message_id property is the publisher's to set: the body's event id is what --event-id means
+    assert not dlq.Selection(event_ids=frozenset({"m-1"})).matches(old, NOW)
     assert dlq.Selection(older_than=timedelta(hours=2)).matches(old, NOW)
     assert not dlq.Selection(older_than=timedelta(hours=4)).matches(old, NOW)
     assert not dlq.Selection(older_than=timedelta(seconds=1)).matches(unknown_time, NOW)

@@ -58,6 +58,9 @@ class FakeMessage:
     timestamp: datetime | None = None  # the AMQP property (ltm_queue_wait_seconds reads it)
     redelivered: bool = False
     channel: FakeChannel = field(default_factory=FakeChannel)
+    #: a shard's event comes through the tool-calls exchange; the worker's retry copy through the default one
+    exchange: str = "tomori.tool_calls"
+    routing_key: str = "tool.create_long_term_memory"
 
     @property
     def settled(self) -> list[str]:
@@ -148,7 +151,11 @@ def handler_with(
 
 def delivery(body: dict[str, Any] | bytes, attempts: int | None = None) -> FakeMessage:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return FakeMessage(raw, headers={"x-ltm-attempts": attempts} if attempts else {})
+    if attempts:  # a retry copy, back from a retry queue
+        return FakeMessage(
+            raw, headers={"x-ltm-attempts": attempts}, exchange="", routing_key="ltm.create_memory"
+        )
+    return FakeMessage(raw)
 
 
 EVENT = event_body({"memory_content": "x", "memory_scope": "server_wide"}, persona_id=1)

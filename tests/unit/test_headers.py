@@ -27,14 +27,25 @@ PROPERTIES = {
 }
 
 
+#: RabbitMQ's default frame_max
+FRAME_MAX = 131_072
+
+
 def delivery(header_values: dict[str, Any] | None = None, **properties: Any) -> AbstractIncomingMessage:
-    """What the readers and the copy use of an aio-pika delivery."""
-    fields = {**PROPERTIES, "user_id": "shard-user", "routing_key": "tool.create", **properties}
+    """What the readers and the copy use of an aio-pika delivery (a shard's, unless ``exchange=""``: the
+    worker's own retry copy)."""
+    fields = {
+        **PROPERTIES,
+        "user_id": "shard-user",
+        "routing_key": "tool.create",
+        "exchange": "tomori.tool_calls",
+        **properties,
+    }
     return cast(AbstractIncomingMessage, SimpleNamespace(body=b"{}", headers=header_values, **fields))
 
 
 def test_a_copy_keeps_body_and_properties_swaps_headers_and_drops_the_user() -> None:
-    copy = headers.copy_message(delivery({"old": 1}), {"new": 2})
+    copy = headers.copy_message(delivery({"old": 1}), {"new": 2}, frame_max=FRAME_MAX)
     assert copy.body == b"{}"
     assert copy.headers == {"new": 2}
     assert copy.user_id is None
@@ -43,7 +54,9 @@ def test_a_copy_keeps_body_and_properties_swaps_headers_and_drops_the_user() -> 
 
 
 def test_a_copy_takes_overrides_and_a_missing_delivery_mode_becomes_persistent() -> None:
-    copy = headers.copy_message(delivery(delivery_mode=None), {}, expiration=None, priority=9)
+    copy = headers.copy_message(
+        delivery(delivery_mode=None), {}, frame_max=FRAME_MAX, expiration=None, priority=9
+    )
     assert copy.expiration is None
     assert copy.priority == 9
     assert copy.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
@@ -53,12 +66,68 @@ def test_a_copy_takes_overrides_and_a_missing_delivery_mode_becomes_persistent()
     ("value", "attempts"), [(None, 0), (2, 2), (0, 0), (-1, 0), (True, 0), ("3", 0), (b"3", 0)]
 )
 def test_only_a_positive_integer_counts_as_attempts(value: Any, attempts: int) -> None:
-    message = delivery(None if value is None else {headers.ATTEMPTS: value})
+    message = delivery(None if value is None else {headers.ATTEMPTS: value}, exchange="")
     assert headers.attempts_made(message) == attempts
 
 
+def test_a_shard_cannot_set_the_worker_only_headers() -> None:
+    forged = {
+        headers.ATTEMPTS: 999,
+        headers.ORIGINAL_ROUTING_KEY: "tool.some_other_tool",
+        headers.ERROR_KIND: "internal",
+        headers.DROPPED: ["nothing"],
+        headers.TRACEPARENT: "00-ab-cd-01",
+        "custom": 1,
+    }
+    shards = delivery(forged)
+    assert headers.attempts_made(shards) == 0
+    assert headers.original_routing_key(shards) == "tool.create"
+    assert headers.own_headers(shards) == {headers.TRACEPARENT: "00-ab-cd-01", "custom": 1}
+    # the same headers on the worker's own retry copy (back through the default exchange) are believed
+    retry = delivery(forged, exchange="", routing_key="ltm.create_memory")
+    assert headers.attempts_made(retry) == 999
+    assert headers.original_routing_key(retry) == "tool.some_other_tool"
+    assert headers.own_headers(retry) == forged
+
+
+def test_a_copy_that_would_not_fit_the_frame_drops_the_largest_original_headers() -> None:
+    big, bigger = "b" * 60_000, "c" * 80_000
+    original = {"small": 1, "big": big, "bigger": bigger, headers.TRACEPARENT: "00-ab-cd-01"}
+    added = {**original, headers.ERROR: "envelope breaks the contract", headers.ERROR_KIND: "schema"}
+    copy = headers.copy_message(delivery(original), added, frame_max=FRAME_MAX)
+    size = 20 + len(copy.properties.marshal())
+    assert size <= FRAME_MAX
+    assert copy.headers is not None
+    assert "bigger" not in copy.headers  # the largest goes first, and it was enough
+    assert copy.headers["big"] == big
+    assert copy.headers[headers.ERROR_KIND] == "schema"
+    assert copy.headers[headers.TRACEPARENT] == "00-ab-cd-01"
+    [note] = copy.headers[headers.DROPPED]
+    assert note.startswith("headers.bigger: ")
+    assert note.endswith("dropped to fit the frame")
+
+
+@pytest.mark.parametrize("frame_max", [4_096, 8_192, 131_072])
+def test_a_copy_always_fits_however_many_headers_and_whatever_the_frame(frame_max: int) -> None:
+    many = {f"h{n:05d}": "x" * 300 for n in range(440)}  # about 133 KB of entries
+    added = {**many, headers.ERROR: "e" * 500, headers.ERROR_KIND: "malformed", headers.ATTEMPTS: 1}
+    copy = headers.copy_message(delivery(many), added, frame_max=frame_max)
+    assert 20 + len(copy.properties.marshal()) <= frame_max
+    assert copy.headers is not None
+    assert copy.headers[headers.ERROR_KIND] == "malformed"
+    assert len(copy.headers[headers.DROPPED]) <= 20
+
+
+def test_what_the_decoder_left_out_travels_as_dropped_notes() -> None:
+    original = {"x-ltm-undecodable": ["timestamp: 1796328516693743 is out of range"], "k": 1}
+    copy = headers.copy_message(delivery(original), dict(original), frame_max=FRAME_MAX)
+    assert copy.headers == {"k": 1, headers.DROPPED: ["timestamp: 1796328516693743 is out of range"]}
+
+
 def test_string_headers_may_arrive_as_bytes() -> None:
-    message = delivery({headers.TRACEPARENT: b"00-ab-cd-01", headers.ORIGINAL_ROUTING_KEY: b"tool.kept"})
+    message = delivery(
+        {headers.TRACEPARENT: b"00-ab-cd-01", headers.ORIGINAL_ROUTING_KEY: b"tool.kept"}, exchange=""
+    )
     assert headers.traceparent_of(message) == "00-ab-cd-01"
     assert headers.original_routing_key(message) == "tool.kept"
     assert headers.header_text(42) is None

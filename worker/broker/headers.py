@@ -1,13 +1,24 @@
 """The AMQP headers the worker and ``worker dlq`` write and read, the readers for them, and the one way a
-message is copied (retry, dead letter, replay): same body and properties, new headers."""
+message is copied (retry, dead letter, replay): same body and properties, new headers, always within the
+connection's frame size.
+
+The worker's own headers (``x-ltm-*``) steer its bookkeeping (attempts, where a replay goes), so they are
+believed only on the worker's own copies: a retry copy comes back to the work queue through the default
+exchange, where no shard may publish (deploy/rabbitmq/definitions.json); on every other delivery (a shard's
+event, a replay) a shard-set value is ignored and dropped from the copies the worker makes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
+import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage
+from pamqp import encode
+
+from worker.broker.content_header import UNDECODABLE, undecodable
 
 #: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping)
 ATTEMPTS = "x-ltm-attempts"
@@ -22,6 +33,16 @@ DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS})
 #: headers ``worker dlq replay`` adds
 REPLAYED_AT = "x-ltm-replayed-at"
 REPLAY_COUNT = "x-ltm-replay-count"
+#: what a copy left out of the original: header entries too large for the frame, values that could not be
+#: decoded (:mod:`worker.broker.content_header`); a list of one-line notes
+DROPPED = "x-ltm-dropped"
+#: the headers only the worker may set: on a delivery that is not the worker's own copy they are ignored
+WORKER_ONLY = frozenset({ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED})
+#: bytes of a content header frame besides the properties: frame header and end (8), class, weight, body
+#: size (12)
+_HEADER_FRAME_OVERHEAD = 8 + 12
+#: the most notes a copy carries in ``x-ltm-dropped``
+_MAX_DROPPED_NOTES = 20
 
 
 def header_text(value: Any) -> str | None:
@@ -31,8 +52,25 @@ def header_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def from_worker(message: AbstractIncomingMessage) -> bool:
+    """True for the worker's own retry copy: it comes back through the default exchange, which no shard
+    may publish to."""
+    return message.exchange == ""
+
+
+def own_headers(message: AbstractIncomingMessage) -> dict[str, Any]:
+    """The delivery's headers, without worker-only headers a shard set (kept on the worker's own copies)."""
+    headers = dict(message.headers or {})
+    if from_worker(message):
+        return headers
+    return {key: value for key, value in headers.items() if key not in WORKER_ONLY}
+
+
 def attempts_made(message: AbstractIncomingMessage) -> int:
-    """Processing attempts before this delivery (our own ``x-ltm-attempts`` header; 0 when absent)."""
+    """Processing attempts before this delivery (our own ``x-ltm-attempts`` header on a retry copy; 0 on
+    any other delivery)."""
+    if not from_worker(message):
+        return 0
     value = (message.headers or {}).get(ATTEMPTS)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return int(value)
@@ -45,8 +83,13 @@ def traceparent_of(message: AbstractIncomingMessage) -> str | None:
 
 
 def original_routing_key(message: AbstractIncomingMessage) -> str:
-    """The routing key the shard published with, even after a trip through a retry queue."""
-    return header_text((message.headers or {}).get(ORIGINAL_ROUTING_KEY)) or message.routing_key or ""
+    """The routing key the shard published with, even after a trip through a retry queue (where the worker
+    recorded it)."""
+    if from_worker(message):
+        kept = header_text((message.headers or {}).get(ORIGINAL_ROUTING_KEY))
+        if kept:
+            return kept
+    return message.routing_key or ""
 
 
 def rfc3339(moment: datetime) -> str:
@@ -55,11 +98,21 @@ def rfc3339(moment: datetime) -> str:
 
 
 def copy_message(
-    message: AbstractIncomingMessage, headers: dict[str, Any], **overrides: Any
+    message: AbstractIncomingMessage, headers: Mapping[str, Any], *, frame_max: int, **overrides: Any
 ) -> aio_pika.Message:
     """The same body and properties with ``headers`` in place of the old ones; ``overrides`` replace
     properties (e.g. ``expiration``). ``user_id`` is dropped: the broker only accepts the publishing
-    connection's own user there."""
+    connection's own user there.
+
+    The copy always fits the connection's ``frame_max`` (the content header is one frame): when the original
+    headers plus what the worker adds would not, the largest original header entries are dropped and named
+    in ``x-ltm-dropped``. What the decoder could not read (:data:`UNDECODABLE`) is carried on as notes in
+    ``x-ltm-dropped`` too."""
+    headers = dict(headers)
+    notes = [*_notes(headers.pop(DROPPED, None)), *undecodable(headers)]
+    headers.pop(UNDECODABLE, None)
+    if notes:
+        headers[DROPPED] = notes[-_MAX_DROPPED_NOTES:]
     properties: dict[str, Any] = {
         "content_type": message.content_type,
         "content_encoding": message.content_encoding,
@@ -75,4 +128,57 @@ def copy_message(
         "app_id": message.app_id,
         **overrides,
     }
+    copy = aio_pika.Message(message.body, headers=headers, **properties)
+    size = _header_frame_size(copy)
+    if size <= frame_max:
+        return copy
+    # The largest original entries go first, so the fewest are lost; a table's size is the sum of its
+    # entries', so the size is kept by arithmetic, not by encoding again per entry.
+    sizes = {key: _entry_size(key, value) for key, value in headers.items()}
+    size -= sizes.pop(DROPPED, 0)
+    headers.pop(DROPPED, None)
+    ours = {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, TRACEPARENT}
+    dropped = list(notes)
+    for key in sorted((k for k in sizes if k not in ours), key=lambda k: -sizes[k]):
+        del headers[key]
+        size -= sizes[key]
+        dropped.append(f"headers.{_printable(key)}: {sizes[key]} bytes, dropped to fit the frame")
+        note = dropped[-_MAX_DROPPED_NOTES:]
+        if size + _entry_size(DROPPED, note) <= frame_max:
+            headers[DROPPED] = note
+            break
+    else:
+        # only the worker's own headers are left and still too large (a frame_max of a few KB): the error
+        # text is shortened to what fits
+        error = header_text(headers.get(ERROR))
+        if error is not None and size > frame_max:
+            room = max(0, len(error.encode()) - (size - frame_max))
+            headers[ERROR] = error.encode()[:room].decode(errors="ignore")
     return aio_pika.Message(message.body, headers=headers, **properties)
+
+
+def frame_max_of(channel: aiormq.abc.AbstractChannel) -> int:
+    """The frame size the channel's connection negotiated with the broker."""
+    return int(channel.connection.connection_tune.frame_max)
+
+
+def _header_frame_size(message: aio_pika.Message) -> int:
+    return _HEADER_FRAME_OVERHEAD + len(message.properties.marshal())
+
+
+def _entry_size(key: str, value: Any) -> int:
+    try:
+        return len(encode.field_table({key: value})) - 4
+    except (TypeError, ValueError):
+        return 0
+
+
+def _notes(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [v if isinstance(v, str) else str(v) for v in value]
+    return []
+
+
+def _printable(text: str, limit: int = 80) -> str:
+    flat = "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -33,7 +33,9 @@ from worker.broker.headers import (
     ORIGINAL_ROUTING_KEY,
     TRACEPARENT,
     copy_message,
+    frame_max_of,
     original_routing_key,
+    own_headers,
     rfc3339,
 )
 from worker.faults import TransientError
@@ -93,28 +95,30 @@ class Publisher:
     async def dead_letter(
         self, message: AbstractIncomingMessage, *, kind: DeadLetterKind, error: str, attempts: int
     ) -> None:
-        """Copy ``message`` to the dead-letter exchange with the ``x-ltm-*`` headers added."""
+        """Copy ``message`` to the dead-letter exchange with the ``x-ltm-*`` headers added (a shard's own
+        ``x-ltm-*`` values are not carried over)."""
         headers = {
-            **dict(message.headers or {}),
+            **own_headers(message),
             ERROR: error,
             ERROR_KIND: kind,
             ATTEMPTS: attempts,
             FAILED_AT: rfc3339(datetime.now(UTC)),
         }
         # a dead letter waits in the DLQ for an operator: whatever expiration the event had does not follow it
-        copy = copy_message(message, headers, expiration=None)
         channel, key = await self._underlay(), original_routing_key(message)
+        copy = copy_message(message, headers, frame_max=frame_max_of(channel), expiration=None)
         await publish_confirmed(channel, self._dead_letter.name, key, copy.body, copy.properties)
 
     async def retry_later(
         self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
     ) -> None:
         """Park ``message`` in a retry queue for ``delay_ms``; it comes back with ``attempts`` recorded."""
-        headers = {**dict(message.headers or {}), ATTEMPTS: attempts}
-        headers.setdefault(ORIGINAL_ROUTING_KEY, message.routing_key or "")
+        headers = {**own_headers(message), ATTEMPTS: attempts}
+        headers[ORIGINAL_ROUTING_KEY] = original_routing_key(message)
         # the per-message expiration is the retry delay: the retry queue dead-letters it back when it ends
-        copy = copy_message(message, headers, expiration=delay_ms / 1000)
-        await publish_confirmed(await self._underlay(), self._default.name, queue, copy.body, copy.properties)
+        channel = await self._underlay()
+        copy = copy_message(message, headers, frame_max=frame_max_of(channel), expiration=delay_ms / 1000)
+        await publish_confirmed(channel, self._default.name, queue, copy.body, copy.properties)
 
     async def _underlay(self) -> aiormq.Channel:
         # aio-pika's channels are aiormq.Channel underneath (its abstract type leaves out ``wait``)

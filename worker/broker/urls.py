@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
+from worker.broker import content_header
 from worker.config import redact_url
 
 
@@ -60,7 +61,9 @@ class Nodes:
     async def connect(self, **options: Any) -> aio_pika.abc.AbstractConnection:
         """A connection to the first node that answers, starting after the node used last; every node is
         tried once; ``options`` go to :func:`aio_pika.connect`. Raises :class:`NoNodeAnswered` naming each
-        node's error when none answers."""
+        node's error when none answers. Every connection decodes any content header
+        (:mod:`worker.broker.content_header`)."""
+        content_header.install()
         errors: list[str] = []
         last: Exception | None = None
         count = len(self.urls)

@@ -135,7 +135,11 @@ def describe_dead_letter(
         attempts=_integer(death.get("count")),
         failed_at=_timestamp(death.get("time")),
         shard_id=shard_id,
-        routing_key=kept_key or death_key or routing_key,
+        # x-ltm-routing-key is the worker's only on its own retry copy (which reached the work queue through
+        # the default exchange); on a shard's message the broker's record of its routing key wins
+        routing_key=(kept_key if header_text(death.get("exchange")) == "" else None)
+        or death_key
+        or routing_key,
         message_id=message_id,
         replay_count=replay_count,
     )
@@ -220,7 +224,8 @@ class Selection:
     def matches(self, letter: DeadLetter, now: datetime) -> bool:
         if self.kinds and letter.kind not in self.kinds:
             return False
-        if self.event_ids and not ({letter.event_id, letter.message_id} & self.event_ids):
+        # the event id the body names (the message_id only stands in for a body without one)
+        if self.event_ids and letter.event_id not in self.event_ids:
             return False
         if self.older_than is not None:
             age = letter.age(now)

@@ -11,7 +11,7 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from worker.broker.headers import copy_message
+from worker.broker.headers import copy_message, frame_max_of
 from worker.dlq.letters import DeadLetter, Selection, replay_headers
 from worker.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Sweep, close_quietly, error_text
 
@@ -88,7 +88,9 @@ async def replay(
                     for item in found:
                         on_found(item, sweep.now)
                 if exchange is not None and found:
-                    confirmed = await _republish(exchange, found, failures)
+                    assert publish_channel is not None
+                    frame_max = frame_max_of(await publish_channel.get_underlay_channel())
+                    confirmed = await _republish(exchange, found, failures, frame_max)
                     await sweep.remove(confirmed)
                     if publish_channel is not None and publish_channel.is_closed:
                         failures.append((None, "the publishing channel closed; replay stopped"))
@@ -102,14 +104,17 @@ async def replay(
 
 
 async def _republish(
-    exchange: AbstractExchange, found: Sequence[Found], failures: list[tuple[str | None, str]]
+    exchange: AbstractExchange,
+    found: Sequence[Found],
+    failures: list[tuple[str | None, str]],
+    frame_max: int,
 ) -> list[Found]:
     """Publish every one at once and wait for the confirms; the ones the broker confirmed."""
     now = datetime.now(UTC)
     results = await asyncio.gather(
         *(
             exchange.publish(
-                replay_message(item.message, now),
+                replay_message(item.message, now, frame_max),
                 item.letter.routing_key,
                 mandatory=True,
                 timeout=PUBLISH_TIMEOUT,
@@ -139,9 +144,9 @@ def _publish_failure(exc: Exception, letter: DeadLetter) -> str:
     return error_text(exc)
 
 
-def replay_message(message: AbstractIncomingMessage, now: datetime) -> aio_pika.Message:
-    """The original body and properties with the replay headers."""
-    return copy_message(message, replay_headers(dict(message.headers or {}), now))
+def replay_message(message: AbstractIncomingMessage, now: datetime, frame_max: int) -> aio_pika.Message:
+    """The original body and properties with the replay headers, within the frame."""
+    return copy_message(message, replay_headers(dict(message.headers or {}), now), frame_max=frame_max)
 
 
 async def purge(
