@@ -62,8 +62,10 @@ class Node:
 class RabbitCluster:
     """Three nodes joined into one cluster; :meth:`close` stops them and removes their files."""
 
-    def __init__(self, bin_dir: Path, size: int = 3) -> None:
+    def __init__(self, bin_dir: Path, size: int = 3, *, config: str = "") -> None:
+        """``config``: rabbitmq.conf lines every node gets after the listener's."""
         self.bin_dir = bin_dir
+        self.config = config
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-rmq-cluster-"))
         prefix = f"ltm{secrets.token_hex(3)}"
         taken: set[int] = set()
@@ -135,7 +137,7 @@ class RabbitCluster:
         (node.base / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{node.amqp_port}\n"
             # the test's clients connect as guest over loopback only
-            "loopback_users.guest = false\n"
+            "loopback_users.guest = false\n" + self.config
         )
         subprocess.run(
             [str(self.bin_dir / "rabbitmq-server"), "-detached"],
