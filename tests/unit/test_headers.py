@@ -143,3 +143,23 @@ def test_without_the_headers_the_delivery_says_it() -> None:
 def test_rfc3339_is_utc_with_milliseconds_and_a_z() -> None:
     moment = datetime(2026, 12, 2, 10, 0, 0, 120_456, tzinfo=timezone(timedelta(hours=2)))
     assert headers.rfc3339(moment) == "2026-12-02T08:00:00.120Z"
+
+
+def test_a_copy_encodes_what_the_decoder_kept_that_the_encoder_refuses() -> None:
+    """Found by the AMQP fuzzer: a long string that is not UTF-8 decodes to bytes, a timestamp past int64 is
+    kept as its integer, pamqp reads tables ~900 deep; its encoder takes none of them."""
+    deep: dict[str, Any] = {}
+    level = deep
+    for _ in range(900):
+        level["d"] = {}
+        level = level["d"]
+    original = {"raw": b"\xff\xfe", "late": 2**64 - 1, "deep": deep, "fine": "ok"}
+    copy = headers.copy_message(delivery(original), dict(original), frame_max=FRAME_MAX)
+    assert copy.headers is not None
+    assert copy.headers["raw"] == bytearray(b"\xff\xfe")
+    assert copy.headers["late"] == str(2**64 - 1)
+    assert copy.headers["fine"] == "ok"
+    [note] = copy.headers[headers.DROPPED]
+    assert note.startswith("headers.deep.d.d.")
+    assert note.endswith("nested deeper than 64 levels")
+    assert 20 + len(copy.properties.marshal()) <= FRAME_MAX

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import aio_pika
@@ -129,7 +130,17 @@ def copy_message(
         **overrides,
     }
     copy = aio_pika.Message(message.body, headers=headers, **properties)
-    size = _header_frame_size(copy)
+    try:
+        size = _header_frame_size(copy)
+    except (TypeError, ValueError, RecursionError):
+        # a value the decoder kept that the encoder refuses (a long string that was not UTF-8 comes back as
+        # bytes; a 64-bit timestamp kept as an integer past int64; a table nested past the recursion limit)
+        fixed: list[str] = []
+        headers = {key: value for key, value in _encodable(headers, "headers", fixed, 0).items()}
+        if fixed:
+            headers[DROPPED] = [*_notes(headers.get(DROPPED)), *fixed][-_MAX_DROPPED_NOTES:]
+        copy = aio_pika.Message(message.body, headers=headers, **properties)
+        size = _header_frame_size(copy)
     if size <= frame_max:
         return copy
     # The largest original entries go first, so the fewest are lost; a table's size is the sum of its
@@ -155,6 +166,43 @@ def copy_message(
             room = max(0, len(error.encode()) - (size - frame_max))
             headers[ERROR] = error.encode()[:room].decode(errors="ignore")
     return aio_pika.Message(message.body, headers=headers, **properties)
+
+
+_INT64 = range(-(2**63), 2**63)
+#: nesting kept in a copy (the decoder's own limit, for tables it read without help)
+_MAX_COPY_DEPTH = 64
+
+
+def _encodable(table: Mapping[str, Any], where: str, notes: list[str], depth: int) -> dict[str, Any]:
+    """``table`` with every value the AMQP encoder takes: bytes become a byte array, an integer past 64 bits
+    its decimal text; anything else it cannot take, or nested too deep, is left out and noted."""
+    kept: dict[str, Any] = {}
+    for key, value in table.items():
+        found, fixed = _encodable_value(value, f"{where}.{_printable(str(key))}", notes, depth)
+        if found:
+            kept[str(key)] = fixed
+    return kept
+
+
+def _encodable_value(value: Any, where: str, notes: list[str], depth: int) -> tuple[bool, Any]:
+    if depth >= _MAX_COPY_DEPTH:
+        notes.append(f"{where}: nested deeper than {_MAX_COPY_DEPTH} levels")
+        return False, None
+    if isinstance(value, bytes):
+        return True, bytearray(value)
+    if isinstance(value, bool) or value is None:
+        return True, value
+    if isinstance(value, int):
+        return True, (value if value in _INT64 else str(value))
+    if isinstance(value, str | float | bytearray | datetime | Decimal):
+        return True, value
+    if isinstance(value, dict):
+        return True, _encodable(value, where, notes, depth + 1)
+    if isinstance(value, list):
+        items = [_encodable_value(item, f"{where}[{n}]", notes, depth + 1) for n, item in enumerate(value)]
+        return True, [item for found, item in items if found]
+    notes.append(f"{where}: a {type(value).__name__} cannot be copied")
+    return False, None
 
 
 def frame_max_of(channel: aiormq.abc.AbstractChannel) -> int:
