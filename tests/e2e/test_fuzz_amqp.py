@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
+from contracts.models import Status
 from sim.shard import TOOL_ROUTING_KEY
 from tests import amqp_raw as raw
 from tests.e2e.conftest import Stack
@@ -246,8 +247,9 @@ async def test_generated_properties_headers_and_bodies_never_stop_the_worker(
     # every message the worker could not settle would loop until the broker's delivery limit
     assert worker.count(UNSETTLED) == unsettled_before
     for event_id in good:
-        assert len(shard.received.results[event_id]) == 1
-        assert shard.received.results[event_id][0]["success"] is True
+        [result] = shard.received.results[event_id]
+        # a long run fills the server's memory limit: then the ordinary events are answered with it
+        assert result["status"] in {Status.SAVED, Status.LIMIT_EXCEEDED}, result
     for body in sent:
         assert letters[body] <= 1, "dead-lettered twice"
         answered = body in answerable and answerable[body] in shard.received.results
