@@ -7,6 +7,7 @@ These models do no I/O and import nothing from the worker: a shard author reads 
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
@@ -98,6 +99,8 @@ class DeadLetterKind(StrEnum):
     SCHEMA = "schema"
     TRANSIENT_EXHAUSTED = "transient_exhausted"
     INTERNAL = "internal"
+    #: the event's ``event_id`` is in the ledger for a different event (CONTRACT.md "Dead letters")
+    EVENT_CONFLICT = "event_conflict"
 
 
 class _Model(BaseModel):
@@ -323,11 +326,30 @@ class Notification(_Model):
     notice: Notice
 
 
+def invalidation_id(event_id: UUID) -> str:
+    """The ``invalidation_id`` of the invalidations a save of ``event_id`` publishes (CONTRACT.md section 6).
+
+    Hex SHA-256 of ``"tomori-ltm-invalidation:"`` and the event id in its canonical text form: the same on
+    every re-emit, recomputable by the shard that sent the event, and no way back to the ``event_id``
+    (which the ledger answers by)."""
+    return hashlib.sha256(f"tomori-ltm-invalidation:{event_id}".encode()).hexdigest()
+
+
+InvalidationId = Annotated[
+    StrictStr,
+    Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="opaque id of the save (hex SHA-256 of 'tomori-ltm-invalidation:' + event_id), "
+        "the same on every re-emit; never the event_id",
+    ),
+]
+
+
 class ServerStateInvalidation(_Model):
     """Redis: drop the cached server state after a server-wide save."""
 
     schema_version: Literal[1] = 1
-    event_id: UUID
+    invalidation_id: InvalidationId
     kind: Literal["tomori_state"] = "tomori_state"
     server_disc_id: StrictStr
 
@@ -336,7 +358,7 @@ class UserInvalidation(_Model):
     """Redis: drop the cached user after a personal save (the target's Discord id)."""
 
     schema_version: Literal[1] = 1
-    event_id: UUID
+    invalidation_id: InvalidationId
     kind: Literal["user"] = "user"
     user_disc_id: StrictStr
 

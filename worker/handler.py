@@ -15,7 +15,7 @@ import aio_pika.exceptions
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from contracts.models import DeadLetterKind, ToolCallEvent
+from contracts.models import DeadLetterKind, Status, ToolCallEvent
 from worker.broker.acks import Acks
 from worker.broker.content_header import undecodable
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
@@ -132,6 +132,11 @@ class EventHandler:
             try:
                 with span.step("postgres ltm_save_events", _POSTGRES_STEP, kind="client"):
                     processed = await self._processor.process(event, attempt)
+                if processed.conflict is not None:
+                    await self._refuse_conflict(
+                        message, event, attempt, processed.conflict.stored_shard_id, span
+                    )
+                    return
                 span.set(
                     {
                         "ltm.status": processed.status,
@@ -196,6 +201,33 @@ class EventHandler:
             "messaging.destination.name": channel,
         }
         await side_by_side(outputs, in_step(span, f"{channel} publish", sent, invalidate, kind="producer"))
+
+    async def _refuse_conflict(
+        self,
+        message: AbstractIncomingMessage,
+        event: ToolCallEvent,
+        attempt: int,
+        stored_shard_id: int,
+        span: EventSpan,
+    ) -> None:
+        """The event's id is in the ledger for a different event: dead-letter it as ``event_conflict`` and
+        answer its shard with the refusal (never the stored outcome, never a notice or an invalidation).
+        The log line names both shards and nothing of either event's content."""
+        log.warning("event id conflict", stored_shard_id=stored_shard_id)
+        span.set({"ltm.status": Status.INTERNAL_ERROR, "ltm.event_conflict": True})
+        ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
+        try:
+            await self._dead_letter(
+                message,
+                DeadLetterKind.EVENT_CONFLICT,
+                "event_id conflict: the ledger holds this event_id for a different event",
+                attempt,
+                ids,
+                outcome.event_conflict(),
+                traceparent=span.traceparent,
+            )
+        except Exception as exc:  # the DLQ copy was refused or not confirmed: handed back (_settle_leftover)
+            log.warning("could not route a failed event; it will be redelivered", error=describe(exc))
 
     async def _dead_letter_unreadable(self, message: AbstractIncomingMessage, parsed: Unreadable) -> None:
         event_id = str(parsed.ids.event_id) if parsed.ids else None

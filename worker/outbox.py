@@ -26,6 +26,7 @@ import asyncpg
 import redis.exceptions
 import structlog
 
+from contracts.models import invalidation_id
 from worker.cache import InvalidationPublisher
 from worker.store import repository as repo
 
@@ -39,6 +40,20 @@ PROBE_SECONDS = 0.5
 SWEEP_BATCH = 500
 
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError)
+
+
+def wire_invalidation(event_id: UUID, stored: Any) -> Any:
+    """The invalidation as CONTRACT.md section 6 has it, from the ledger's copy. A row written before the
+    invalidation lost its ``event_id`` (a worker of an earlier version) still holds it: it is replaced by
+    the opaque ``invalidation_id`` here, so no ``event_id`` ever reaches the channel every shard reads."""
+    if not isinstance(stored, dict) or "event_id" not in stored:
+        return stored
+    wire = {k: v for k, v in stored.items() if k != "event_id"}
+    return {
+        "schema_version": wire.pop("schema_version", 1),
+        "invalidation_id": invalidation_id(event_id),
+        **wire,
+    }
 
 
 class _RedisUnavailable(Exception):
@@ -92,7 +107,7 @@ class InvalidationOutbox:
         neither could be done: Postgres failed too, and the event takes the usual transient path)."""
         if not self._redis_down:
             try:
-                await self._cache.publish(invalidation)
+                await self._cache.publish(wire_invalidation(event_id, invalidation))
                 return
             except REDIS_DOWN as exc:
                 if not self._redis_down:
@@ -154,7 +169,9 @@ class InvalidationOutbox:
                 async with conn.transaction():
                     rows = await repo.take_pending_invalidations(conn, SWEEP_BATCH)
                     if rows:
-                        await self._publish_pending([invalidation for _, invalidation in rows])
+                        await self._publish_pending(
+                            [wire_invalidation(event_id, invalidation) for event_id, invalidation in rows]
+                        )
                         await repo.clear_invalidations(conn, [event_id for event_id, _ in rows])
                 published += len(rows)
                 if len(rows) < SWEEP_BATCH:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import socket
 import time
@@ -163,8 +164,15 @@ class Shard:
             await asyncio.sleep(0.05)
 
 
+def invalidation_key(event_id: str) -> str:
+    """The ``invalidation_id`` of an event's invalidations, by CONTRACT.md's formula (written out here, not
+    taken from the models, like everything this harness reads)."""
+    return hashlib.sha256(f"tomori-ltm-invalidation:{event_id}".encode()).hexdigest()
+
+
 class InvalidationListener:
-    """Collects the cache invalidations the worker publishes on Redis, by event id."""
+    """Collects the cache invalidations the worker publishes on Redis, by ``invalidation_id``; :meth:`of`
+    finds an event's (an invalidation names no event id: CONTRACT.md section 6)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -190,7 +198,11 @@ class InvalidationListener:
                 continue
             if message and message.get("type") == "message":
                 body = json.loads(message["data"])
-                self.messages[body.get("event_id", "")].append(body)
+                self.messages[body.get("invalidation_id", "")].append(body)
+
+    def of(self, event_id: str) -> list[dict[str, Any]]:
+        """The invalidations published for the event ``event_id`` (canonical, lower-case form)."""
+        return self.messages.get(invalidation_key(event_id), [])
 
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:

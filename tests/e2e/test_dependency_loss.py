@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard
+from tests.e2e.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard, invalidation_key
 from tests.e2e.outages import rabbitmq_stopped, restart_redis, slow_down, terminate_backends
 from tests.e2e.workload import (
     Scope,
@@ -152,7 +152,7 @@ async def _listener_subscribed(redis_url: str, listener: InvalidationListener, t
     try:
         while not listener.messages.get(probe):
             assert time.monotonic() < deadline, f"the invalidation listener did not resubscribe in {timeout}s"
-            await client.publish(INVALIDATION_CHANNEL, json.dumps({"event_id": probe}))
+            await client.publish(INVALIDATION_CHANNEL, json.dumps({"invalidation_id": probe}))
             await asyncio.sleep(0.1)
     finally:
         await client.aclose()
@@ -179,13 +179,13 @@ async def test_redis_restarted_mid_stream(stack: Stack) -> None:
         assert await worker.wait_exit(timeout=30) == 0
         await shard.settle()
         saved_after = [e for e in after.event_ids if shard.received.results[e][0]["status"] == Status.SAVED]
-        await wait_until(lambda: all(listener.messages.get(e) for e in saved_after), timeout=10)
+        await wait_until(lambda: all(listener.of(e) for e in saved_after), timeout=10)
 
     both = Stream(stream.bodies + after.bodies, {**stream.scope_of, **after.scope_of})
     statuses = await check_outcome(stack.rows.conn, both, shard.received)
     assert statuses[Status.SAVED] > 0
     assert saved_after, "no event after the restart saved a memory; the test proves nothing"
-    lost = [e for e in saved_after if not listener.messages.get(e)]
+    lost = [e for e in saved_after if not listener.of(e)]
     assert not lost, f"{len(lost)} of {len(saved_after)} invalidations after the restart never arrived"
     for event_id in saved_after:
         scope = after.scope_of[event_id]
@@ -195,8 +195,8 @@ async def test_redis_restarted_mid_stream(stack: Stack) -> None:
             if scope.kind == "server"
             else {"kind": "user", "user_disc_id": scope.target_disc_id}
         )
-        for message in listener.messages[event_id]:
-            assert message == {"schema_version": 1, "event_id": event_id, **expected}
+        for message in listener.of(event_id):
+            assert message == {"schema_version": 1, "invalidation_id": invalidation_key(event_id), **expected}
     # the outage hit saves in flight: their invalidations waited in the outbox (Postgres) instead of the
     # events going round the retry queue or to the dead-letter queue
     assert worker.count("redis unavailable; invalidations are kept in postgres until it answers") >= 1

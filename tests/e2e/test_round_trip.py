@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import InvalidationListener, Shard
+from tests.e2e.harness import InvalidationListener, Shard, invalidation_key
 from tests.factories import GUILD, event_body, member
 
 pytestmark = pytest.mark.e2e
@@ -70,8 +71,13 @@ async def test_server_and_personal_saves_reach_the_shard_and_redis(stack: Stack)
     assert notice_message.headers["traceparent"] == TRACEPARENT
     assert notice["notice"]["kind"] == "server_memory"
     assert notice["channel_disc_id"] == server_event["context"]["channel_disc_id"]
-    assert redis.messages[event_id] == [
-        {"schema_version": 1, "event_id": event_id, "kind": "tomori_state", "server_disc_id": GUILD}
+    assert redis.of(event_id) == [
+        {
+            "schema_version": 1,
+            "invalidation_id": invalidation_key(event_id),
+            "kind": "tomori_state",
+            "server_disc_id": GUILD,
+        }
     ]
 
     personal_id = personal_event["event_id"]
@@ -79,9 +85,18 @@ async def test_server_and_personal_saves_reach_the_shard_and_redis(stack: Stack)
     assert personal["tool_name"] == "remember_this_fact"
     assert personal["data"]["target_user"] == "Sparrow (@sparrow_ow)"
     assert shard.received.notices[personal_id][0]["notice"]["kind"] == "personal_memory"
-    assert redis.messages[personal_id] == [
-        {"schema_version": 1, "event_id": personal_id, "kind": "user", "user_disc_id": SPARROW}
+    assert redis.of(personal_id) == [
+        {
+            "schema_version": 1,
+            "invalidation_id": invalidation_key(personal_id),
+            "kind": "user",
+            "user_disc_id": SPARROW,
+        }
     ]
+    # the channel every shard reads names no event id
+    published_text = json.dumps(redis.messages)
+    assert event_id not in published_text
+    assert personal_id not in published_text
 
     log = [line for line in stack.workers[0].lines() if line.get("event") == "event processed"]
     assert {line["event_id"] for line in log} == {event_id, personal_id}
@@ -103,7 +118,7 @@ async def test_a_failure_result_has_no_notice_and_no_invalidation(stack: Stack) 
     assert result["message"] is None
     assert result["error"] == "Self-teaching is disabled for this server"
     assert body["event_id"] not in shard.received.notices
-    assert body["event_id"] not in redis.messages
+    assert not redis.of(body["event_id"])
 
 
 async def test_a_redelivered_event_is_answered_from_the_store(stack: Stack) -> None:

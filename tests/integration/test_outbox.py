@@ -16,6 +16,7 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from contracts.models import invalidation_id
 from tests.e2e.proxy import CuttableProxy
 from worker.cache import InvalidationPublisher
 from worker.outbox import InvalidationOutbox
@@ -49,7 +50,7 @@ class Subscriber:
         while True:
             message = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
             if message is not None:
-                self.seen[orjson.loads(message["data"])["event_id"]] += 1
+                self.seen[orjson.loads(message["data"])["invalidation_id"]] += 1
                 continue
             now = loop.time()
             if want <= set(self.seen):
@@ -74,7 +75,12 @@ async def ledger_rows(pool: asyncpg.Pool, n: int, *, pending: bool) -> list[uuid
 
 
 def invalidation(event_id: uuid.UUID) -> dict[str, object]:
-    return {"schema_version": 1, "event_id": str(event_id), "kind": "user", "user_disc_id": "1" * 18}
+    return {
+        "schema_version": 1,
+        "invalidation_id": invalidation_id(event_id),
+        "kind": "user",
+        "user_disc_id": "1" * 18,
+    }
 
 
 @pytest.fixture
@@ -94,7 +100,7 @@ async def test_redis_up_publishes_at_once_and_marks_nothing(pool: asyncpg.Pool, 
     [event_id] = await ledger_rows(pool, 1, pending=False)
     async with Subscriber(redis_url, channel) as sub:
         await outbox.publish(event_id, invalidation(event_id))
-        await sub.collect({str(event_id)})
+        await sub.collect({invalidation_id(event_id)})
     assert await pool.fetchval(PENDING) == 0
     await cache.close()
 
@@ -116,7 +122,7 @@ async def test_redis_down_marks_pending_and_publishes_once_it_is_back(
         await asyncio.sleep(0.3)  # it probes, Redis does not answer, nothing is published or cleared
         assert await pool.fetchval(PENDING) == 30
         await redis_proxy.restore()
-        await sub.collect({str(i) for i in ids})
+        await sub.collect({invalidation_id(i) for i in ids})
     assert set(sub.seen.values()) == {1}
     assert await pool.fetchval(PENDING) == 0
     assert backlog[-1] == 0
@@ -133,7 +139,7 @@ async def test_workers_share_a_backlog_and_publish_each_row_once(pool: asyncpg.P
     async with Subscriber(redis_url, channel) as sub:
         for outbox in outboxes:
             outbox.start()  # each sweeps at once
-        await sub.collect({str(i) for i in ids}, timeout=30)
+        await sub.collect({invalidation_id(i) for i in ids}, timeout=30)
     assert set(sub.seen.values()) == {1}, "a pending row was published twice"
     assert await pool.fetchval(PENDING) == 0
     for outbox, cache in zip(outboxes, caches, strict=True):
@@ -169,7 +175,7 @@ async def test_postgres_down_during_a_sweep_is_not_taken_for_redis(migrated_dsn:
             assert not outbox.redis_down, "a Postgres failure was taken for Redis"
             assert sweeps <= 5, f"{sweeps} sweeps in 1 s: the outbox loops instead of waiting"
             await proxy.restore()
-            await sub.collect({str(i) for i in ids})
+            await sub.collect({invalidation_id(i) for i in ids})
         assert set(sub.seen.values()) == {1}
     finally:
         await outbox.close()

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from contracts.models import Status, ToolCallEvent
+from contracts.models import Status, ToolCallEvent, invalidation_id
 from tests.factories import BOT, GUILD, TRIGGER, BotRows, event, member, participant, published
 from tests.schemas import assert_conforms
 from worker.config import Limits
@@ -90,7 +90,7 @@ async def test_server_wide_save_writes_the_row_and_every_output(pool: asyncpg.Po
     assert row["tags"] == []
     assert done.invalidation == {
         "schema_version": 1,
-        "event_id": str(ev.event_id),
+        "invalidation_id": invalidation_id(ev.event_id),
         "kind": "tomori_state",
         "server_disc_id": GUILD,
     }
@@ -140,7 +140,7 @@ async def test_personal_save_for_a_known_guild_member(pool: asyncpg.Pool, rows: 
     )
     assert done.invalidation == {
         "schema_version": 1,
-        "event_id": str(ev.event_id),
+        "invalidation_id": invalidation_id(ev.event_id),
         "kind": "user",
         "user_disc_id": SPARROW,
     }
@@ -466,7 +466,7 @@ async def test_direct_message_uses_the_users_own_server_row(pool: asyncpg.Pool, 
     assert published(done.result)["success"] is True
     assert done.invalidation == {
         "schema_version": 1,
-        "event_id": published(done.result)["event_id"],
+        "invalidation_id": invalidation_id(done.result.event_id),
         "kind": "tomori_state",
         "server_disc_id": TRIGGER,
     }

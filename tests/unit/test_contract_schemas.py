@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from contracts.models import (
     ToolCallEvent,
     ToolResult,
     UserInvalidation,
+    invalidation_id,
 )
 from contracts.schemas import (
     REGENERATE_COMMAND,
@@ -80,6 +82,7 @@ CONTRACT_EVENT: dict[str, Any] = {
 }
 
 EVENT_ID = "6f1c1a9e-3b0e-4a53-9a55-6a4f0f0b9a11"
+INVALIDATION_ID = invalidation_id(UUID(EVENT_ID))
 
 Validate = Callable[[dict[str, Any]], ToolCallEvent]
 
@@ -339,10 +342,18 @@ def test_a_notification_carries_the_notice() -> None:
     ("message", "expected"),
     [
         (
-            {"schema_version": 1, "event_id": EVENT_ID, "kind": "tomori_state", "server_disc_id": "1"},
+            {
+                "schema_version": 1,
+                "invalidation_id": INVALIDATION_ID,
+                "kind": "tomori_state",
+                "server_disc_id": "1",
+            },
             ServerStateInvalidation,
         ),
-        ({"schema_version": 1, "event_id": EVENT_ID, "kind": "user", "user_disc_id": "2"}, UserInvalidation),
+        (
+            {"schema_version": 1, "invalidation_id": INVALIDATION_ID, "kind": "user", "user_disc_id": "2"},
+            UserInvalidation,
+        ),
     ],
 )
 def test_cache_invalidation_is_discriminated_by_kind(message: dict[str, Any], expected: type[Any]) -> None:
@@ -356,7 +367,7 @@ def test_cache_invalidation_is_discriminated_by_kind(message: dict[str, Any], ex
 
 def test_cache_invalidation_rejects_an_unknown_kind() -> None:
     with pytest.raises(ValidationError):
-        TypeAdapter(CacheInvalidation).validate_python({"event_id": EVENT_ID, "kind": "guild"})
+        TypeAdapter(CacheInvalidation).validate_python({"invalidation_id": INVALIDATION_ID, "kind": "guild"})
 
 
 def test_dead_letter_headers_use_the_x_ltm_names() -> None:
@@ -493,13 +504,36 @@ def test_cache_invalidation_is_a_plain_one_of_by_kind() -> None:
     assert kinds == {"tomori_state", "user"}
 
     for message in (
-        {"schema_version": 1, "event_id": EVENT_ID, "kind": "tomori_state", "server_disc_id": "1"},
-        {"schema_version": 1, "event_id": EVENT_ID, "kind": "user", "user_disc_id": "2"},
+        {
+            "schema_version": 1,
+            "invalidation_id": INVALIDATION_ID,
+            "kind": "tomori_state",
+            "server_disc_id": "1",
+        },
+        {"schema_version": 1, "invalidation_id": INVALIDATION_ID, "kind": "user", "user_disc_id": "2"},
     ):
         assert_conforms("cache_invalidation.v1.json", message)
-    mixed = {"schema_version": 1, "event_id": EVENT_ID, "kind": "user", "server_disc_id": "1"}
+    mixed = {"schema_version": 1, "invalidation_id": INVALIDATION_ID, "kind": "user", "server_disc_id": "1"}
     assert errors("cache_invalidation.v1.json", mixed)
     assert errors("cache_invalidation.v1.json", {**mixed, "kind": "guild"})
+
+
+def test_an_invalidation_names_no_event_id() -> None:
+    """The channel every shard reads carries an opaque id of the save, never the event_id the ledger answers
+    by (security review 3, section 4): the schema refuses an invalidation with an event_id."""
+    server = {
+        "schema_version": 1,
+        "invalidation_id": INVALIDATION_ID,
+        "kind": "tomori_state",
+        "server_disc_id": "1",
+    }
+    assert errors("cache_invalidation.v1.json", {**server, "event_id": EVENT_ID})
+    old = {"schema_version": 1, "event_id": EVENT_ID, "kind": "tomori_state", "server_disc_id": "1"}
+    assert errors("cache_invalidation.v1.json", old)
+    # the formula CONTRACT.md gives, so the shard that sent the event can recompute it
+    assert hashlib.sha256(f"tomori-ltm-invalidation:{EVENT_ID}".encode()).hexdigest() == INVALIDATION_ID
+    assert EVENT_ID.replace("-", "") not in INVALIDATION_ID
+    assert invalidation_id(UUID(EVENT_ID.upper())) == INVALIDATION_ID  # of the id, not of its spelling
 
 
 def test_arguments_is_the_any_schema() -> None:
@@ -583,7 +617,7 @@ def every_outcome() -> list[Any]:
     from worker.pipeline import outcome, steps
 
     def saved(scope: str, label: str | None) -> Any:
-        invalidation = ServerStateInvalidation(event_id=UUID(EVENT_ID), server_disc_id="1")
+        invalidation = ServerStateInvalidation(invalidation_id=INVALIDATION_ID, server_disc_id="1")
         plan = steps.SavePlan(scope, 1, 10000, "{user} likes dogs", 7, 1, label, NOTIFICATION, invalidation)
         return steps.saved(plan, 123)
 

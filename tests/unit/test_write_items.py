@@ -10,7 +10,12 @@ from pathlib import Path
 from contracts.models import Status
 from worker.store import repository as repo
 
-MIGRATION = Path(repo.__file__).parent / "migrations" / "0004_save_batch.sql"
+#: the latest migration that (re)defines ltm_save_events (0004, then 0006 with the event digest)
+MIGRATION = [
+    path
+    for path in sorted((Path(repo.__file__).parent / "migrations").glob("*.sql"))
+    if "CREATE OR REPLACE FUNCTION public.ltm_save_events" in path.read_text()
+][-1]
 NOW = datetime(2026, 12, 3, 10, tzinfo=UTC)
 
 

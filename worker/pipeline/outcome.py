@@ -211,3 +211,17 @@ def database_error() -> Outcome:
 def internal_error(reason: str) -> Outcome:
     """Sent with an ``internal`` or ``schema`` dead letter whose ids could still be read."""
     return failure(Status.INTERNAL_ERROR, "Internal bot error: the memory could not be processed", reason)
+
+
+EVENT_CONFLICT_REASON = (
+    "event_id conflict: this event_id was already used by a different event; nothing was saved. "
+    "Send every tool call with a new event_id."
+)
+
+
+def event_conflict() -> Outcome:
+    """Sent with an ``event_conflict`` dead letter: the ``event_id`` is in the ledger for a different event
+    (another tool call, shard, scope or content). Says nothing of that event (CONTRACT.md section 4)."""
+    return failure(
+        Status.INTERNAL_ERROR, "Internal bot error: the memory could not be processed", EVENT_CONFLICT_REASON
+    )

@@ -20,6 +20,7 @@ from contracts.models import (
     Status,
     ToolCallEvent,
     UserInvalidation,
+    invalidation_id,
 )
 from worker.config import Limits
 from worker.pipeline import outcome
@@ -150,7 +151,9 @@ def decide(event: ToolCallEvent, state: LoadedState, limits: Limits) -> Outcome 
         author_user_id=None,
         target_label=target.label,
         notification=_notification(event, notice),
-        invalidation=UserInvalidation(event_id=event.event_id, user_disc_id=target.target_id),
+        invalidation=UserInvalidation(
+            invalidation_id=invalidation_id(event.event_id), user_disc_id=target.target_id
+        ),
     )
 
 
@@ -188,7 +191,7 @@ def _server_plan(
         target_label=None,
         notification=_notification(event, notice),
         invalidation=ServerStateInvalidation(
-            event_id=event.event_id,
+            invalidation_id=invalidation_id(event.event_id),
             # in a DM the "server" is the triggering user (the original's memoryServerDiscId)
             server_disc_id=ctx.guild_disc_id or author.user_disc_id,
         ),

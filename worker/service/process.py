@@ -25,10 +25,21 @@ import asyncpg
 
 from contracts.models import Status, ToolCallEvent, ToolResult
 from worker.config import Limits
+from worker.pipeline import outcome
 from worker.pipeline.notice import mentioned_user_ids
 from worker.pipeline.outcome import EventIds, Outcome
 from worker.pipeline.steps import SavePlan, decide, limit_reached, max_for, saved
+from worker.service.digest import event_digest, same_event
 from worker.store import repository as repo
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """The event's ``event_id`` is in the ledger for a different event (its digest differs): the event is
+    refused, nothing is written, and the stored outcome is not shown (:mod:`worker.service.digest`)."""
+
+    #: the shard of the event the ledger row answers (for the operator's log line; never sent to a shard)
+    stored_shard_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,8 @@ class ProcessedEvent:
     notification: dict[str, Any] | None
     invalidation: dict[str, Any] | None
     replayed: bool
+    #: set when the event was refused as an ``event_id`` conflict (``result`` is the refusal)
+    conflict: Conflict | None = None
 
     def as_replay(self) -> ProcessedEvent:
         """The same outputs re-emitted: identical but for ``replayed: true`` in the result."""
@@ -84,22 +97,30 @@ async def process_batch(
     been: a retry is then answered from the ledger).
     """
     processed_at = clock()
+    digests = [event_digest(event) for event, _ in jobs]
     answers: list[ProcessedEvent | None] = [None] * len(jobs)
     async with pool.acquire() as conn:
         loaded = await repo.load_many(conn, [_request(event) for event, _ in jobs])
         writes: list[_Save | _Record] = []
         for k, ((event, attempts), got) in enumerate(zip(jobs, loaded, strict=True)):
             if got.stored is not None:
-                answers[k] = _replay(got.stored)
+                answers[k] = _stored_answer(got.stored, event, digests[k], processed_at)
                 continue
             decision = decide(event, got.state, limits)
             if isinstance(decision, SavePlan):
-                writes.append(_save(k, event, decision, limits, attempts, processed_at))
+                writes.append(_save(k, event, decision, limits, attempts, processed_at, digests[k]))
             else:
-                writes.append(_record(k, event, decision, attempts, processed_at))
+                writes.append(_record(k, event, decision, attempts, processed_at, digests[k]))
         duplicates, full = await _write(conn, writes, answers)
         limit_writes = [
-            _record(w.index, w.event, limit_reached(w.plan, count, limits), w.item.attempts, processed_at)
+            _record(
+                w.index,
+                w.event,
+                limit_reached(w.plan, count, limits),
+                w.item.attempts,
+                processed_at,
+                w.item.digest,
+            )
             for w, count in full
         ]
         more, _ = await _write(conn, limit_writes, answers)
@@ -112,7 +133,7 @@ async def process_batch(
                 # impossible: an event id is only committed with its outcome
                 if row is None or row["result"] is None:
                     raise RuntimeError(f"event {jobs[k][0].event_id} is recorded but has no stored outcome")
-                answers[k] = _replay(row)
+                answers[k] = _stored_answer(row, jobs[k][0], digests[k], processed_at)
     assert all(a is not None for a in answers)
     return answers  # type: ignore[return-value]
 
@@ -162,7 +183,13 @@ class _Record:
 
 
 def _save(
-    index: int, event: ToolCallEvent, plan: SavePlan, limits: Limits, attempts: int, processed_at: datetime
+    index: int,
+    event: ToolCallEvent,
+    plan: SavePlan,
+    limits: Limits,
+    attempts: int,
+    processed_at: datetime,
+    digest: bytes,
 ) -> _Save:
     """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
     item = repo.SaveItem(
@@ -182,12 +209,18 @@ def _save(
         invalidation=plan.invalidation.model_dump(mode="json"),
         attempts=attempts,
         processed_at=processed_at,
+        digest=digest,
     )
     return _Save(index, event, plan, item)
 
 
 def _record(
-    index: int, event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime
+    index: int,
+    event: ToolCallEvent,
+    final: Outcome,
+    attempts: int,
+    processed_at: datetime,
+    digest: bytes | None,
 ) -> _Record:
     """Record an outcome that saved nothing (every failure status)."""
     answer = final.result(event, processed_at)
@@ -201,6 +234,7 @@ def _record(
         result=answer.model_dump(mode="json"),
         attempts=attempts,
         processed_at=processed_at,
+        digest=digest,
     )
     return _Record(index, answer, item)
 
@@ -235,6 +269,19 @@ def failure_answer(ids: EventIds, failure: Outcome, *, clock: Callable[[], datet
     """The result that goes with a dead letter (``internal_error``, ``db_error``: see
     :func:`worker.settle.route_failure`), for an event known perhaps only by its ids."""
     return failure.result(ids, clock())
+
+
+def _stored_answer(
+    stored: Mapping[str, Any], event: ToolCallEvent, digest: bytes, processed_at: datetime
+) -> ProcessedEvent:
+    """The answer to an event whose id the ledger holds: the stored outcome when it is this event's, else
+    the refusal of a conflict (which names nothing of the stored event)."""
+    if same_event(stored, event, digest):
+        return _replay(stored)
+    refusal = outcome.event_conflict().result(event, processed_at)
+    return ProcessedEvent(
+        refusal.status, None, refusal, None, None, replayed=False, conflict=Conflict(int(stored["shard_id"]))
+    )
 
 
 def _replay(stored: Mapping[str, Any]) -> ProcessedEvent:

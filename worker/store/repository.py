@@ -20,7 +20,9 @@ from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, Serve
 _LOAD = """
 SELECT ev.i,
        (SELECT jsonb_build_object('status', e.status, 'memory_id', e.memory_id, 'result', e.result,
-                                  'notice', e.notice, 'invalidation', e.invalidation)
+                                  'notice', e.notice, 'invalidation', e.invalidation,
+                                  'digest', encode(e.event_digest, 'hex'), 'tool_call_id', e.tool_call_id,
+                                  'tool_name', e.tool_name, 'shard_id', e.shard_id)
         FROM ltm_processed_events e WHERE e.event_id = ev.event_id) AS stored,
        s.server_id, s.server_disc_id,
        COALESCE(f.self_teaching_enabled, true) AS self_teaching_enabled,
@@ -70,7 +72,9 @@ class LoadRequest:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """The first read for an event: its stored outcome if it was answered before, and the state."""
+    """The first read for an event: its stored outcome if its id was answered before (with what identifies
+    the event it answered: ``digest`` in hex or ``None``, ``tool_call_id``, ``tool_name``, ``shard_id``;
+    :func:`worker.service.digest.same_event`), and the state."""
 
     stored: dict[str, Any] | None
     state: LoadedState
@@ -159,6 +163,8 @@ class SaveItem:
     invalidation: dict[str, Any]
     attempts: int
     processed_at: datetime
+    #: the event's digest (:func:`worker.service.digest.event_digest`, migration 0006); ``None``: none kept
+    digest: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +180,7 @@ class RecordItem:
     result: dict[str, Any]
     attempts: int
     processed_at: datetime
+    digest: bytes | None = None
 
 
 def _item_json(item: SaveItem | RecordItem, i: int) -> dict[str, Any]:
@@ -187,6 +194,7 @@ def _item_json(item: SaveItem | RecordItem, i: int) -> dict[str, Any]:
         "result": item.result,
         "attempts": item.attempts,
         "processed_at": item.processed_at.isoformat(),
+        "digest": item.digest.hex() if item.digest is not None else None,
     }
     if isinstance(item, RecordItem):
         return {**common, "kind": "record", "status": item.status, "scope": item.scope}
@@ -228,9 +236,11 @@ async def write_many(conn: asyncpg.Connection, items: Sequence[SaveItem | Record
 
 
 async def load_outcomes(conn: asyncpg.Connection, event_ids: Iterable[UUID]) -> dict[UUID, dict[str, Any]]:
-    """The stored outcomes of events processed before, by event id (an event never recorded is absent)."""
+    """The stored outcomes of events processed before, by event id (an event never recorded is absent), with
+    what identifies the event each answered (as :class:`Loaded` ``stored``)."""
     rows = await conn.fetch(
-        "SELECT event_id, status, memory_id, result, notice, invalidation, attempts, processed_at"
+        "SELECT event_id, status, memory_id, result, notice, invalidation, attempts, processed_at,"
+        " encode(event_digest, 'hex') AS digest, tool_call_id, tool_name, shard_id"
         " FROM ltm_processed_events WHERE event_id = ANY($1::uuid[])",
         list(event_ids),
     )

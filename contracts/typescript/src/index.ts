@@ -17,6 +17,7 @@ export {
 export {
   INVALIDATION_CHANNEL,
   InvalidationSubscriber,
+  invalidationIdOf,
   type InvalidationSubscriberOptions,
 } from "./invalidation.js";
 export {

@@ -1,3 +1,5 @@
+import { createHash } from "node:crypto";
+
 import { Redis } from "ioredis";
 
 import type { CacheInvalidation } from "./generated/index.js";
@@ -10,6 +12,20 @@ export type UserInvalidation = Extract<CacheInvalidation, { kind: "user" }>;
 
 /** The Redis pub/sub channel of CONTRACT.md. */
 export const INVALIDATION_CHANNEL = "tomori:cache-invalidation";
+
+/**
+ * The `invalidation_id` the worker puts on the invalidations of your save of `eventId` (CONTRACT.md section 6):
+ * hex SHA-256 of `tomori-ltm-invalidation:` and the id in canonical form (lower case, hyphenated). An
+ * invalidation never carries the event id itself; this lets the shard that sent the event recognise its own.
+ */
+export function invalidationIdOf(eventId: string): string {
+  const hex = eventId.toLowerCase().replace(/[^0-9a-f]/g, "");
+  const canonical =
+    hex.length === 32
+      ? `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`
+      : eventId;
+  return createHash("sha256").update(`tomori-ltm-invalidation:${canonical}`).digest("hex");
+}
 
 export interface InvalidationSubscriberOptions {
   /** Redis URL, e.g. `redis://redis:6379/0`. */

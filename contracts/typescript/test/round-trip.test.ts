@@ -7,6 +7,7 @@ import * as amqp from "amqplib";
 
 import {
   InvalidationSubscriber,
+  invalidationIdOf,
   noticeToEmbed,
   type ServerStateInvalidation,
   type UserInvalidation,
@@ -86,13 +87,13 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
     assert.equal(embed.embed.color, Number.parseInt(serverNotice.notice.accent_color.slice(1), 16));
     assert.equal(embed.fullContent, serverNotice.notice.full_content);
 
-    const state = await states.waitFor("tomori_state invalidation", (m) => m.event_id === server.event_id);
+    const state = await states.waitFor("tomori_state invalidation", (m) => m.invalidation_id === invalidationIdOf(server.event_id));
     assert.equal(state.server_disc_id, GUILD);
-    const user = await users.waitFor("user invalidation", (m) => m.event_id === personal.event_id);
+    const user = await users.waitFor("user invalidation", (m) => m.invalidation_id === invalidationIdOf(personal.event_id));
     assert.equal(user.user_disc_id, SPARROW);
     // each save invalidates one kind only, and each notice reached the callback once
-    assert.equal(users.items.filter((m) => m.event_id === server.event_id).length, 0);
-    assert.equal(states.items.filter((m) => m.event_id === personal.event_id).length, 0);
+    assert.equal(users.items.filter((m) => m.invalidation_id === invalidationIdOf(server.event_id)).length, 0);
+    assert.equal(states.items.filter((m) => m.invalidation_id === invalidationIdOf(personal.event_id)).length, 0);
     assert.equal(kit.notices.items.length, 2);
     assert.equal(kit.late.items.length, 0);
   } finally {

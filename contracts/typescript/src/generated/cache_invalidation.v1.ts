@@ -11,7 +11,10 @@ export type CacheInvalidation = ServerStateInvalidation | UserInvalidation;
  * Redis: drop the cached server state after a server-wide save.
  */
 export interface ServerStateInvalidation {
-  event_id: string;
+  /**
+   * opaque id of the save (hex SHA-256 of 'tomori-ltm-invalidation:' + event_id), the same on every re-emit; never the event_id
+   */
+  invalidation_id: string;
   kind: "tomori_state";
   schema_version: 1;
   server_disc_id: string;
@@ -20,7 +23,10 @@ export interface ServerStateInvalidation {
  * Redis: drop the cached user after a personal save (the target's Discord id).
  */
 export interface UserInvalidation {
-  event_id: string;
+  /**
+   * opaque id of the save (hex SHA-256 of 'tomori-ltm-invalidation:' + event_id), the same on every re-emit; never the event_id
+   */
+  invalidation_id: string;
   kind: "user";
   schema_version: 1;
   user_disc_id: string;

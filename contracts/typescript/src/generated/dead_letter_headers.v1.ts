@@ -11,7 +11,7 @@ export interface DeadLetterHeaders {
    * one line, human readable
    */
   "x-ltm-error": string;
-  "x-ltm-error-kind": "malformed" | "schema" | "transient_exhausted" | "internal";
+  "x-ltm-error-kind": "malformed" | "schema" | "transient_exhausted" | "internal" | "event_conflict";
   /**
    * RFC 3339
    */
