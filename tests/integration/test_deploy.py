@@ -1131,3 +1131,105 @@ async def test_known_limit_the_worker_may_still_reach_any_queue_through_the_defa
         await asyncio.sleep(0.05)
     async with deployed.connect(SHARD) as connection:
         await (await (await connection.channel()).get_queue(victim, ensure=False)).purge()
+
+
+#: the shared user of earlier definitions files (deploy/README.md "Migrating from the shared `bot` user")
+OLD_BOT_PERMISSIONS = {
+    "configure": r"^tomori\.shard\.[0-9]+\.(results|notifications)$",
+    "write": r"^(tomori\.tool_calls|tomori\.shard\.[0-9]+\.(results|notifications))$",
+    "read": r"^(tomori\.(tool_results|notifications)|tomori\.shard\.[0-9]+\.(results|notifications))$",
+}
+OLD_BOT_TOPICS = [
+    {"exchange": TOPOLOGY.tool_calls_exchange, "write": r"^tool\.[A-Za-z0-9_]+$", "read": "^$"},
+    {"exchange": TOPOLOGY.results_exchange, "write": "^$", "read": r"^shard\.[0-9]+$"},
+    {"exchange": TOPOLOGY.notifications_exchange, "write": "^$", "read": r"^shard\.[0-9]+$"},
+]
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """`url` (a Deployed URL) with other credentials."""
+    parts = urlsplit(url)
+    address = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{address}").geturl()
+
+
+async def test_the_migration_from_the_shared_bot_user(test_services: Services) -> None:
+    """deploy/README.md's steps on a broker where shards ran as `bot`: the shard users exist beside `bot`; a
+    shard's queues (declared by `bot`, a result waiting) are taken over by its own user with nothing lost; the
+    binding `bot` left on another shard's queue is visible and its user cannot remove it; then `bot` goes and
+    the shard works on."""
+    with imported(test_services, with_topology=True) as deployed:
+        bot = f"bot-{secrets.token_hex(4)}"
+        bot_password = "bot-dev-password"
+        try:
+            deployed.admin.import_definitions(
+                {
+                    "users": [
+                        {
+                            "name": bot,
+                            "password_hash": shard_users.password_hash(bot_password),
+                            "hashing_algorithm": "rabbit_password_hashing_sha256",
+                            "tags": [],
+                            "limits": {},
+                        }
+                    ],
+                    "permissions": [{"user": bot, "vhost": deployed.vhost, **OLD_BOT_PERMISSIONS}],
+                    "topic_permissions": [
+                        {"user": bot, "vhost": deployed.vhost, **topic} for topic in OLD_BOT_TOPICS
+                    ],
+                }
+            )
+            bot_url = with_user(deployed.urls["worker"], bot, bot_password)
+            deadline = time.monotonic() + WAIT_SECONDS
+            while True:  # rabbitmqctl's import is asynchronous
+                try:
+                    bot_connection = await aio_pika.connect(bot_url, timeout=10)
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline, "the bot user was not imported"
+                    await asyncio.sleep(0.2)
+
+            # before: shard 7 and shard 5 run as `bot`; `bot` also bound shard 5's queue with shard 7's key
+            try:
+                channel = await bot_connection.channel()
+                for shard_id in (SHARD_ID, OTHER_SHARD):
+                    for kind, exchange in (
+                        ("results", TOPOLOGY.results_exchange),
+                        ("notifications", TOPOLOGY.notifications_exchange),
+                    ):
+                        queue = await channel.declare_queue(shard_queue_name(shard_id, kind), durable=True)
+                        await queue.bind(exchange, routing_key=f"shard.{shard_id}")
+                rogue = await channel.get_queue(shard_queue_name(OTHER_SHARD, "results"), ensure=False)
+                await rogue.bind(TOPOLOGY.results_exchange, routing_key=f"shard.{SHARD_ID}")
+            finally:
+                await bot_connection.close()
+            await publish_to_shard(deployed, SHARD_ID, b'{"event_id": "waiting"}')
+
+            # step 3: shard 7 restarts as shard-7; its queue and the waiting result are there
+            async with HarnessShard(deployed.urls[SHARD], SHARD_ID, declare_exchanges=False) as shard:
+                await shard.wait_for_results(["waiting"], timeout=WAIT_SECONDS)
+                # step 4: the binding `bot` left is listed, and shard 5's own user cannot remove it
+                leftover = (
+                    TOPOLOGY.results_exchange,
+                    shard_queue_name(OTHER_SHARD, "results"),
+                    f"shard.{SHARD_ID}",
+                )
+                assert leftover in deployed.admin.bindings(deployed.vhost)
+                rebind = bind_queue(leftover[1], leftover[0], leftover[2])
+
+                async def remove(channel: AbstractChannel) -> object:
+                    return await (await channel.get_queue(leftover[1], ensure=False)).unbind(
+                        leftover[0], routing_key=leftover[2]
+                    )
+
+                assert await is_refused(deployed, OTHER, remove)
+                assert await is_refused(deployed, OTHER, rebind)
+
+                # step 5: bot deleted; shard 7 keeps receiving as its own user
+                deployed.admin.delete_user(bot)
+                await publish_to_shard(deployed, SHARD_ID, b'{"event_id": "after"}')
+                await shard.wait_for_results(["after"], timeout=WAIT_SECONDS)
+            with pytest.raises(aiormq.exceptions.ProbableAuthenticationError):
+                await aio_pika.connect(bot_url, timeout=10)
+        finally:
+            deployed.admin.delete_user(bot)
