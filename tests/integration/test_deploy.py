@@ -1233,3 +1233,41 @@ async def test_the_migration_from_the_shared_bot_user(test_services: Services) -
                 await aio_pika.connect(bot_url, timeout=10)
         finally:
             deployed.admin.delete_user(bot)
+
+
+async def test_the_printed_rabbitmqctl_commands_make_a_working_confined_shard_user(
+    test_services: Services,
+) -> None:
+    """`shard_users.py commands N` run by a shell as printed: shard N gets its result, and is refused another
+    shard's key. Needs rabbitmqctl on the broker's machine (what the commands are for)."""
+    with imported(test_services, with_topology=True) as deployed:
+        if not isinstance(deployed.admin, RabbitmqctlAdmin):
+            pytest.skip("the broker is administered through the management API here, not rabbitmqctl")
+        shard_id = 1_000_000 + secrets.randbelow(9_000_000)  # a user name no one else on the broker has
+        name, password = shard_users.user_name(shard_id), secrets.token_hex(12)
+        script = "\n".join(shard_users.commands([shard_id], deployed.vhost))
+        try:
+            done = await asyncio.to_thread(
+                subprocess.run,
+                ["bash", "-euo", "pipefail", "-c", script],
+                env=os.environ | {f"SHARD_{shard_id}_PASSWORD": password},
+                capture_output=True,
+                text=True,
+                timeout=ADMIN_TIMEOUT * 6,
+                check=False,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            url = with_user(deployed.urls["worker"], name, password)
+            async with HarnessShard(url, shard_id, declare_exchanges=False) as shard:
+                await publish_to_shard(deployed, shard_id, b'{"event_id": "printed"}')
+                await shard.wait_for_results(["printed"], timeout=WAIT_SECONDS)
+            connection = await aio_pika.connect(url, timeout=10)
+            try:
+                channel = await connection.channel()
+                queue = await channel.get_queue(shard_queue_name(shard_id, "results"), ensure=False)
+                with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+                    await queue.bind(TOPOLOGY.results_exchange, routing_key=f"shard.{SHARD_ID}")
+            finally:
+                await connection.close()
+        finally:
+            deployed.admin.delete_user(name)
