@@ -3,7 +3,7 @@
 Each shard is a ``sim.shard.ShardLink`` (shared with the e2e harness): its own connection, a confirm-mode
 channel to publish on, and the two durable queues a bot shard declares (contracts/CONTRACT.md),
 ``tomori.shard.<id>.results`` and ``.notifications``, bound with ``shard.<id>``; it only checks the
-exchanges, as the least-privilege ``bot`` user must, and deletes its queues when it closes. A phase plays
+exchanges, as a shard's own user must, and deletes its queues when it closes. A phase plays
 a list of events per shard in one of two modes:
 
 - closed loop: at most ``window`` events per shard are unanswered; a result frees a slot (throughput);
@@ -216,7 +216,7 @@ class Shard:
         """Connect, declare and bind this shard's two queues, and consume them (no acks: speed).
 
         The exchanges must exist (the bench declares the topology first, as the definitions file does in
-        production): a shard only checks them, since ``bot`` may not declare exchanges.
+        production): a shard only checks them, since a shard's user may not declare exchanges.
         """
         await self.link.open(
             self._on_result,

@@ -1,6 +1,6 @@
-"""A bot shard's AMQP side, as contracts/CONTRACT.md has it and the least-privilege ``bot`` user may.
+"""A bot shard's AMQP side, as contracts/CONTRACT.md has it and the shard's own user ``shard-<N>`` may.
 
-It checks the exchanges (passive: ``bot`` may not declare them), declares and binds its two durable queues
+It checks the exchanges (passive: shard users may not declare them), declares and binds its two durable queues
 ``tomori.shard.<id>.results`` and ``.notifications`` with ``shard.<id>``, consumes them on a channel of
 their own, and publishes tool-call events persistent, confirmed, on a confirm-mode channel. What it does
 with what comes back is its owner's: the e2e harness records every message (tests/e2e/harness.py), the

@@ -57,7 +57,7 @@ class Received:
 class Shard:
     """A bot shard: publishes tool-call events and records every result and notice (plain JSON).
 
-    The AMQP side is ``sim.shard.ShardLink``, the contract's queue pattern the least-privilege ``bot`` user
+    The AMQP side is ``sim.shard.ShardLink``, the contract's queue pattern a shard's own user
     may use (the bench's shards use it too), on a robust connection, acking each message it records. The
     queues outlive it, like a real shard's over a restart, until the test's vhost goes; two shards with the
     same id at once would share them (no test does). ``declare_exchanges`` first declares the exchanges,

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import copy
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -30,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
@@ -82,18 +84,60 @@ DEFAULT_DELAYS = retry_delays(
 )
 #: development passwords (deploy/README.md); the file holds only their hashes
 DEV_PASSWORDS = {
-    "bot": "bot-dev-password",
+    "shard-0": "shard-0-dev-password",
+    "shard-1": "shard-1-dev-password",
     "worker": "worker-dev-password",
     "operator": "operator-dev-password",
     "keda": "keda-dev-password",
 }
+#: the shards the file ships users for (more come from deploy/rabbitmq/shard_users.py)
+SHIPPED_SHARDS = [0, 1]
 SHARD_ID = 7
+#: the other shard of the confinement tests (it tries to reach SHARD_ID's queues and keys)
+OTHER_SHARD = 5
+#: the shard ids the broker tests add users for, with deploy/rabbitmq/shard_users.py
+TEST_SHARDS = [OTHER_SHARD, SHARD_ID, SHARD_ID + 1, SHARD_ID + 2]
 WAIT_SECONDS = 15.0
 ADMIN_TIMEOUT = 60.0
 
 
+def load_script(name: str) -> ModuleType:
+    """A standard-library script of deploy/rabbitmq/ (not a package), imported by path."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "deploy" / "rabbitmq" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shard_users = load_script("shard_users")
+#: every user's password: the file's development ones, and those of the shard users the tests add
+PASSWORDS = DEV_PASSWORDS | {
+    shard_users.user_name(shard): f"shard-{shard}-test-password" for shard in TEST_SHARDS
+}
+
+
 def load_definitions() -> dict[str, Any]:
     return json.loads(DEFINITIONS_FILE.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def with_test_shards(definitions: dict[str, Any]) -> dict[str, Any]:
+    """The file plus users for TEST_SHARDS, made the way deploy/README.md tells an operator to."""
+    passwords = {shard: PASSWORDS[shard_users.user_name(shard)] for shard in TEST_SHARDS}
+    added = shard_users.definitions(TEST_SHARDS, "/", passwords)
+    return shard_users.merge(definitions, added)  # type: ignore[no-any-return]
+
+
+def shard_user(shard_id: int) -> str:
+    """The user of shard `shard_id` (a key of Deployed.urls)."""
+    return shard_users.user_name(shard_id)  # type: ignore[no-any-return]
+
+
+#: the user of SHARD_ID, the shard of most tests
+SHARD = shard_user(SHARD_ID)
+#: the user of OTHER_SHARD
+OTHER = shard_user(OTHER_SHARD)
 
 
 def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -149,6 +193,39 @@ def test_the_password_hashes_are_rabbitmq_sha256_hashes_of_the_development_passw
         raw = base64.b64decode(user["password_hash"])
         salt, digest = raw[:4], raw[4:]
         assert digest == hashlib.sha256(salt + DEV_PASSWORDS[name].encode()).digest(), name
+
+
+def test_the_shipped_shard_users_are_what_shard_users_py_makes() -> None:
+    """The file's shard users have exactly the permissions the script gives an operator's shards."""
+    definitions = load_definitions()
+    for shard_id in SHIPPED_SHARDS:
+        name = shard_users.user_name(shard_id)
+        (grant,) = [p for p in definitions["permissions"] if p["user"] == name]
+        assert grant == {"user": name, "vhost": "/", **shard_users.permissions(shard_id)}
+        topics = [t for t in definitions["topic_permissions"] if t["user"] == name]
+        assert topics == [{"user": name, "vhost": "/", **t} for t in shard_users.topic_permissions(shard_id)]
+    assert not [u for u in definitions["users"] if u["name"] == "bot"], "the shared bot user is gone"
+
+
+def test_shard_users_py_merges_and_prints_commands() -> None:
+    """`--merge` replaces a user's entries instead of repeating them; `commands` quotes every regex."""
+    once = shard_users.merge(load_definitions(), shard_users.definitions([0, 4], "/", {0: "a", 4: "b"}))
+    twice = shard_users.merge(once, shard_users.definitions([4], "/", {4: "c"}))
+    assert [u["name"] for u in twice["users"]].count("shard-4") == 1
+    assert [t["user"] for t in twice["topic_permissions"]].count("shard-4") == 3
+    assert [p["user"] for p in twice["permissions"]].count("shard-0") == 1
+    assert shard_users.shard_ids(["0-2", "5", "1"]) == [0, 1, 2, 5]
+    lines = shard_users.commands([12], "/tomori")
+    assert lines[0] == 'rabbitmqctl add_user shard-12 "${SHARD_12_PASSWORD:?}"'
+    assert lines[1] == (
+        "rabbitmqctl set_permissions -p /tomori shard-12 '^tomori\\.shard\\.12\\.(results|notifications)$' "
+        "'^(tomori\\.tool_calls|tomori\\.shard\\.12\\.(results|notifications))$' "
+        "'^(tomori\\.(tool_results|notifications)|tomori\\.shard\\.12\\.(results|notifications))$'"
+    )
+    assert (
+        lines[3]
+        == "rabbitmqctl set_topic_permissions -p /tomori shard-12 tomori.tool_results '^$' '^shard\\.12$'"
+    )
 
 
 def binding_set(definitions: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -333,7 +410,7 @@ def amqp_urls(url: str, vhost: str, suffix: str) -> dict[str, str]:
     parts = urlsplit(url)
     address = parts.netloc.rpartition("@")[2]
     urls = {}
-    for name, password in DEV_PASSWORDS.items():
+    for name, password in PASSWORDS.items():
         credentials = f"{quote(f'{name}-{suffix}', safe='')}:{quote(password, safe='')}"
         urls[name] = with_path(parts._replace(netloc=f"{credentials}@{address}").geturl(), "/" + quote(vhost))
     return urls
@@ -360,7 +437,7 @@ def imported(test_services: Services, *, with_topology: bool) -> Iterator[Deploy
         raise failure(error) from None
     suffix = secrets.token_hex(4)
     vhost = f"ltm-deploy-{suffix}"
-    definitions = isolated(load_definitions(), vhost, suffix)
+    definitions = isolated(with_test_shards(load_definitions()), vhost, suffix)
     if not with_topology:
         for key in ("exchanges", "queues", "bindings"):
             definitions[key] = []
@@ -424,7 +501,7 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
     """worker run's start-up and publishes, a shard's publish and consume, worker dlq list and replay."""
     async with (
         deployed.connect("worker") as worker,
-        deployed.connect("bot") as bot,
+        deployed.connect(SHARD) as bot,
         deployed.connect("operator") as operator,
     ):
         # worker run: the start-up declares (PRECONDITION_FAILED here if the file's arguments drifted)
@@ -530,7 +607,8 @@ async def test_the_worker_user_may_create_the_whole_topology_on_a_broker_without
 async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
     test_services: Services, migrated_dsn: str, redis_url: str, tmp_path: Path
 ) -> None:
-    """The real `worker run` process, connected as `worker`: start-up declares, consume, DLQ publish, stop."""
+    """The real `worker run` process, connected as `worker`: start-up declares, consume, a result and notice
+    to a shard connected as its own user, a DLQ publish, stop."""
     with imported(test_services, with_topology=True) as deployed:
         env = {key: value for key, value in os.environ.items() if not key.startswith("LTM_")}
         env |= {
@@ -543,7 +621,14 @@ async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
         process = await asyncio.to_thread(start_worker_run, env, log_path)
         try:
             await wait_for_log(process, log_path, "consuming")
-            async with deployed.connect("bot") as bot, deployed.connect("operator") as operator:
+            # a shard, as its own user: declares and binds its queues, publishes an event, gets the answer
+            # (published by the worker as `worker`, mandatory and confirmed)
+            async with HarnessShard(deployed.urls[SHARD], SHARD_ID, declare_exchanges=False) as shard:
+                body = event_body({"memory_content": "x", "memory_scope": "server_wide"}, persona_id=1)
+                body["shard_id"] = SHARD_ID
+                await shard.publish(body)
+                await shard.wait_for_results([body["event_id"]], timeout=WAIT_SECONDS * 2)
+            async with deployed.connect(SHARD) as bot, deployed.connect("operator") as operator:
                 channel = await bot.channel(publisher_confirms=True, on_return_raises=True)
                 tool_calls = await channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
                 await tool_calls.publish(
@@ -715,6 +800,28 @@ def bind_own_queue(exchange: str, routing_key: str) -> Action:
     return action
 
 
+def declare_exchange(name: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        return await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+
+    return action
+
+
+def bind_work_queue(routing_key: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        queue = await channel.get_queue(TOPOLOGY.work_queue, ensure=False)
+        return await queue.bind(TOPOLOGY.tool_calls_exchange, routing_key=routing_key)
+
+    return action
+
+
+def get_from(queue: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        return await (await channel.get_queue(queue, ensure=False)).get(fail=False)
+
+    return action
+
+
 REFUSED: list[tuple[str, str, Action]] = [
     (
         "worker",
@@ -723,17 +830,29 @@ REFUSED: list[tuple[str, str, Action]] = [
     ),
     ("worker", "publish a result off the shard.<id> keys", publish(TOPOLOGY.results_exchange, "everyone")),
     ("worker", "declare a shard's queue", declare_queue(shard_queue("results"))),
-    ("bot", "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
+    (SHARD, "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
     (
-        "bot",
+        SHARD,
         "declare ltm.create_memory",
         declare_queue(TOPOLOGY.work_queue, work_queue_arguments(TOPOLOGY)),
     ),
-    ("bot", "consume the DLQ", consume(TOPOLOGY.dead_letter_queue)),
-    ("bot", "publish a forged result", publish(TOPOLOGY.results_exchange, f"shard.{SHARD_ID}")),
-    ("bot", "publish a tool call off the tool.<name> keys", publish(TOPOLOGY.tool_calls_exchange, "shard.1")),
-    ("bot", "bind its queue to every shard's results", bind_own_queue(TOPOLOGY.results_exchange, "#")),
-    ("bot", "bind its queue to tomori.tool_calls", bind_own_queue(TOPOLOGY.tool_calls_exchange, "#")),
+    (SHARD, "consume the DLQ", consume(TOPOLOGY.dead_letter_queue)),
+    (SHARD, "publish a forged result", publish(TOPOLOGY.results_exchange, f"shard.{SHARD_ID}")),
+    (SHARD, "publish a tool call off the tool.<name> keys", publish(TOPOLOGY.tool_calls_exchange, "shard.1")),
+    (SHARD, "bind its queue to every shard's results", bind_own_queue(TOPOLOGY.results_exchange, "#")),
+    (SHARD, "bind its queue to tomori.tool_calls", bind_own_queue(TOPOLOGY.tool_calls_exchange, "#")),
+    (SHARD, "publish through the default exchange", publish("", TOPOLOGY.work_queue)),
+    (SHARD, "declare a queue of another name", declare_queue("evil")),
+    (SHARD, "declare a server-named queue", declare_queue("")),
+    (SHARD, "declare an exchange", declare_exchange("evil.x")),
+    (
+        SHARD,
+        "bind its queue to every shard's results with shard.*",
+        bind_own_queue(TOPOLOGY.results_exchange, "shard.*"),
+    ),
+    ("worker", "bind the work queue to every tool's calls", bind_work_queue("#")),
+    ("worker", "read a shard's results", get_from(shard_queue("results"))),
+    ("operator", "bind the work queue to every tool's calls", bind_work_queue("#")),
     ("operator", "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
     ("operator", "publish a result", publish(TOPOLOGY.results_exchange, f"shard.{SHARD_ID}")),
     ("keda", "consume ltm.create_memory", consume(TOPOLOGY.work_queue)),
@@ -746,17 +865,19 @@ REFUSED: list[tuple[str, str, Action]] = [
     [pytest.param(user, action, id=f"{user} may not {what}") for user, what, action in REFUSED],
 )
 async def test_a_user_is_refused_what_it_does_not_need(deployed: Deployed, user: str, action: Action) -> None:
+    await shard_queues_exist(deployed, SHARD_ID)  # so a refusal is the permission, not a missing queue
     async with deployed.connect(user) as connection:
         channel = await connection.channel(publisher_confirms=True)
         with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
             await action(channel)
 
 
-async def test_the_shard_simulations_need_only_what_bot_may(deployed: Deployed) -> None:
-    """`worker bench`'s shards and the e2e harness's shard, connected as `bot`: each checks the exchanges,
-    declares and binds its own `tomori.shard.<id>.*` queues, and receives what the worker routes to it."""
+async def test_the_shard_simulations_need_only_what_a_shard_user_may(deployed: Deployed) -> None:
+    """`worker bench`'s shards and the e2e harness's shard, each connected as its shard's user: each
+    checks the exchanges, declares and binds its own `tomori.shard.<id>.*` queues, and receives what the
+    worker routes to it."""
     bench_id, harness_id = SHARD_ID + 1, SHARD_ID + 2
-    bench = BenchShard(bench_id, deployed.urls["bot"])
+    bench = BenchShard(bench_id, deployed.urls[shard_user(bench_id)])
     async with deployed.connect("worker") as worker:
         results = await (await worker.channel(publisher_confirms=True, on_return_raises=True)).get_exchange(
             TOPOLOGY.results_exchange, ensure=False
@@ -769,18 +890,384 @@ async def test_the_shard_simulations_need_only_what_bot_may(deployed: Deployed) 
         finally:
             await bench.close()
 
-        async with HarnessShard(deployed.urls["bot"], harness_id, declare_exchanges=False) as shard:
+        async with HarnessShard(
+            deployed.urls[shard_user(harness_id)], harness_id, declare_exchanges=False
+        ) as shard:
             await shard.publish(event_body({}, persona_id=1), routing_key="tool.not_bound_here")
             await results.publish(
                 aio_pika.Message(b'{"event_id": "harness"}'), f"shard.{harness_id}", mandatory=True
             )
             await shard.wait_for_results(["harness"], timeout=WAIT_SECONDS)
 
-    async with deployed.connect("bot") as bot:
+    async with deployed.connect(shard_user(bench_id)) as bot:
         channel = await bot.channel()
         with pytest.raises(aiormq.exceptions.ChannelNotFoundEntity):
             await channel.get_queue(shard_queue_name(bench_id, "results"))  # the bench deletes its queues
+    async with deployed.connect(shard_user(harness_id)) as bot:
         channel = await bot.channel()
         for kind in ("results", "notifications"):
-            # the harness leaves its own, as a shard does over a restart; bot may delete them
+            # the harness leaves its own, as a shard does over a restart; its user may delete them
             await (await channel.get_queue(shard_queue_name(harness_id, kind))).delete()
+
+
+# --- security review 3, section 4: every row, before and after per-shard users ------------------------------
+#
+# Before, every shard connected as the one `bot` user, whose regexes matched every shard's queues and keys.
+# Now shard N connects as `shard-N` (deploy/rabbitmq/shard_users.py). OTHER_SHARD plays the shard that reaches
+# for SHARD_ID's traffic; SHARD_ID's queues are declared by its own user first.
+
+
+async def shard_queues_exist(deployed: Deployed, shard_id: int) -> None:
+    """The shard's two queues, declared and bound by its own user as CONTRACT.md section 2 says."""
+    async with deployed.connect(shard_user(shard_id)) as connection:
+        channel = await connection.channel()
+        for kind, exchange in (
+            ("results", TOPOLOGY.results_exchange),
+            ("notifications", TOPOLOGY.notifications_exchange),
+        ):
+            queue = await channel.declare_queue(shard_queue_name(shard_id, kind), durable=True)
+            await queue.bind(exchange, routing_key=f"shard.{shard_id}")
+
+
+async def queue_depth(deployed: Deployed, name: str) -> int:
+    async with deployed.connect("worker") as connection:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(name, passive=True)
+        return declared.declaration_result.message_count or 0
+
+
+async def publish_to_shard(deployed: Deployed, shard_id: int, body: bytes) -> None:
+    """A result and a notice for `shard_id`, as the worker publishes them (mandatory, confirmed)."""
+    async with deployed.connect("worker") as connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        for name in (TOPOLOGY.results_exchange, TOPOLOGY.notifications_exchange):
+            exchange = await channel.get_exchange(name, ensure=False)
+            await exchange.publish(aio_pika.Message(body), f"shard.{shard_id}", mandatory=True)
+
+
+async def is_refused(deployed: Deployed, user: str, action: Action) -> bool:
+    """Whether `user` gets ACCESS_REFUSED doing `action` (on a channel of its own: a refusal closes it)."""
+    async with deployed.connect(user) as connection:
+        channel = await connection.channel(publisher_confirms=True)
+        try:
+            await action(channel)
+        except aiormq.exceptions.ChannelAccessRefused:
+            return True
+        return False
+
+
+def bind_queue(queue: str, exchange: str, routing_key: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        return await (await channel.get_queue(queue, ensure=False)).bind(exchange, routing_key=routing_key)
+
+    return action
+
+
+def purge(queue: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        return await (await channel.get_queue(queue, ensure=False)).purge()
+
+    return action
+
+
+def delete(queue: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        return await channel.queue_delete(queue)
+
+    return action
+
+
+def bind_exchange(destination: str, source: str, routing_key: str) -> Action:
+    async def action(channel: AbstractChannel) -> object:
+        target = await channel.get_exchange(destination, ensure=False)
+        return await target.bind(source, routing_key=routing_key)
+
+    return action
+
+
+async def test_a_shard_does_everything_the_contract_asks_with_its_own_queues(deployed: Deployed) -> None:
+    """Allowed, as `shard-N`: declare (classic or quorum), bind with `shard.N`, consume, get, purge, unbind,
+    delete and declare again its own queues; publish a tool call (mandatory, confirmed)."""
+    own = OTHER_SHARD
+    results, notices = (shard_queue_name(own, kind) for kind in ("results", "notifications"))
+    async with deployed.connect(OTHER) as connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        result_queue = await channel.declare_queue(results, durable=True)
+        notice_queue = await channel.declare_queue(
+            notices, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await result_queue.bind(TOPOLOGY.results_exchange, routing_key=f"shard.{own}")
+        await notice_queue.bind(TOPOLOGY.notifications_exchange, routing_key=f"shard.{own}")
+
+        await publish_to_shard(deployed, own, b'{"event_id": "own-1"}')
+        assert (await get_one(result_queue)).body == b'{"event_id": "own-1"}'
+        got: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        tag = await notice_queue.consume(got.put, no_ack=True)
+        assert (await asyncio.wait_for(got.get(), WAIT_SECONDS)).body == b'{"event_id": "own-1"}'
+        await notice_queue.cancel(tag)
+
+        await publish_to_shard(deployed, own, b'{"event_id": "own-2"}')
+        await result_queue.purge()
+        await result_queue.unbind(TOPOLOGY.results_exchange, routing_key=f"shard.{own}")
+        await result_queue.delete(if_unused=False, if_empty=False)
+        await notice_queue.delete(if_unused=False, if_empty=False)
+        await channel.declare_queue(results, durable=True)  # declared again after a delete
+        await channel.queue_delete(results)
+
+        event_id = str(uuid.uuid4())
+        tool_calls = await channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+        body = json.dumps(event_body({}, persona_id=1, event_id=event_id, shard_id=own)).encode()
+        await tool_calls.publish(
+            aio_pika.Message(body, message_id=event_id), TOPOLOGY.routing_keys[0], mandatory=True
+        )
+    await take_from_work_queue(deployed, event_id)
+
+
+async def take_from_work_queue(deployed: Deployed, event_id: str) -> None:
+    """The event `event_id` is the next message of the work queue; take it (other tests read that queue)."""
+    async with deployed.connect("worker") as connection:
+        channel = await connection.channel()
+        message = await get_one(await channel.get_queue(TOPOLOGY.work_queue, ensure=False))
+        await message.ack()
+    assert message.message_id == event_id
+
+
+async def test_a_shard_can_no_longer_reach_another_shards_queues_or_keys(deployed: Deployed) -> None:
+    """Review rows 2 and 3: `shard-5` binding its own queues with `shard.7`, and get, purge, delete, consume
+    of shard 7's queues. Before: all allowed (a copy of shard 7's result and notice, a result read, a queue
+    purged, a queue deleted). After: each one ACCESS_REFUSED, and shard 7's messages stay where they were."""
+    await shard_queues_exist(deployed, OTHER_SHARD)
+    await shard_queues_exist(deployed, SHARD_ID)
+    victim = {kind: shard_queue_name(SHARD_ID, kind) for kind in ("results", "notifications")}
+    for kind in victim:
+        async with deployed.connect(SHARD) as connection:
+            await (await (await connection.channel()).get_queue(victim[kind], ensure=False)).purge()
+    await publish_to_shard(deployed, SHARD_ID, b'{"event_id": "for-shard-7"}')
+
+    attempts = {
+        "bind own results with shard.7": bind_queue(
+            shard_queue_name(OTHER_SHARD, "results"), TOPOLOGY.results_exchange, f"shard.{SHARD_ID}"
+        ),
+        "bind own notifications with shard.7": bind_queue(
+            shard_queue_name(OTHER_SHARD, "notifications"),
+            TOPOLOGY.notifications_exchange,
+            f"shard.{SHARD_ID}",
+        ),
+        "bind tool_calls to shard 7's results (exchange to exchange)": bind_exchange(
+            TOPOLOGY.tool_calls_exchange, TOPOLOGY.results_exchange, f"shard.{SHARD_ID}"
+        ),
+        "get shard 7's result": get_from(victim["results"]),
+        "consume shard 7's notices": consume(victim["notifications"]),
+        "purge shard 7's results": purge(victim["results"]),
+        "delete shard 7's notifications queue": delete(victim["notifications"]),
+    }
+    allowed = [what for what, action in attempts.items() if not await is_refused(deployed, OTHER, action)]
+    assert allowed == []
+
+    # nothing moved: shard 7 still has its result and notice, shard 5 got no copy
+    await publish_to_shard(deployed, SHARD_ID, b'{"event_id": "for-shard-7-again"}')
+    assert [await queue_depth(deployed, victim[kind]) for kind in victim] == [2, 2]
+    other = [shard_queue_name(OTHER_SHARD, kind) for kind in ("results", "notifications")]
+    assert [await queue_depth(deployed, name) for name in other] == [0, 0]
+    for kind in victim:
+        async with deployed.connect(SHARD) as connection:
+            await (await (await connection.channel()).get_queue(victim[kind], ensure=False)).purge()
+
+
+async def test_a_shard_cannot_squat_a_future_shards_queue(deployed: Deployed) -> None:
+    """Review row 4. Before: `bot` pre-declared `tomori.shard.8.results` with `x-max-length: 0` and shard 8's
+    own declare then failed with PRECONDITION_FAILED. After: the pre-declare is refused; shard 8 declares."""
+    future = SHARD_ID + 1
+    name = shard_queue_name(future, "results")
+    squat = declare_queue(name, {"x-max-length": 0})
+    assert await is_refused(deployed, OTHER, squat)
+    async with deployed.connect(shard_user(future)) as connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(name, durable=True)
+        await queue.bind(TOPOLOGY.results_exchange, routing_key=f"shard.{future}")
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_known_limit_a_shard_may_still_publish_an_event_naming_another_shard(
+    deployed: Deployed,
+) -> None:
+    """Review row 5, unchanged and documented (deploy/README.md): the broker checks the routing key, not the
+    body, so `shard-5` may publish an event that says `shard_id: 7` and names any guild."""
+    event_id = str(uuid.uuid4())
+    body = json.dumps(event_body({}, persona_id=1, event_id=event_id, shard_id=SHARD_ID)).encode()
+    async with deployed.connect(OTHER) as connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        tool_calls = await channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+        await tool_calls.publish(
+            aio_pika.Message(body, message_id=event_id), TOPOLOGY.routing_keys[0], mandatory=True
+        )
+    await take_from_work_queue(deployed, event_id)
+
+
+async def test_the_worker_may_bind_only_the_tool_calls_it_serves(deployed: Deployed) -> None:
+    """Review row 9. Before: `worker` (and `operator`) could bind `ltm.create_memory` to `tomori.tool_calls`
+    with `#`, pulling every tool's calls in. After: only the two keys of CONTRACT.md are allowed."""
+    for user in ("worker", "operator"):
+        for key in ("#", "tool.*", "tool.some_other_tool"):
+            assert await is_refused(deployed, user, bind_work_queue(key)), (user, key)
+        for key in TOPOLOGY.routing_keys:
+            assert not await is_refused(deployed, user, bind_work_queue(key)), (user, key)
+
+
+async def test_known_limit_the_worker_may_still_reach_any_queue_through_the_default_exchange(
+    deployed: Deployed,
+) -> None:
+    """Review row 7, unchanged and documented (README "Known limits"): the worker parks retries through the
+    default exchange, so it has write on `amq.default`, and RabbitMQ checks no queue name there (the write
+    regex's queue names are not consulted: a user with write on `ltm.create_memory.retry.1000` but not on
+    `amq.default` is refused even that queue). So `worker` can put a message into a shard's queue by name."""
+    await shard_queues_exist(deployed, SHARD_ID)
+    victim = shard_queue_name(SHARD_ID, "results")
+    before = await queue_depth(deployed, victim)
+    assert not await is_refused(deployed, "worker", publish("", victim))
+    deadline = time.monotonic() + WAIT_SECONDS
+    while await queue_depth(deployed, victim) == before:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    async with deployed.connect(SHARD) as connection:
+        await (await (await connection.channel()).get_queue(victim, ensure=False)).purge()
+
+
+#: the shared user of earlier definitions files (deploy/README.md "Migrating from the shared `bot` user")
+OLD_BOT_PERMISSIONS = {
+    "configure": r"^tomori\.shard\.[0-9]+\.(results|notifications)$",
+    "write": r"^(tomori\.tool_calls|tomori\.shard\.[0-9]+\.(results|notifications))$",
+    "read": r"^(tomori\.(tool_results|notifications)|tomori\.shard\.[0-9]+\.(results|notifications))$",
+}
+OLD_BOT_TOPICS = [
+    {"exchange": TOPOLOGY.tool_calls_exchange, "write": r"^tool\.[A-Za-z0-9_]+$", "read": "^$"},
+    {"exchange": TOPOLOGY.results_exchange, "write": "^$", "read": r"^shard\.[0-9]+$"},
+    {"exchange": TOPOLOGY.notifications_exchange, "write": "^$", "read": r"^shard\.[0-9]+$"},
+]
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """`url` (a Deployed URL) with other credentials."""
+    parts = urlsplit(url)
+    address = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{address}").geturl()
+
+
+async def test_the_migration_from_the_shared_bot_user(test_services: Services) -> None:
+    """deploy/README.md's steps on a broker where shards ran as `bot`: the shard users exist beside `bot`; a
+    shard's queues (declared by `bot`, a result waiting) are taken over by its own user with nothing lost; the
+    binding `bot` left on another shard's queue is visible and its user cannot remove it; then `bot` goes and
+    the shard works on."""
+    with imported(test_services, with_topology=True) as deployed:
+        bot = f"bot-{secrets.token_hex(4)}"
+        bot_password = "bot-dev-password"
+        try:
+            deployed.admin.import_definitions(
+                {
+                    "users": [
+                        {
+                            "name": bot,
+                            "password_hash": shard_users.password_hash(bot_password),
+                            "hashing_algorithm": "rabbit_password_hashing_sha256",
+                            "tags": [],
+                            "limits": {},
+                        }
+                    ],
+                    "permissions": [{"user": bot, "vhost": deployed.vhost, **OLD_BOT_PERMISSIONS}],
+                    "topic_permissions": [
+                        {"user": bot, "vhost": deployed.vhost, **topic} for topic in OLD_BOT_TOPICS
+                    ],
+                }
+            )
+            bot_url = with_user(deployed.urls["worker"], bot, bot_password)
+            deadline = time.monotonic() + WAIT_SECONDS
+            while True:  # rabbitmqctl's import is asynchronous
+                try:
+                    bot_connection = await aio_pika.connect(bot_url, timeout=10)
+                    break
+                except Exception:
+                    assert time.monotonic() < deadline, "the bot user was not imported"
+                    await asyncio.sleep(0.2)
+
+            # before: shard 7 and shard 5 run as `bot`; `bot` also bound shard 5's queue with shard 7's key
+            try:
+                channel = await bot_connection.channel()
+                for shard_id in (SHARD_ID, OTHER_SHARD):
+                    for kind, exchange in (
+                        ("results", TOPOLOGY.results_exchange),
+                        ("notifications", TOPOLOGY.notifications_exchange),
+                    ):
+                        queue = await channel.declare_queue(shard_queue_name(shard_id, kind), durable=True)
+                        await queue.bind(exchange, routing_key=f"shard.{shard_id}")
+                rogue = await channel.get_queue(shard_queue_name(OTHER_SHARD, "results"), ensure=False)
+                await rogue.bind(TOPOLOGY.results_exchange, routing_key=f"shard.{SHARD_ID}")
+            finally:
+                await bot_connection.close()
+            await publish_to_shard(deployed, SHARD_ID, b'{"event_id": "waiting"}')
+
+            # step 3: shard 7 restarts as shard-7; its queue and the waiting result are there
+            async with HarnessShard(deployed.urls[SHARD], SHARD_ID, declare_exchanges=False) as shard:
+                await shard.wait_for_results(["waiting"], timeout=WAIT_SECONDS)
+                # step 4: the binding `bot` left is listed, and shard 5's own user cannot remove it
+                leftover = (
+                    TOPOLOGY.results_exchange,
+                    shard_queue_name(OTHER_SHARD, "results"),
+                    f"shard.{SHARD_ID}",
+                )
+                assert leftover in deployed.admin.bindings(deployed.vhost)
+                rebind = bind_queue(leftover[1], leftover[0], leftover[2])
+
+                async def remove(channel: AbstractChannel) -> object:
+                    return await (await channel.get_queue(leftover[1], ensure=False)).unbind(
+                        leftover[0], routing_key=leftover[2]
+                    )
+
+                assert await is_refused(deployed, OTHER, remove)
+                assert await is_refused(deployed, OTHER, rebind)
+
+                # step 5: bot deleted; shard 7 keeps receiving as its own user
+                deployed.admin.delete_user(bot)
+                await publish_to_shard(deployed, SHARD_ID, b'{"event_id": "after"}')
+                await shard.wait_for_results(["after"], timeout=WAIT_SECONDS)
+            with pytest.raises(aiormq.exceptions.ProbableAuthenticationError):
+                await aio_pika.connect(bot_url, timeout=10)
+        finally:
+            deployed.admin.delete_user(bot)
+
+
+async def test_the_printed_rabbitmqctl_commands_make_a_working_confined_shard_user(
+    test_services: Services,
+) -> None:
+    """`shard_users.py commands N` run by a shell as printed: shard N gets its result, and is refused another
+    shard's key. Needs rabbitmqctl on the broker's machine (what the commands are for)."""
+    with imported(test_services, with_topology=True) as deployed:
+        if not isinstance(deployed.admin, RabbitmqctlAdmin):
+            pytest.skip("the broker is administered through the management API here, not rabbitmqctl")
+        shard_id = 1_000_000 + secrets.randbelow(9_000_000)  # a user name no one else on the broker has
+        name, password = shard_users.user_name(shard_id), secrets.token_hex(12)
+        script = "\n".join(shard_users.commands([shard_id], deployed.vhost))
+        try:
+            done = await asyncio.to_thread(
+                subprocess.run,
+                ["bash", "-euo", "pipefail", "-c", script],
+                env=os.environ | {f"SHARD_{shard_id}_PASSWORD": password},
+                capture_output=True,
+                text=True,
+                timeout=ADMIN_TIMEOUT * 6,
+                check=False,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            url = with_user(deployed.urls["worker"], name, password)
+            async with HarnessShard(url, shard_id, declare_exchanges=False) as shard:
+                await publish_to_shard(deployed, shard_id, b'{"event_id": "printed"}')
+                await shard.wait_for_results(["printed"], timeout=WAIT_SECONDS)
+            connection = await aio_pika.connect(url, timeout=10)
+            try:
+                channel = await connection.channel()
+                queue = await channel.get_queue(shard_queue_name(shard_id, "results"), ensure=False)
+                with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+                    await queue.bind(TOPOLOGY.results_exchange, routing_key=f"shard.{SHARD_ID}")
+            finally:
+                await connection.close()
+        finally:
+            deployed.admin.delete_user(name)

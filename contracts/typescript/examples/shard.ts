@@ -14,7 +14,8 @@ declare const caches: { dropServer(id: string): void; dropUser(id: string): void
 declare function postEmbed(channelId: string, webhookId: string | null, embed: object, fullContent: string | null): Promise<void>;
 
 const ltm = await LtmClient.connect({
-  url: process.env.LTM_RABBITMQ_URL ?? "amqp://bot:bot-dev-password@127.0.0.1:5672/",
+  // the shard's own RabbitMQ user (deploy/README.md): shard-<shardId>, confined to this shard's queues
+  url: process.env.LTM_RABBITMQ_URL ?? `amqp://shard-${shardId}:shard-${shardId}-dev-password@127.0.0.1:5672/`,
   shardId,
   onNotice: async (notification) => {
     const { embed, fullContent, expandable } = noticeToEmbed(notification);

@@ -19,7 +19,7 @@ export const TOOL_CALLS_EXCHANGE = "tomori.tool_calls";
 export const TOOL_RESULTS_EXCHANGE = "tomori.tool_results";
 export const NOTIFICATIONS_EXCHANGE = "tomori.notifications";
 
-/** The shard's own durable queues (deploy/README.md; the `bot` user may declare only these). */
+/** The shard's own durable queues (deploy/README.md; the shard's user `shard-<id>` may declare only these). */
 export function shardQueues(shardId: number): { results: string; notifications: string; routingKey: string } {
   return {
     results: `tomori.shard.${shardId}.results`,
@@ -54,7 +54,7 @@ export interface LateResultInfo {
 }
 
 export interface LtmClientOptions {
-  /** AMQP URL with the vhost, e.g. `amqp://bot:secret@rabbitmq:5672/`. */
+  /** AMQP URL with the vhost, e.g. `amqp://shard-3:secret@rabbitmq:5672/` (the shard's own user). */
   url: string;
   /** This shard's id (integer >= 0): results and notices come back with routing key `shard.<id>`. */
   shardId: number;
@@ -245,7 +245,7 @@ export class LtmClient {
     const { results, notifications, routingKey } = shardQueues(this.options.shardId);
     const consumer = await model.createChannel();
     this.watch(model, consumer, "consumer");
-    // passive checks only: the `bot` user may not declare the exchanges (they come from the definitions)
+    // passive checks only: a shard's user may not declare the exchanges (they come from the definitions)
     for (const exchange of [TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, NOTIFICATIONS_EXCHANGE]) {
       await consumer.checkExchange(exchange);
     }

@@ -1,7 +1,8 @@
-// Case 8: the client runs as a user with exactly the `bot` permissions of deploy/rabbitmq/definitions.json,
-// and that user cannot declare an exchange: the kit needs nothing more than the shipped definitions give.
+// Case 8: the client runs as a shard's own user, made by deploy/rabbitmq/shard_users.py exactly as an operator
+// makes one (deploy/README.md; the Python suite checks the shipped `shard-0`/`shard-1` are the script's too). The
+// kit needs nothing more; what it deliberately does not do, and another shard's queues and keys, are refused.
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { test } from "node:test";
 
@@ -10,27 +11,50 @@ import * as amqp from "amqplib";
 import { REPO_ROOT, Stack, hex, rabbitmqctl } from "./harness.js";
 import { callId, connectClient, worldContext } from "./kit.js";
 
-interface Definitions {
+/** The shard id of connectClient (test/kit.ts). */
+const SHARD_ID = 3;
+const OTHER_SHARD = 4;
+
+interface ShardDefinitions {
   permissions: Array<{ user: string; configure: string; write: string; read: string }>;
   topic_permissions: Array<{ user: string; exchange: string; write: string; read: string }>;
 }
 
-test("as the `bot` user of the definitions: the client works, assertExchange is refused", async () => {
-  const definitions = JSON.parse(readFileSync(join(REPO_ROOT, "deploy/rabbitmq/definitions.json"), "utf8")) as Definitions;
-  const bot = definitions.permissions.find((p) => p.user === "bot");
-  assert.ok(bot, "definitions.json has a bot user");
-  const topics = definitions.topic_permissions.filter((p) => p.user === "bot");
-  assert.ok(topics.length > 0);
+function shardDefinitions(shardId: number, vhost: string, password: string): ShardDefinitions {
+  const script = join(REPO_ROOT, "deploy/rabbitmq/shard_users.py");
+  const output = execFileSync(
+    process.env.PYTHON ?? "python3",
+    [script, "definitions", String(shardId), "--vhost", vhost, "--passwords", "-"],
+    { input: `${password}\n`, encoding: "utf8" },
+  );
+  return JSON.parse(output) as ShardDefinitions;
+}
 
+async function refused(url: string, what: (channel: amqp.Channel) => Promise<unknown>): Promise<void> {
+  const raw = await amqp.connect(url);
+  try {
+    const channel = await raw.createChannel();
+    channel.on("error", () => {});
+    await assert.rejects(what(channel), /ACCESS_REFUSED/);
+  } finally {
+    await raw.close().catch(() => {});
+  }
+}
+
+test("as its shard's own user: the client works; assertExchange and another shard's queues and keys are refused", async () => {
   const stack = await Stack.create();
-  const user = `ltm-ts-bot-${hex()}`;
+  const user = `ltm-ts-shard-${SHARD_ID}-${hex()}`;
   const password = hex() + hex();
   try {
     await stack.worker(); // declares the topology as an admin would, with the definitions
     const vhost = stack.vhost ?? "/";
+    const shard = shardDefinitions(SHARD_ID, vhost, password);
+    const [grant] = shard.permissions;
+    assert.ok(grant);
+    assert.equal(shard.topic_permissions.length, 3);
     await rabbitmqctl(["add_user", user, password]);
-    await rabbitmqctl(["set_permissions", "-p", vhost, user, bot.configure, bot.write, bot.read]);
-    for (const t of topics) {
+    await rabbitmqctl(["set_permissions", "-p", vhost, user, grant.configure, grant.write, grant.read]);
+    for (const t of shard.topic_permissions) {
       await rabbitmqctl(["set_topic_permissions", "-p", vhost, user, t.exchange, t.write, t.read]);
     }
     const url = new URL(stack.amqpUrl);
@@ -50,15 +74,22 @@ test("as the `bot` user of the definitions: the client works, assertExchange is 
       await kit.client.close();
     }
 
-    // what the kit deliberately does not do needs more than `bot` has
-    const raw = await amqp.connect(url.toString());
-    try {
-      const channel = await raw.createChannel();
-      channel.on("error", () => {});
-      await assert.rejects(channel.assertExchange("tomori.tool_calls", "topic", { durable: true }), /ACCESS_REFUSED/);
-    } finally {
-      await raw.close().catch(() => {});
-    }
+    // a client told another shard id than its user's: connect fails (it may not declare shard 4's queues)
+    await assert.rejects(
+      connectClient(url.toString(), { shardId: OTHER_SHARD, reconnect: { initialDelayMs: 50, maxDelayMs: 100, startupRetries: 1 } }),
+      /ACCESS_REFUSED/,
+    );
+
+    // what the kit deliberately does not do needs more than a shard's user has
+    await refused(url.toString(), (ch) => ch.assertExchange("tomori.tool_calls", "topic", { durable: true }));
+    // another shard's queues and keys
+    await refused(url.toString(), (ch) => ch.assertQueue(`tomori.shard.${OTHER_SHARD}.results`, { durable: true }));
+    await refused(url.toString(), (ch) =>
+      ch.bindQueue(`tomori.shard.${SHARD_ID}.results`, "tomori.tool_results", `shard.${OTHER_SHARD}`),
+    );
+    await refused(url.toString(), (ch) =>
+      ch.bindQueue(`tomori.shard.${SHARD_ID}.notifications`, "tomori.notifications", "#"),
+    );
   } finally {
     await rabbitmqctl(["delete_user", user]).catch(() => {});
     await stack.dispose();
