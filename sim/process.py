@@ -32,9 +32,18 @@ class ModuleProcess:
     """``python -m module *args`` as a child process with its own log file (appended to)."""
 
     def __init__(
-        self, module: str, args: Sequence[str], env: Mapping[str, str], log_path: Path, name: str
+        self,
+        module: str,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        name: str,
+        *,
+        cwd: Path = CHECKOUT,
     ) -> None:
+        """``cwd``: the checkout the module is imported from (another one runs that one's code)."""
         self.module = module
+        self.cwd = cwd
         self.args = list(args)
         self.env = dict(env)
         self.log_path = log_path
@@ -47,7 +56,7 @@ class ModuleProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module, *self.args, *extra],
-                cwd=CHECKOUT,
+                cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

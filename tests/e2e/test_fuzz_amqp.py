@@ -26,11 +26,13 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from contracts.models import Status
+from sim import amqp_raw as raw
 from sim.shard import TOOL_ROUTING_KEY
-from tests import amqp_raw as raw
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, queue_depth
 from tests.factories import event_body
+from worker.broker import content_header
+from worker.broker.content_header import UNDECODABLE
 
 pytestmark = pytest.mark.e2e
 
@@ -151,6 +153,7 @@ def event_id_of(body: bytes) -> str | None:
 async def drain_dead_letters(url: str, wanted: set[bytes], deadline: float) -> Counter[bytes]:
     """Take every dead letter until each ``wanted`` body was seen or the deadline; counts by body."""
     seen: Counter[bytes] = Counter()
+    content_header.install()  # read what the broker hands out as the worker does, and say what it was
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel()
@@ -161,6 +164,9 @@ async def drain_dead_letters(url: str, wanted: set[bytes], deadline: float) -> C
                 await asyncio.sleep(0.1)
                 continue
             seen[message.body] += 1
+            # every dead letter here must be the worker's own copy, which is always decodable: one that is
+            # not came from the broker (a delivery the worker never settled)
+            assert UNDECODABLE not in (message.headers or {}), (message.headers, message.body[:200])
         # a short quiet period: anything dead-lettered twice would show up now
         quiet = time.monotonic() + 1.0
         while time.monotonic() < quiet:

@@ -15,8 +15,8 @@ import aiormq
 import pytest
 
 from contracts.models import DeadLetterKind
+from sim import amqp_raw as raw
 from sim.shard import TOOL_ROUTING_KEY
-from tests import amqp_raw as raw
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, take_dead_letters
 from tests.factories import event_body

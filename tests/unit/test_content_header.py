@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from tests import amqp_raw as raw
+from sim import amqp_raw as raw
 from worker.broker import content_header
 from worker.broker.content_header import UNDECODABLE
 

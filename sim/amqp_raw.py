@@ -1,5 +1,6 @@
-"""Content headers byte by byte, for tests that publish what no client library would encode: out-of-range
-timestamps, keys and strings that are not UTF-8, unknown field types, tables nested thousands deep.
+"""Content headers byte by byte, for the tests and the bench that publish what no client library would
+encode: out-of-range timestamps, keys and strings that are not UTF-8, unknown field types, tables nested
+thousands deep.
 
 :class:`RawProperties` goes where aiormq takes a ``Basic.Properties``: its ``marshal`` returns the bytes
 given.
