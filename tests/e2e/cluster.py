@@ -12,6 +12,7 @@ busy-waiting off so three idle nodes do not burn the machine's cores.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,8 +23,16 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.e2e.conftest import Stack
+from tests.factories import BotRows
+from worker.store.migrate import apply_migrations
 
 #: Debian's real scripts (the /usr/sbin ones are wrappers that change user)
 DEBIAN_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -233,3 +242,40 @@ class RabbitCluster:
             if node.name == name:
                 return node
         raise AssertionError(f"{name} is not a node of this cluster")
+
+
+@contextlib.contextmanager
+def private_rabbitmq(size: int, *, why: str, config: str = "") -> Iterator[RabbitCluster]:
+    """``size`` private nodes (joined into one cluster when more than one), stopped and removed after; the
+    test is skipped (failed under CI) when rabbitmq-server is not installed. ``why``: what they are for."""
+    bin_dir = find_server()
+    if bin_dir is None:
+        message = f"rabbitmq-server is not installed: {why}"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (CI must install it)")
+        pytest.skip(message)
+    cluster = RabbitCluster(bin_dir, size, config=config)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+@contextlib.asynccontextmanager
+async def stack_on(
+    cluster: RabbitCluster, postgres_dsn: str, redis_url: str, log_dir: Path
+) -> AsyncIterator[Stack]:
+    """A stack whose broker is ``cluster``: its own vhost there, a migrated database, Redis; its workers
+    killed and the vhost deleted after."""
+    vhost = f"ltm-test-{secrets.token_hex(4)}"
+    await asyncio.to_thread(cluster.add_vhost, vhost)
+    await apply_migrations(postgres_dsn)
+    conn = await asyncpg.connect(postgres_dsn)
+    stack = Stack(postgres_dsn, cluster.nodes[0].url(vhost), redis_url, log_dir, BotRows(conn))
+    try:
+        yield stack
+    finally:
+        for process in stack.workers:
+            process.kill()
+        await conn.close()
+        await asyncio.to_thread(cluster.delete_vhost, vhost)

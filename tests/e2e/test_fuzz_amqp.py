@@ -164,9 +164,10 @@ async def drain_dead_letters(url: str, wanted: set[bytes], deadline: float) -> C
                 await asyncio.sleep(0.1)
                 continue
             seen[message.body] += 1
-            # every dead letter here must be the worker's own copy, which is always decodable: one that is
-            # not came from the broker (a delivery the worker never settled)
-            assert UNDECODABLE not in (message.headers or {}), (message.headers, message.body[:200])
+            # every dead letter here must be the worker's own copy: one without its x-ltm-error-kind came
+            # from the broker (a delivery the worker never settled, dead-lettered at the delivery limit)
+            headers = message.headers or {}
+            assert "x-ltm-error-kind" in headers, (headers.get("x-death"), headers.get(UNDECODABLE))
         # a short quiet period: anything dead-lettered twice would show up now
         quiet = time.monotonic() + 1.0
         while time.monotonic() < quiet:

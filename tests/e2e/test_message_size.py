@@ -4,24 +4,19 @@ it. A private single-node broker with the shipped setting (the machine's own bro
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiormq
-import asyncpg
 import pytest
 
 from contracts.models import MAX_BODY_BYTES
 from sim.shard import TOOL_ROUTING_KEY
-from tests.e2e.cluster import RabbitCluster, find_server
+from tests.e2e.cluster import RabbitCluster, private_rabbitmq, stack_on
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, take_dead_letters
-from tests.factories import BotRows, event_body
-from worker.store.migrate import apply_migrations
+from tests.factories import event_body
 
 pytestmark = pytest.mark.e2e
 
@@ -47,35 +42,17 @@ def peak_rss(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def sized_broker() -> Iterator[RabbitCluster]:
-    bin_dir = find_server()
-    if bin_dir is None:
-        message = "rabbitmq-server is not installed: this test starts a private node"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI must install it)")
-        pytest.skip(message)
-    node = RabbitCluster(bin_dir, size=1, config=f"max_message_size = {shipped_max_message_size()}\n")
-    try:
-        yield node.start()
-    finally:
-        node.close()
+    config = f"max_message_size = {shipped_max_message_size()}\n"
+    with private_rabbitmq(1, why="this test starts a private node", config=config) as node:
+        yield node
 
 
 @pytest.fixture
 async def sized_stack(
     sized_broker: RabbitCluster, postgres_dsn: str, redis_url: str, tmp_path: Path
 ) -> AsyncIterator[Stack]:
-    vhost = f"ltm-test-{secrets.token_hex(4)}"
-    await asyncio.to_thread(sized_broker.add_vhost, vhost)
-    await apply_migrations(postgres_dsn)
-    conn = await asyncpg.connect(postgres_dsn)
-    stack = Stack(postgres_dsn, sized_broker.nodes[0].url(vhost), redis_url, tmp_path, BotRows(conn))
-    try:
+    async with stack_on(sized_broker, postgres_dsn, redis_url, tmp_path) as stack:
         yield stack
-    finally:
-        for worker in stack.workers:
-            worker.kill()
-        await conn.close()
-        await asyncio.to_thread(sized_broker.delete_vhost, vhost)
 
 
 def test_the_shipped_limit_is_the_contracts() -> None:

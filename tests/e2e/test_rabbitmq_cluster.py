@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import secrets
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-import asyncpg
 import pytest
 
 from contracts.models import Status
-from tests.e2e.cluster import Node, RabbitCluster, find_server
+from tests.e2e.cluster import Node, RabbitCluster, private_rabbitmq, stack_on
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.e2e.workload import (
@@ -38,10 +35,8 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
-from tests.factories import BotRows
 from worker.broker.topology import declare_topology, retry_delays
 from worker.config import Topology
-from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.e2e
 
@@ -56,17 +51,8 @@ CALM = 120
 def rabbit_cluster() -> Iterator[RabbitCluster]:
     """Three nodes joined into one cluster, started once for this file's tests and stopped and removed after
     them (not at the session's end: idle nodes would sit on memory while the rest of the suite runs)."""
-    bin_dir = find_server()
-    if bin_dir is None:
-        message = "rabbitmq-server is not installed: the cluster test starts a 3-node cluster from it"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI must install it)")
-        pytest.skip(message)
-    cluster = RabbitCluster(bin_dir)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
+    with private_rabbitmq(3, why="the cluster test starts a 3-node cluster from it") as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -74,19 +60,8 @@ async def cluster_stack(
     rabbit_cluster: RabbitCluster, postgres_dsn: str, redis_url: str, tmp_path: Path
 ) -> AsyncIterator[Stack]:
     """A stack whose broker is the cluster: its own vhost there, a migrated database, Redis."""
-    vhost = f"ltm-test-{secrets.token_hex(4)}"
-    await asyncio.to_thread(rabbit_cluster.add_vhost, vhost)
-    await apply_migrations(postgres_dsn)
-    conn = await asyncpg.connect(postgres_dsn)
-    node1 = rabbit_cluster.nodes[0]
-    stack = Stack(postgres_dsn, node1.url(vhost), redis_url, tmp_path, BotRows(conn))
-    try:
+    async with stack_on(rabbit_cluster, postgres_dsn, redis_url, tmp_path) as stack:
         yield stack
-    finally:
-        for process in stack.workers:
-            process.kill()
-        await conn.close()
-        await asyncio.to_thread(rabbit_cluster.delete_vhost, vhost)
 
 
 class PacedShard:

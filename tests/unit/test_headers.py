@@ -163,3 +163,14 @@ def test_a_copy_encodes_what_the_decoder_kept_that_the_encoder_refuses() -> None
     assert note.startswith("headers.deep.d.d.")
     assert note.endswith("nested deeper than 64 levels")
     assert 20 + len(copy.properties.marshal()) <= FRAME_MAX
+
+
+def test_a_copy_encodes_doubles_and_decimals_pamqp_would_refuse() -> None:
+    """Found by the AMQP fuzzer: pamqp encodes every float as 32 bits, so a double past that range (decoded
+    from a `d` value) raised OverflowError and the dead letter was never published."""
+    original = {"big": 1e300, "small": 1.5, "nan": float("nan")}
+    copy = headers.copy_message(delivery(original), dict(original), frame_max=FRAME_MAX)
+    assert copy.headers is not None
+    assert copy.headers["big"] == "1e+300"
+    assert copy.headers["small"] == 1.5
+    assert 20 + len(copy.properties.marshal()) <= FRAME_MAX

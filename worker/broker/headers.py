@@ -9,6 +9,7 @@ event, a replay) a shard-set value is ignored and dropped from the copies the wo
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -39,6 +40,10 @@ REPLAY_COUNT = "x-ltm-replay-count"
 DROPPED = "x-ltm-dropped"
 #: the headers only the worker may set: on a delivery that is not the worker's own copy they are ignored
 WORKER_ONLY = frozenset({ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED})
+#: what the worker adds to a copy: kept whatever else has to go
+_OURS = frozenset(
+    {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, REPLAYED_AT, REPLAY_COUNT, TRACEPARENT}
+)
 #: bytes of a content header frame besides the properties: frame header and end (8), class, weight, body
 #: size (12)
 _HEADER_FRAME_OVERHEAD = 8 + 12
@@ -132,15 +137,23 @@ def copy_message(
     copy = aio_pika.Message(message.body, headers=headers, **properties)
     try:
         size = _header_frame_size(copy)
-    except (TypeError, ValueError, RecursionError):
+    except Exception:
         # a value the decoder kept that the encoder refuses (a long string that was not UTF-8 comes back as
-        # bytes; a 64-bit timestamp kept as an integer past int64; a table nested past the recursion limit)
+        # bytes, a timestamp past int64 as an integer, a double past float32's range as a float, which pamqp
+        # encodes as 32 bits; a table nested past the recursion limit)
         fixed: list[str] = []
-        headers = {key: value for key, value in _encodable(headers, "headers", fixed, 0).items()}
+        headers = _encodable(headers, "headers", fixed, 0)
         if fixed:
             headers[DROPPED] = [*_notes(headers.get(DROPPED)), *fixed][-_MAX_DROPPED_NOTES:]
         copy = aio_pika.Message(message.body, headers=headers, **properties)
-        size = _header_frame_size(copy)
+        try:
+            size = _header_frame_size(copy)
+        except Exception as exc:  # what no rule above foresaw: the shard's headers go, the worker's stay
+            ours = {k: v for k, v in headers.items() if k in _OURS}
+            ours[DROPPED] = [f"headers: could not be copied ({type(exc).__name__})"]
+            headers = ours
+            copy = aio_pika.Message(message.body, headers=headers, **properties)
+            size = _header_frame_size(copy)
     if size <= frame_max:
         return copy
     # The largest original entries go first, so the fewest are lost; a table's size is the sum of its
@@ -148,9 +161,8 @@ def copy_message(
     sizes = {key: _entry_size(key, value) for key, value in headers.items()}
     size -= sizes.pop(DROPPED, 0)
     headers.pop(DROPPED, None)
-    ours = {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, TRACEPARENT}
     dropped = list(notes)
-    for key in sorted((k for k in sizes if k not in ours), key=lambda k: -sizes[k]):
+    for key in sorted((k for k in sizes if k not in _OURS), key=lambda k: -sizes[k]):
         del headers[key]
         size -= sizes[key]
         dropped.append(f"headers.{_printable(key)}: {sizes[key]} bytes, dropped to fit the frame")
@@ -169,6 +181,11 @@ def copy_message(
 
 
 _INT64 = range(-(2**63), 2**63)
+_FLOAT32 = struct.Struct(">f")
+#: what the worker adds to a copy: kept whatever else has to go
+_OURS = frozenset(
+    {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, REPLAYED_AT, REPLAY_COUNT, TRACEPARENT}
+)
 #: nesting kept in a copy (the decoder's own limit, for tables it read without help)
 _MAX_COPY_DEPTH = 64
 
@@ -194,7 +211,19 @@ def _encodable_value(value: Any, where: str, notes: list[str], depth: int) -> tu
         return True, value
     if isinstance(value, int):
         return True, (value if value in _INT64 else str(value))
-    if isinstance(value, str | float | bytearray | datetime | Decimal):
+    if isinstance(value, float):
+        try:
+            _FLOAT32.pack(value)
+        except OverflowError:
+            return True, repr(value)
+        return True, value
+    if isinstance(value, Decimal):
+        try:
+            encode.decimal(value)
+        except Exception:
+            return True, str(value)
+        return True, value
+    if isinstance(value, str | bytearray | datetime):
         return True, value
     if isinstance(value, dict):
         return True, _encodable(value, where, notes, depth + 1)
