@@ -1,11 +1,13 @@
 """The worker over TLS to Postgres, RabbitMQ and Redis, each a private server that accepts nothing else.
 
-The servers (tests/e2e/tls.py) present certificates of a CA made for this module; the worker's URLs verify
-them the way README "TLS to Postgres, RabbitMQ and Redis" says: ``sslmode=verify-full&sslrootcert=``,
-``amqps://...?cafile=``, ``rediss://...?ssl_ca_certs=``. A URL naming another CA is refused, and the
-refusal is handled the same way for all three: ``worker check`` fails with "TLS certificate not accepted";
-``worker run`` logs that at ERROR and keeps retrying, so a server whose certificate is replaced (the two
-rotation tests) is used without restarting the worker.
+The servers (tests/e2e/tls.py) present certificates of a CA made for this module and want a client
+certificate of the same CA; the worker's URLs verify them and present theirs the way README "TLS to Postgres,
+RabbitMQ and Redis" says: ``sslmode=verify-full&sslrootcert=...&sslcert=...&sslkey=...``,
+``amqps://...?cafile=...&certfile=...&keyfile=...``,
+``rediss://...?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...``. A URL naming another CA is refused,
+and the refusal is handled the same way for all three: ``worker check`` fails with "TLS certificate not
+accepted"; ``worker run`` logs that at ERROR and keeps retrying, so a server whose certificate is replaced
+(the two rotation tests) is used without restarting the worker.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Authorities:
     good: Authority
     other: Authority
     server: Pair
+    #: the worker's (and the tests') client certificate: every server here asks for one the good CA signed
+    client: Pair
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +83,7 @@ def authorities(tmp_path_factory: pytest.TempPathFactory) -> Authorities:
         _missing("openssl", "apt-get install openssl")
     base = tmp_path_factory.mktemp("tls")
     good = Authority(base / "good", "good")
-    return Authorities(good, Authority(base / "other", "other"), good.issue("server"))
+    return Authorities(good, Authority(base / "other", "other"), good.issue("server"), good.issue("client"))
 
 
 def _postgres(authorities: Authorities) -> TlsPostgres:
@@ -87,7 +91,7 @@ def _postgres(authorities: Authorities) -> TlsPostgres:
     if bin_dir is None:
         _missing("PostgreSQL server (initdb, postgres)", "apt-get install postgresql")
     assert bin_dir is not None
-    return TlsPostgres(bin_dir, authorities.server)
+    return TlsPostgres(bin_dir, authorities.server, client_ca=authorities.good.ca)
 
 
 def _redis(authorities: Authorities) -> TlsRedis:
@@ -95,7 +99,7 @@ def _redis(authorities: Authorities) -> TlsRedis:
     if executable is None:
         _missing("redis-server 6 or later (built with TLS)", "apt-get install redis-server")
     assert executable is not None
-    return TlsRedis(executable, authorities.server, authorities.good.ca)
+    return TlsRedis(executable, authorities.server, authorities.good.ca, client_certificates=True)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +117,7 @@ def tls_rabbit(authorities: Authorities) -> Iterator[TlsRabbit]:
     if bin_dir is None:
         _missing("rabbitmq-server", "apt-get install rabbitmq-server")
     assert bin_dir is not None
-    node = TlsRabbit(bin_dir, authorities.server, authorities.good.ca)
+    node = TlsRabbit(bin_dir, authorities.server, authorities.good.ca, client_certificates=True)
     try:
         yield node.start()
     finally:
@@ -145,9 +149,9 @@ class TlsStack:
 
 
 @contextlib.asynccontextmanager
-async def _database(server: TlsPostgres, ca: Path) -> AsyncIterator[str]:
+async def _database(server: TlsPostgres, ca: Path, client: Pair) -> AsyncIterator[str]:
     name = f"ltm_tls_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(server.dsn(ca=ca))
+    admin = await asyncpg.connect(server.dsn(ca=ca, client=client))
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
         yield name
@@ -161,19 +165,20 @@ async def _database(server: TlsPostgres, ca: Path) -> AsyncIterator[str]:
 async def _tls_stack(
     postgres: TlsPostgres, rabbit: TlsRabbit, redis_server: TlsRedis, authorities: Authorities, log_dir: Path
 ) -> AsyncIterator[TlsStack]:
-    good, other = authorities.good.ca, authorities.other.ca
+    good, other, client = authorities.good.ca, authorities.other.ca, authorities.client
     vhost = f"ltm-tls-{secrets.token_hex(4)}"
     await asyncio.to_thread(rabbit.add_vhost, vhost)
     try:
-        async with _database(postgres, good) as database:
-            dsn = postgres.dsn(database, ca=good)
+        async with _database(postgres, good, client) as database:
+            dsn = postgres.dsn(database, ca=good, client=client)
             await apply_migrations(dsn)
             conn = await asyncpg.connect(dsn)
-            stack = Stack(dsn, rabbit.url(vhost, ca=good), redis_server.url(ca=good), log_dir, BotRows(conn))
+            amqps = rabbit.url(vhost, ca=good, client=client)
+            stack = Stack(dsn, amqps, redis_server.url(ca=good, client=client), log_dir, BotRows(conn))
             wrong = {
-                "postgres": postgres.dsn(database, ca=other),
-                "rabbitmq": rabbit.url(vhost, ca=other),
-                "redis": redis_server.url(ca=other),
+                "postgres": postgres.dsn(database, ca=other, client=client),
+                "rabbitmq": rabbit.url(vhost, ca=other, client=client),
+                "redis": redis_server.url(ca=other, client=client),
             }
             try:
                 yield TlsStack(stack, wrong)
@@ -225,20 +230,38 @@ async def _stop(worker: WorkerProcess) -> int | None:
 # -- the tests -----------------------------------------------------------------------------------------------
 
 
-async def test_the_servers_accept_nothing_but_tls(tls: TlsStack, tls_redis: TlsRedis) -> None:
-    """Without this, a test below passing could mean the worker spoke plaintext."""
-    plain_dsn = tls.stack.postgres_dsn.split("?")[0] + "?sslmode=disable"
+async def _open_and_close(amqp_url: str) -> None:
+    connection = await aio_pika.connect(amqp_url, timeout=10)
+    await connection.close()
+
+
+async def test_the_servers_accept_nothing_but_tls_with_a_client_certificate(
+    tls: TlsStack,
+    tls_postgres: TlsPostgres,
+    tls_rabbit: TlsRabbit,
+    tls_redis: TlsRedis,
+    authorities: Authorities,
+) -> None:
+    """Without this, a test below passing could mean the worker spoke plaintext, or sent no certificate."""
+    database = urlsplit(tls.stack.postgres_dsn).path.lstrip("/")
+    vhost = unquote(urlsplit(tls.stack.rabbitmq_url).path.lstrip("/"))
+    good = authorities.good.ca
+    plain_dsn = tls_postgres.dsn(database, sslmode="disable")
     with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError, match="no encryption"):
         await asyncpg.connect(plain_dsn)
-    plain_amqp = tls.stack.rabbitmq_url.replace("amqps://", "amqp://").split("?")[0]
-    with pytest.raises(aiormq.exceptions.AMQPConnectionError):
-        await aio_pika.connect(plain_amqp, timeout=10)
-    plain_redis = aioredis.Redis.from_url(f"redis://127.0.0.1:{tls_redis.port}/0", socket_timeout=10)
-    try:
-        with pytest.raises(redis.exceptions.ConnectionError):
-            await plain_redis.ping()
-    finally:
-        await plain_redis.aclose()
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError, match="certificate"):
+        await asyncpg.connect(tls_postgres.dsn(database, ca=good))
+    plain_amqp = tls_rabbit.url(vhost).replace("amqps://", "amqp://")
+    for url in (plain_amqp, tls_rabbit.url(vhost, ca=good)):
+        with pytest.raises((aiormq.exceptions.AMQPConnectionError, ConnectionError)):
+            await _open_and_close(url)
+    for url in (f"redis://127.0.0.1:{tls_redis.port}/0", tls_redis.url(ca=good)):
+        client = aioredis.Redis.from_url(url, socket_timeout=10)
+        try:
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await client.ping()
+        finally:
+            await client.aclose()
 
 
 async def test_worker_check_and_migrate_over_tls(tls: TlsStack) -> None:
@@ -342,7 +365,7 @@ async def test_a_waiting_worker_uses_a_server_whose_certificate_was_replaced(
             if dependency == "postgres":
                 postgres.replace_certificate(replacement)
             else:
-                await asyncio.to_thread(redis_server.replace_certificate, replacement)
+                await asyncio.to_thread(redis_server.replace_certificate, replacement, authorities.client)
             await worker.wait_for_log("consuming", timeout=60)
             assert await _stop(worker) == 0, worker.tail()
     finally:

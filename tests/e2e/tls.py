@@ -141,8 +141,10 @@ def find_postgres_bin() -> Path | None:
 class TlsPostgres:
     """A private Postgres that accepts only TLS connections (``hostssl``, trust) on a spare port."""
 
-    def __init__(self, bin_dir: Path, server: Pair) -> None:
+    def __init__(self, bin_dir: Path, server: Pair, client_ca: Path | None = None) -> None:
         self.bin_dir = bin_dir
+        #: with a CA here, a client must present a certificate it signed (``clientcert=verify-ca``)
+        self.client_ca = client_ca
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-tls-pg-"))
         self.data = self.dir / "data"
@@ -153,9 +155,12 @@ class TlsPostgres:
         shutil.copy(server.cert, self.cert)
         shutil.copy(server.key, self.key)
         self.key.chmod(0o600)
+        self.ca = self.dir / "client-ca.pem"
+        if client_ca is not None:
+            shutil.copy(client_ca, self.ca)
         self.account = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
         if self.account is not None:
-            for path in (self.dir, self.cert, self.key):
+            for path in (self.dir, self.cert, self.key, *([self.ca] if client_ca else [])):
                 os.chown(path, self.account.pw_uid, self.account.pw_gid)
 
     def _run_as(self) -> dict[str, int]:
@@ -169,10 +174,11 @@ class TlsPostgres:
              "--no-sync", "-E", "UTF8", "--locale", "C"],
             capture_output=True, timeout=120, check=True, **self._run_as(),  # type: ignore[call-overload]
         )  # fmt: skip
+        client = " clientcert=verify-ca" if self.client_ca is not None else ""
         (self.data / "pg_hba.conf").write_text(
             "# TLS only: a plaintext connection finds no entry\n"
-            "hostssl all all 127.0.0.1/32 trust\n"
-            "hostssl all all ::1/128 trust\n"
+            f"hostssl all all 127.0.0.1/32 trust{client}\n"
+            f"hostssl all all ::1/128 trust{client}\n"
         )
         settings = {
             "port": str(self.port),
@@ -181,6 +187,7 @@ class TlsPostgres:
             "ssl": "on",
             "ssl_cert_file": str(self.cert),
             "ssl_key_file": str(self.key),
+            **({"ssl_ca_file": str(self.ca)} if self.client_ca is not None else {}),
             "fsync": "off",
             "synchronous_commit": "off",
             "full_page_writes": "off",
@@ -214,10 +221,19 @@ class TlsPostgres:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGHUP)
 
-    def dsn(self, database: str = "postgres", *, ca: Path | None = None, sslmode: str = "verify-full") -> str:
+    def dsn(
+        self,
+        database: str = "postgres",
+        *,
+        ca: Path | None = None,
+        client: Pair | None = None,
+        sslmode: str = "verify-full",
+    ) -> str:
         query = f"sslmode={sslmode}"
         if ca is not None:
             query += f"&sslrootcert={quote(str(ca))}"
+        if client is not None:
+            query += f"&sslcert={quote(str(client.cert))}&sslkey={quote(str(client.key))}"
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}?{query}"
 
     def close(self) -> None:
@@ -235,8 +251,10 @@ def find_rabbitmq_bin() -> Path | None:
 class TlsRabbit(RabbitCluster):
     """One private RabbitMQ node whose only AMQP listener is TLS (``Node.amqp_port`` is the TLS port)."""
 
-    def __init__(self, bin_dir: Path, server: Pair, ca: Path) -> None:
+    def __init__(self, bin_dir: Path, server: Pair, ca: Path, *, client_certificates: bool = False) -> None:
         super().__init__(bin_dir, size=1)
+        #: a client must present a certificate ``ca`` signed (``verify_peer``, ``fail_if_no_peer_cert``)
+        self.client_certificates = client_certificates
         self.node = self.nodes[0]
         self.port = self.node.amqp_port
         self.server = server
@@ -256,10 +274,12 @@ class TlsRabbit(RabbitCluster):
             f"ssl_options.cacertfile = {self.ca}\n"
             f"ssl_options.certfile = {self.server.cert}\n"
             f"ssl_options.keyfile = {self.server.key}\n"
-            # clients need no certificate of their own (the worker authenticates with a password)
-            "ssl_options.verify = verify_none\n"
-            "ssl_options.fail_if_no_peer_cert = false\n"
-            "loopback_users.guest = false\n"
+            + (
+                "ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n"
+                if self.client_certificates
+                else "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
+            )
+            + "loopback_users.guest = false\n"
         )
         subprocess.run(
             [str(self.bin_dir / "rabbitmq-server"), "-detached"],
@@ -275,8 +295,13 @@ class TlsRabbit(RabbitCluster):
         _wait_for_port(self.port, lambda: True, "rabbitmq TLS listener", self.node.base / "rabbitmq.conf")
         return self
 
-    def url(self, vhost: str, *, ca: Path | None = None, host: str = "127.0.0.1") -> str:
-        query = f"?cafile={quote(str(ca))}" if ca is not None else ""
+    def url(
+        self, vhost: str, *, ca: Path | None = None, client: Pair | None = None, host: str = "127.0.0.1"
+    ) -> str:
+        params = [f"cafile={quote(str(ca))}"] if ca is not None else []
+        if client is not None:
+            params += [f"certfile={quote(str(client.cert))}", f"keyfile={quote(str(client.key))}"]
+        query = "?" + "&".join(params) if params else ""
         return f"amqps://guest:guest@{host}:{self.port}/{quote(vhost, safe='')}{query}"
 
 
@@ -296,8 +321,10 @@ def find_redis_server() -> str | None:
 class TlsRedis:
     """A private ``redis-server`` with a TLS port and no plaintext port."""
 
-    def __init__(self, executable: str, server: Pair, ca: Path) -> None:
+    def __init__(self, executable: str, server: Pair, ca: Path, *, client_certificates: bool = False) -> None:
         self.executable = executable
+        #: a client must present a certificate ``ca`` signed (``--tls-auth-clients yes``)
+        self.client_certificates = client_certificates
         self.server = server
         self.ca = ca
         self.port = _free_port()
@@ -316,7 +343,7 @@ class TlsRedis:
                     "--tls-cert-file", str(self.server.cert),
                     "--tls-key-file", str(self.server.key),
                     "--tls-ca-cert-file", str(self.ca),
-                    "--tls-auth-clients", "no",
+                    "--tls-auth-clients", "yes" if self.client_certificates else "no",
                     "--save", "",
                     "--appendonly", "no",
                     "--dir", str(self.dir),
@@ -329,22 +356,25 @@ class TlsRedis:
                        self.log)  # fmt: skip
         return self
 
-    def replace_certificate(self, pair: Pair) -> None:
+    def replace_certificate(self, pair: Pair, client: Pair | None = None) -> None:
         """Give the server another certificate (``CONFIG SET``, over a connection that trusts the current
-        one): new connections get it."""
+        one, as ``client`` where the server wants a client certificate): new connections get it."""
         import redis
 
-        client = redis.Redis.from_url(self.url(ca=self.ca), socket_timeout=30)
+        admin = redis.Redis.from_url(self.url(ca=self.ca, client=client), socket_timeout=30)
         try:
             # both at once: a certificate without its key (or the reverse) is refused
-            client.execute_command(
+            admin.execute_command(
                 "CONFIG", "SET", "tls-cert-file", str(pair.cert), "tls-key-file", str(pair.key)
             )
         finally:
-            client.close()
+            admin.close()
 
-    def url(self, *, ca: Path | None = None, host: str = "127.0.0.1") -> str:
-        query = f"?ssl_ca_certs={quote(str(ca))}" if ca is not None else ""
+    def url(self, *, ca: Path | None = None, client: Pair | None = None, host: str = "127.0.0.1") -> str:
+        params = [f"ssl_ca_certs={quote(str(ca))}"] if ca is not None else []
+        if client is not None:
+            params += [f"ssl_certfile={quote(str(client.cert))}", f"ssl_keyfile={quote(str(client.key))}"]
+        query = "?" + "&".join(params) if params else ""
         return f"rediss://{host}:{self.port}/0{query}"
 
     def close(self) -> None:
