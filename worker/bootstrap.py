@@ -19,7 +19,7 @@ from worker.backoff import Backoff
 from worker.broker.urls import Nodes
 from worker.cache import InvalidationPublisher
 from worker.config import Settings
-from worker.faults import describe
+from worker.faults import describe, is_certificate_problem
 from worker.http import HealthServer
 from worker.metrics import Metrics
 from worker.outbox import InvalidationOutbox
@@ -143,9 +143,10 @@ async def _wait_for_dependencies(
             return pool
         delay = backoff.next()
         for name, problem in problems.items():
-            log.warning(
-                "waiting for dependency", dependency=name, problem=problem, retry_in_s=round(delay, 2)
-            )
+            # a refused certificate will not pass by itself (someone must fix the CA or the server's
+            # certificate): an error, but still waited on, like any other dependency failure
+            report = log.error if is_certificate_problem(problem) else log.warning
+            report("waiting for dependency", dependency=name, problem=problem, retry_in_s=round(delay, 2))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), timeout=delay)
     if pool is not None:

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from worker.broker.urls import split_urls
 from worker.config import Fallback, Settings, expected_value
 from worker.config import redact_url as redact
+from worker.faults import certificate_failure
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
 
@@ -96,7 +97,8 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         try:
             return await asyncio.wait_for(check(settings), timeout=TIMEOUT * 3)
         except Exception as exc:
-            if name == "postgres":
+            # a refused TLS certificate reads the same for every dependency ("TLS certificate not accepted")
+            if name == "postgres" or certificate_failure(exc) is not None:
                 return CheckResult(name, redact(url), False, describe_failure(exc))
             reason = " ".join(str(exc).split()) or type(exc).__name__
             return CheckResult(name, redact(url), False, f"{type(exc).__name__}: {reason}")

@@ -212,6 +212,8 @@ def _run_fast(main: Coroutine[Any, Any, int]) -> int:
 
 
 async def _migrate(dsn: str) -> int:
+    import ssl
+
     import asyncpg
 
     from worker.store.migrate import MigrationError, apply_migrations
@@ -222,6 +224,9 @@ async def _migrate(dsn: str) -> int:
         applied = await apply_migrations(dsn)
     except MigrationError as exc:
         log.error("migration refused", error=str(exc))
+        return 1
+    except ssl.SSLCertVerificationError as exc:  # a ValueError too, but the DSN may well be right
+        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
         return 1
     except ValueError as exc:  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
         log.error("invalid Postgres connection string", dsn=redact_url(dsn), error=describe_failure(exc))

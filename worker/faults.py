@@ -8,6 +8,7 @@ publish the broker did not confirm. Anything else is a bug (``internal``) and is
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import aio_pika.exceptions
 import aiormq.exceptions
@@ -59,7 +60,48 @@ def _is_transient_one(exc: BaseException) -> bool:
     )
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it, each once (aiormq's chains loop)."""
+    found: list[BaseException] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+#: how :func:`describe` begins for a TLS certificate the client did not accept
+CERTIFICATE_REFUSED = "TLS certificate not accepted"
+
+
+def certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The TLS verification failure behind ``exc`` (the server's certificate is not signed by the CA the
+    URL names, has expired, or is not for the host connected to), else None.
+
+    asyncpg raises it as it is (it is also a ``ValueError``, which must not pass for a malformed
+    connection string), aio-pika and redis-py wrap it in their connection errors."""
+    for current in _chain(exc):
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return current
+    return None
+
+
+def is_certificate_problem(problem: str) -> bool:
+    """True for a one-line reason :func:`describe` gave for a certificate failure (logged at ERROR)."""
+    return problem.startswith(CERTIFICATE_REFUSED)
+
+
 def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line (at most 500 characters), for logs and dead-letter headers."""
+    """``Type: message`` on one line (at most 500 characters), for logs and dead-letter headers; a TLS
+    certificate the client refused says so first (``TLS certificate not accepted (...): ...``)."""
     text = " ".join(str(exc).split()) or "(no message)"
-    return f"{type(exc).__name__}: {text}"[:500]
+    line = f"{type(exc).__name__}: {text}"
+    refused = certificate_failure(exc)
+    if refused is not None:
+        reason = refused.verify_message or "verification failed"
+        if refused is not exc and refused.strerror and refused.strerror not in text:
+            line += f" ({' '.join(refused.strerror.split())})"
+        line = f"{CERTIFICATE_REFUSED} ({reason}): {line}"
+    return line[:500]

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 
 from worker.cache import InvalidationPublisher
-from worker.faults import describe
+from worker.faults import certificate_failure, describe
 from worker.metrics import Metrics
 from worker.store.migrate import pending_migrations
 
@@ -30,12 +30,15 @@ class InvalidSetting(Exception):
 async def migrations_problem(dsn: str) -> str | None:
     """Why the worker cannot use Postgres yet (unreachable, or migrations pending), or None.
 
-    Raises :class:`InvalidSetting` for a connection string that cannot be used at all."""
+    Raises :class:`InvalidSetting` for a connection string that cannot be used at all. A certificate the
+    server presents and the DSN's CA does not accept is a problem to wait on, as for RabbitMQ and Redis:
+    a server whose certificate is replaced (or a CA file remounted) heals without a restart."""
     try:
         pending = await pending_migrations(dsn)
-    except ValueError as exc:  # asyncpg's ClientConfigurationError is a ValueError
-        raise InvalidSetting(f"invalid Postgres connection string: {' '.join(str(exc).split())}") from exc
     except Exception as exc:
+        # asyncpg's ClientConfigurationError is a ValueError, and so is ssl's SSLCertVerificationError
+        if isinstance(exc, ValueError) and certificate_failure(exc) is None:
+            raise InvalidSetting(f"invalid Postgres connection string: {' '.join(str(exc).split())}") from exc
         return describe(exc)
     if pending:
         return f"schema not migrated (run `worker migrate`): {', '.join(pending)}"

@@ -18,7 +18,7 @@ from worker.backoff import Backoff
 from worker.bootstrap import open_services
 from worker.config import Settings
 from worker.consumer import Consumer
-from worker.faults import describe
+from worker.faults import describe, is_certificate_problem
 from worker.logs import log_fallbacks
 from worker.probes import InvalidSetting
 from worker.settle import Slots
@@ -70,7 +70,9 @@ class Worker:
                     backoff.reset()
                 delay = backoff.next()
                 if failure is not None:
-                    log.warning("rabbitmq unavailable", error=failure, retry_in_s=round(delay, 2))
+                    # a refused certificate is an error (it needs a person) but is retried all the same
+                    report = log.error if is_certificate_problem(failure) else log.warning
+                    report("rabbitmq unavailable", error=failure, retry_in_s=round(delay, 2))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
         return 0

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import aio_pika.exceptions
+import aiormq.exceptions
 import asyncpg
 import pytest
 import redis.exceptions
 
-from worker.faults import TransientError, is_transient
+from worker.faults import (
+    TransientError,
+    certificate_failure,
+    describe,
+    is_certificate_problem,
+    is_transient,
+)
+from worker.store.pool import describe_failure
 
 
 @pytest.mark.parametrize(
@@ -62,3 +71,47 @@ def test_a_bug_raised_while_handling_a_transient_fault_is_transient_by_its_cause
 
 def test_cancellation_is_not_a_fault() -> None:
     assert not is_transient(asyncio.CancelledError())
+
+
+def _refused(message: str = "unable to get local issuer certificate") -> ssl.SSLCertVerificationError:
+    exc = ssl.SSLCertVerificationError(
+        1, f"[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: {message} (_ssl.c:1006)"
+    )
+    exc.verify_message = message
+    return exc
+
+
+def _wrapped(outer: BaseException, cause: BaseException) -> BaseException:
+    try:
+        raise outer from cause
+    except BaseException as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        _refused(),  # asyncpg raises it as it is
+        _wrapped(aiormq.exceptions.AMQPConnectionError(*_refused().args), _refused()),  # aio-pika
+        _wrapped(redis.exceptions.ConnectionError("Error 1 connecting to 127.0.0.1:6380."), _refused()),
+    ],
+    ids=["postgres", "rabbitmq", "redis"],
+)
+def test_a_refused_certificate_reads_the_same_whichever_library_raised_it(exc: BaseException) -> None:
+    described = describe(exc)
+    assert described.startswith("TLS certificate not accepted (unable to get local issuer certificate): ")
+    assert is_certificate_problem(described)
+    assert certificate_failure(exc) is not None
+    assert is_transient(exc)  # retried like any other dependency failure
+    assert "CERTIFICATE_VERIFY_FAILED" in described
+
+
+def test_a_refused_certificate_is_not_an_invalid_connection_string() -> None:
+    """SSLCertVerificationError is a ValueError, as asyncpg's configuration errors are; only the latter
+    mean a DSN that can never work."""
+    assert describe_failure(_refused()).startswith("TLS certificate not accepted")
+    assert describe_failure(ValueError("`sslmode` parameter must be one of ...")).startswith(
+        "invalid connection string: "
+    )
+    assert not is_certificate_problem(describe(ConnectionRefusedError(111, "Connect call failed")))
+    assert certificate_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")) is None

@@ -17,6 +17,8 @@ from typing import Any
 import asyncpg
 import orjson
 
+from worker.faults import certificate_failure, describe
+
 
 def _encode_json(value: Any) -> str:
     return orjson.dumps(value).decode()
@@ -35,6 +37,8 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 def describe_failure(exc: BaseException) -> str:
     """One line naming what went wrong connecting to or talking to Postgres (never the DSN itself)."""
+    if certificate_failure(exc) is not None:  # a ValueError too, but the DSN may be right
+        return describe(exc)
     text = " ".join(str(exc).split()) or "(no message)"
     # asyncpg's ClientConfigurationError is a ValueError, and so is what a port that is no number raises
     if isinstance(exc, ValueError):
