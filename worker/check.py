@@ -17,8 +17,9 @@ import aio_pika
 import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
-from worker.config import Fallback, Settings, expected_value
+from worker.config import Fallback, Settings, connection_problems, expected_value
 from worker.config import redact_url as redact
+from worker.faults import describe
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
 
@@ -80,15 +81,27 @@ async def check_redis(settings: Settings) -> CheckResult:
         await client.aclose()
 
 
+#: the setting each dependency is reached through
+_SETTINGS = {"postgres": "postgres_dsn", "rabbitmq": "rabbitmq_url", "redis": "redis_url"}
+
+
 async def run_checks(settings: Settings) -> list[CheckResult]:
-    """Every dependency, each with its own timeout; a failure becomes a result naming the error."""
-    checks: list[tuple[str, str, Callable[[Settings], Awaitable[CheckResult]]]] = [
-        ("postgres", settings.postgres_dsn, check_postgres),
-        # one line per node of a cluster: a node that does not answer fails the check (the worker itself
-        # runs on the others, but the operator asked whether the configuration works as written)
-        *(("rabbitmq", url, partial(check_rabbitmq_node, url)) for url in split_urls(settings.rabbitmq_url)),
-        ("redis", settings.redis_url, check_redis),
-    ]
+    """Every dependency, each with its own timeout; a failure becomes a result naming the error.
+
+    A URL that can never work is reported as it is (one line naming the variable) and not tried: the client
+    libraries' errors about it quote what a password spilt into."""
+    malformed = connection_problems(settings)
+    checks: list[tuple[str, str, Callable[[Settings], Awaitable[CheckResult]]]] = []
+    for name, field in _SETTINGS.items():
+        value = getattr(settings, field)
+        if field in malformed:
+            checks.append((name, value, partial(_refused, malformed[field])))
+        elif name == "rabbitmq":
+            # one line per node of a cluster: a node that does not answer fails the check (the worker itself
+            # runs on the others, but the operator asked whether the configuration works as written)
+            checks += [(name, url, partial(check_rabbitmq_node, url)) for url in split_urls(value)]
+        else:
+            checks.append((name, value, check_postgres if name == "postgres" else check_redis))
 
     async def guarded(
         name: str, url: str, check: Callable[[Settings], Awaitable[CheckResult]]
@@ -96,12 +109,21 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         try:
             return await asyncio.wait_for(check(settings), timeout=TIMEOUT * 3)
         except Exception as exc:
+            if isinstance(exc, _Malformed):
+                return CheckResult(name, redact(url), False, str(exc))
             if name == "postgres":
                 return CheckResult(name, redact(url), False, describe_failure(exc))
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            return CheckResult(name, redact(url), False, f"{type(exc).__name__}: {reason}")
+            return CheckResult(name, redact(url), False, describe(exc))
 
     return list(await asyncio.gather(*(guarded(*c) for c in checks)))
+
+
+class _Malformed(Exception):
+    """A connection setting that can never work; the message names its variable."""
+
+
+async def _refused(problem: str, settings: Settings) -> CheckResult:
+    raise _Malformed(problem)
 
 
 def fallback_line(fallback: Fallback) -> str:

@@ -13,7 +13,15 @@ from typing import Any
 
 import structlog
 
-from worker.config import Settings, add_setting_options, declared, load_settings, redact_url
+from worker.config import (
+    Settings,
+    SettingsError,
+    add_setting_options,
+    connection_problems,
+    declared,
+    load_settings,
+    redact_url,
+)
 from worker.logs import configure_logging, log_fallbacks
 
 
@@ -133,20 +141,36 @@ def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     stub.set_defaults(bench_missing=True)
 
 
-#: option dest -> variable, for every setting with a `worker run` option
+#: option dest -> the declared setting, for every setting with a `worker run` option
 _OPTION_ENV = {
-    s.env.option.lstrip("-").replace("-", "_"): s.var for s in declared() if s.env.option is not None
+    s.env.option.lstrip("-").replace("-", "_"): s.env for s in declared() if s.env.option is not None
 }
 
 
 def settings_for(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
-    """The settings of a command: ``env`` with the command's options on top, read by the same rules."""
+    """The settings of a command: ``env`` with the command's options on top, read by the same rules (an
+    option overrides the setting's ``_FILE`` variable too). Raises :class:`SettingsError`."""
     merged = dict(env)
-    for option, var in _OPTION_ENV.items():
+    for option, setting in _OPTION_ENV.items():
         value = getattr(args, option, None)
         if value is not None:
-            merged[var] = str(value)
+            merged[setting.var] = str(value)
+            merged.pop(setting.file_var, None)
     return load_settings(merged)
+
+
+#: the exit code of a command whose settings cannot be read or whose connection URL can never work: `dlq`'s
+#: "bad options", the others' "failed"
+_SETTINGS_EXIT = {"dlq": 2}
+
+
+def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> int:
+    """One line on stderr (``check --json``: the report object on stdout) and the command's exit code."""
+    if as_json:
+        print(json.dumps({"ok": False, "error": problem, "dependencies": {}, "fallbacks": []}))
+    else:
+        print(f"worker {command}: {problem}", file=sys.stderr)
+    return _SETTINGS_EXIT.get(command, 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,10 +179,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "bench_missing", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    settings = settings_for(args, os.environ)
+    try:
+        settings = settings_for(args, os.environ)
+    except SettingsError as exc:  # before logging is set up: its format is a setting too
+        return _settings_refused(args.command, str(exc), as_json=getattr(args, "json", False))
     configure_logging(settings.log_format, settings.log_level)
     if args.command == "migrate":
         log_fallbacks(settings.fallbacks)  # `worker run` logs them itself, as it starts
+        problem = connection_problems(settings, "postgres_dsn").get("postgres_dsn")
+        if problem is not None:
+            structlog.get_logger("worker.migrate").error(
+                "invalid Postgres connection string", dsn=redact_url(settings.postgres_dsn), error=problem
+            )
+            return 1
         return asyncio.run(_migrate(settings.postgres_dsn))
     if args.command == "run":
         from worker.http import ListenError
@@ -181,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "dlq":
         from worker.dlq.commands import run_dlq
 
+        problem = connection_problems(settings, "rabbitmq_url").get("rabbitmq_url")
+        if problem is not None:
+            return _settings_refused("dlq", problem)
         return run_dlq(args, settings)
     if args.command == "bench":
         if getattr(args, "bench_missing", False):

@@ -14,6 +14,8 @@ import aiormq.exceptions
 import asyncpg
 import redis.exceptions
 
+from worker.config import redact_url
+
 #: SQLSTATE classes and codes that mean "try again": connection exceptions (08), transaction rollback
 #: incl. deadlock and serialization failure (40), insufficient resources (53), operator intervention
 #: incl. admin shutdown and query cancel (57), lock not available (55P03)
@@ -60,6 +62,7 @@ def _is_transient_one(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line (at most 500 characters), for logs and dead-letter headers."""
-    text = " ".join(str(exc).split()) or "(no message)"
+    """``Type: message`` on one line (at most 500 characters), for logs, dead-letter headers and the operator
+    commands; a password the message quotes (a URL, a ``password=`` parameter) is redacted."""
+    text = " ".join(redact_url(str(exc)).split()) or "(no message)"
     return f"{type(exc).__name__}: {text}"[:500]
