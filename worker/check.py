@@ -1,8 +1,11 @@
 """``worker check``: try every dependency with the current configuration and say what works.
 
-For a person setting the worker up: one line per dependency, what was tried and what answered, then a
-warning per setting that fell back to its default; or, with ``--json``, the same as one JSON object for a
-script. Exit 0 when every dependency works (fallbacks are warnings, not failures), 1 otherwise.
+For a person setting the worker up, or a deploy gate asking "can this worker run?": one line per dependency
+(per node of a RabbitMQ cluster), what was tried and what answered, then a warning per setting that fell back
+to its default; or, with ``--json``, the same as one JSON object for a script. Exit 0 when the worker can run:
+Postgres and Redis work and at least one listed RabbitMQ node answers (the worker connects to the first that
+does); every node that does not answer is a warning. ``--all-nodes``: every listed node must answer. Fallbacks
+are warnings, never failures.
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         if field in malformed:
             checks.append((name, value, partial(_refused, malformed[field])))
         elif name == "rabbitmq":
-            # one line per node of a cluster: a node that does not answer fails the check (the worker itself
-            # runs on the others, but the operator asked whether the configuration works as written)
+            # one line per node of a cluster: the worker runs while one answers, so the others only warn
+            # (judge), unless --all-nodes asks for every one
             checks += [(name, url, partial(check_rabbitmq_node, url)) for url in split_urls(value)]
         else:
             checks.append((name, value, check_postgres if name == "postgres" else check_redis))
@@ -132,29 +135,78 @@ def fallback_line(fallback: Fallback) -> str:
     return f"{var}={raw!r} is not {expected_value(var)}; using {default!r}"
 
 
-def render(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> str:
-    """The report for a terminal: a line pair per dependency, a ``warn`` line per fallback, the verdict."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the results mean: the ones that fail the check, and the unanswered nodes that only warn."""
+
+    failures: tuple[CheckResult, ...]
+    warnings: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def judge(results: list[CheckResult], *, all_nodes: bool = False) -> Verdict:
+    """A dependency fails when it does not work; a RabbitMQ cluster works when one listed node answers (the
+    others are warnings), unless ``all_nodes`` asks for every one."""
+    failures: list[CheckResult] = []
+    warnings: list[CheckResult] = []
+    for name in dict.fromkeys(r.dependency for r in results):
+        found = [r for r in results if r.dependency == name]
+        failed = [r for r in found if not r.ok]
+        if failed and len(failed) < len(found) and not all_nodes:
+            warnings += failed
+        else:
+            failures += failed
+    return Verdict(tuple(failures), tuple(warnings))
+
+
+def render(
+    results: list[CheckResult], fallbacks: tuple[Fallback, ...] = (), *, all_nodes: bool = False
+) -> str:
+    """The report for a terminal: a line pair per dependency (``warn`` for a node that did not answer while
+    another did), a ``warn`` line per fallback, the verdict."""
+    verdict = judge(results, all_nodes=all_nodes)
+    warned = {id(r) for r in verdict.warnings}
     lines = []
     for r in results:
-        mark = "ok  " if r.ok else "FAIL"
+        mark = "ok  " if r.ok else "warn" if id(r) in warned else "FAIL"
         lines.append(f"{mark}  {r.dependency:<9} {r.target}\n      {r.detail}")
     lines.extend(f"warn  {fallback_line(fallback)}" for fallback in fallbacks)
-    failed = list(dict.fromkeys(r.dependency for r in results if not r.ok))
-    verdict = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+    failed = list(dict.fromkeys(r.dependency for r in verdict.failures))
+    notes = []
+    if verdict.warnings:
+        nodes = sum(r.dependency == "rabbitmq" for r in results)
+        notes.append(
+            f"{len(verdict.warnings)} of {nodes} RabbitMQ nodes did not answer; the worker runs on the "
+            "others, --all-nodes fails on it"
+        )
     if fallbacks:
-        verdict += f" ({len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default)"
-    lines.append(verdict)
+        notes.append(f"{len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default")
+    verdict_line = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+    if notes:
+        verdict_line += f" ({'; '.join(notes)})"
+    lines.append(verdict_line)
     return "\n".join(lines)
 
 
-def as_json(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> dict[str, Any]:
-    """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives."""
+def as_json(
+    results: list[CheckResult], fallbacks: tuple[Fallback, ...] = (), *, all_nodes: bool = False
+) -> dict[str, Any]:
+    """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives,
+    ``warnings`` the nodes that did not answer while another did (with ``--all-nodes`` they fail instead)."""
+    verdict = judge(results, all_nodes=all_nodes)
+    failing = {id(r) for r in verdict.failures}
     by_dependency: dict[str, list[CheckResult]] = {}
     for r in results:
         by_dependency.setdefault(r.dependency, []).append(r)
     return {
-        "ok": all(r.ok for r in results),
-        "dependencies": {name: _dependency_json(found) for name, found in by_dependency.items()},
+        "ok": verdict.ok,
+        "dependencies": {name: _dependency_json(found, failing) for name, found in by_dependency.items()},
+        "warnings": [
+            {"dependency": r.dependency, "target": r.target, "problem": r.detail} for r in verdict.warnings
+        ],
         "fallbacks": [
             {"variable": var, "value": raw, "default": default, "expected": expected_value(var)}
             for var, raw, default in fallbacks
@@ -162,18 +214,18 @@ def as_json(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) ->
     }
 
 
-def _dependency_json(found: list[CheckResult]) -> dict[str, Any]:
-    """One dependency's entry; several RabbitMQ nodes are one entry (ok when every node is) with a ``nodes``
-    list, the same fields per node."""
+def _dependency_json(found: list[CheckResult], failing: set[int]) -> dict[str, Any]:
+    """One dependency's entry; several RabbitMQ nodes are one entry (ok when the verdict says the cluster
+    works; ``problem`` names the failing nodes then) with a ``nodes`` list, the same fields per node."""
     entries = [
         {"ok": r.ok, "target": r.target, "detail": r.detail, "problem": None if r.ok else r.detail}
         for r in found
     ]
     if len(entries) == 1:
         return entries[0]
-    problems = [f"{e['target']}: {e['problem']}" for e in entries if e["problem"]]
+    problems = [f"{r.target}: {r.detail}" for r in found if id(r) in failing]
     return {
-        "ok": all(e["ok"] for e in entries),
+        "ok": not problems,
         "target": ",".join(str(e["target"]) for e in entries),
         "detail": "; ".join(f"{e['target']}: {e['detail']}" for e in entries),
         "problem": "; ".join(problems) or None,

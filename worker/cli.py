@@ -80,8 +80,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
         "and "
         "Redis with the current configuration; print what works and what does not, and every setting that "
-        "fell back to its default (a warning: it does not fail the check). Exit 0 when every dependency "
-        "works, 1 otherwise.",
+        "fell back to its default (a warning: it does not fail the check). Exit 0 when the worker can run "
+        "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
+        "1 otherwise.",
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -89,8 +90,15 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem), "
-        "fallbacks (variable, value, default, expected); same exit codes",
+        help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem; "
+        "several RabbitMQ nodes: nodes, the same per node), warnings (dependency, target, problem: the nodes "
+        "that did not answer), fallbacks (variable, value, default, expected); same exit codes",
+    )
+    check.add_argument(
+        "--all-nodes",
+        action="store_true",
+        help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one answering "
+        "node is enough, as it is for the worker; the others are warnings)",
     )
     from worker.dlq.commands import add_dlq_parser
 
@@ -203,14 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
             return 1
     if args.command == "check":
-        from worker.check import as_json, render, run_checks
+        from worker.check import as_json, judge, render, run_checks
 
         results = asyncio.run(run_checks(settings))
         if args.json:
-            print(json.dumps(as_json(results, settings.fallbacks)))
+            print(json.dumps(as_json(results, settings.fallbacks, all_nodes=args.all_nodes)))
         else:
-            print(render(results, settings.fallbacks))
-        return 0 if all(r.ok for r in results) else 1
+            print(render(results, settings.fallbacks, all_nodes=args.all_nodes))
+        return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
         from worker.dlq.commands import run_dlq
 
