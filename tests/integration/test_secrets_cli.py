@@ -5,6 +5,7 @@ that can never work is one line naming its variable, and secrets can come from `
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
-from tests.e2e.harness import REPO
+from tests.e2e.harness import REPO, WorkerProcess, free_port
 from tests.integration.test_cli import cli_env, json_lines, worker
 
 pytestmark = pytest.mark.integration
@@ -142,17 +143,18 @@ def test_an_unencoded_character_in_a_password_is_one_line_in_every_command(
     assert len(listed.stderr.splitlines()) == 1
 
 
-def test_run_exits_at_once_on_an_amqp_url_that_can_never_work(postgres_dsn: str, redis_url: str) -> None:
-    """Before: retried for ever (``rabbitmq unavailable``, the error quoting nothing useful)."""
+@pytest.mark.parametrize("var", ["LTM_POSTGRES_DSN", "LTM_RABBITMQ_URL", "LTM_REDIS_URL"])
+def test_run_exits_at_once_on_a_url_that_can_never_work(
+    var: str, postgres_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """Before: an AMQP URL like this was retried for ever (``rabbitmq unavailable``)."""
+    urls = {"LTM_POSTGRES_DSN": postgres_dsn, "LTM_RABBITMQ_URL": rabbitmq_url, "LTM_REDIS_URL": redis_url}
+    urls[var] = userinfo(urls[var], UNENCODED["slash"])
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "worker", "run"],
         cwd=REPO,
-        env=cli_env(
-            LTM_POSTGRES_DSN=postgres_dsn,
-            LTM_REDIS_URL=redis_url,
-            LTM_RABBITMQ_URL=f"amqp://guest:{UNENCODED['slash']}@127.0.0.1:5672/",
-        ),
+        env=cli_env(**urls),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -163,9 +165,38 @@ def test_run_exits_at_once_on_an_amqp_url_that_can_never_work(postgres_dsn: str,
     assert done.returncode == 1
     (line,) = [line for line in json_lines(done.stderr) if line["level"] == "error"]
     assert line["event"] == "cannot start"
-    assert line["error"].startswith("LTM_RABBITMQ_URL is not a valid connection URL: a port that is not")
-    assert "rabbitmq unavailable" not in done.stderr
+    assert line["error"].startswith(f"{var} is not a valid connection URL: a port that is not")
+    assert "unavailable" not in done.stderr
+    assert "waiting for dependency" not in done.stderr
     print(f"worker run exited {done.returncode} after {time.monotonic() - started:.1f} s")
+
+
+async def test_run_logs_no_password_at_debug(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Every form at once, at the most talkative level, through start-up, a dependency wait and a stop."""
+    # the first node refuses (a closed port), the second is the one consumed
+    refusing = with_netloc(rabbitmq_url, f"guest:{SECRET}@127.0.0.1:{free_port()}")
+    env = cli_env(
+        LTM_POSTGRES_DSN=f"{migrated_dsn}?password={SECRET}",
+        LTM_RABBITMQ_URL=f"{refusing},{rabbitmq_url}",
+        LTM_REDIS_URL=f"{redis_url}?password={SECRET}"
+        if "?" not in redis_url
+        else f"{redis_url}&password={SECRET}",
+        LTM_LOG_LEVEL="debug",
+    )
+    process = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("consuming")
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+
+    text = process.log_path.read_text()
+    for piece in PIECES:
+        assert piece not in text
+    assert "Traceback" not in text
 
 
 # --- a real password with every special character, percent-encoded, works -----------------------------
