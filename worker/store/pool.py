@@ -17,6 +17,8 @@ from typing import Any
 import asyncpg
 import orjson
 
+from worker.faults import describe
+
 
 def _encode_json(value: Any) -> str:
     return orjson.dumps(value).decode()
@@ -35,11 +37,10 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 def describe_failure(exc: BaseException) -> str:
     """One line naming what went wrong connecting to or talking to Postgres (never the DSN itself)."""
-    text = " ".join(str(exc).split()) or "(no message)"
     # asyncpg's ClientConfigurationError is a ValueError, and so is what a port that is no number raises
     if isinstance(exc, ValueError):
-        return f"invalid connection string: {text}"
-    return f"{type(exc).__name__}: {text}"
+        return f"invalid connection string: {describe(exc).partition(': ')[2]}"
+    return describe(exc)
 
 
 #: asyncpg's statement cache per connection unless configured: off, which works directly and through a
