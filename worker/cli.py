@@ -31,9 +31,12 @@ def _environment_help() -> str:
     width = max(len(s.var) for s in settings) + 2
     lines = ["configuration comes from the environment (see the README for the full table):"]
     lines += [f"  {s.var:<{width}}default {s.shown_default}" for s in settings]
+    files = [s for s in settings if s.env.file]
     lines += [
         "command-line options override the environment; a value a setting does not take falls back to its",
         "default with a warning (`worker check` lists them).",
+        f"{', '.join(s.var for s in files)} may be given as <VARIABLE>_FILE instead: the path",
+        "of a file holding the value (a mounted secret; its trailing line break dropped); both is an error.",
     ]
     return "\n" + "\n".join(lines) + "\n"
 

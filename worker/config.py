@@ -614,6 +614,10 @@ def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
         help_text = (
             f"{setting.description.replace('`', '')} (env {setting.var}; default {setting.shown_default})"
         )
+        if setting.env.file:
+            help_text += (
+                f"; overrides {setting.env.file_var} too, but shows in the process list: prefer that file"
+            )
         kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
         if isinstance(rule, Choice):
             kwargs["choices"] = rule.choices
