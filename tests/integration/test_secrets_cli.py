@@ -4,8 +4,12 @@ that can never work is one line naming its variable, and secrets can come from `
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -306,3 +310,62 @@ def test_a_missing_secret_file_is_named_with_its_path(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["ok"] is False
     assert report["error"] == f"LTM_POSTGRES_DSN_FILE: cannot read {missing}: No such file or directory"
+
+
+# --- a Redis that asks for the password: every form authenticates, none is shown ----------------------
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[int]:
+    """A private ``redis-server`` on a free loopback port with ``requirepass``; stopped by its PID."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("needs redis-server")
+    port = free_port()
+    options = ["--port", str(port), "--bind", "127.0.0.1", "--requirepass", REDIS_PASSWORD]
+    options += ["--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
+    process = subprocess.Popen(
+        [server, *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert process.poll() is None, "redis-server exited"
+            assert time.monotonic() < deadline, "redis-server did not listen"
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+#: percent-encoded where a URL needs it
+REDIS_PASSWORD = f"S3cQ/#@?x9{SECRET}"
+
+
+def test_every_redis_password_form_authenticates_and_none_is_shown(
+    private_redis: int, migrated_dsn: str, rabbitmq_url: str
+) -> None:
+    encoded = quote(REDIS_PASSWORD, safe="")
+    services = {"LTM_POSTGRES_DSN": migrated_dsn, "LTM_RABBITMQ_URL": rabbitmq_url}
+    for url in (
+        f"redis://:{encoded}@127.0.0.1:{private_redis}/0",
+        f"redis://default:{encoded}@127.0.0.1:{private_redis}/0",
+        f"redis://127.0.0.1:{private_redis}/0?password={encoded}",
+    ):
+        done = worker("check", "--json", **services, LTM_REDIS_URL=url)
+        assert_no_secret(done)
+        redis = json.loads(done.stdout)["dependencies"]["redis"]
+        assert redis["ok"] is True, redis
+        assert "***" in redis["target"]
+
+    wrong = worker(
+        "check", **services, LTM_REDIS_URL=f"redis://127.0.0.1:{private_redis}/0?password={SECRET}wrong"
+    )
+    assert_no_secret(wrong)
+    assert wrong.returncode == 1
+    assert re.search(r"^FAIL\s+redis\s+redis://127\.0\.0\.1:\d+/0\?password=\*\*\*$", wrong.stdout, re.M)
