@@ -178,7 +178,8 @@ _SETTINGS_EXIT = {"dlq": 2}
 def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> int:
     """One line on stderr (``check --json``: the report object on stdout) and the command's exit code."""
     if as_json:
-        print(json.dumps({"ok": False, "error": problem, "dependencies": {}, "fallbacks": []}))
+        report = {"ok": False, "error": problem, "dependencies": {}, "warnings": [], "fallbacks": []}
+        print(json.dumps(report))
     else:
         print(f"worker {command}: {problem}", file=sys.stderr)
     return _SETTINGS_EXIT.get(command, 1)
