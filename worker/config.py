@@ -65,7 +65,7 @@ _URL_START = re.compile(r"(?:^|(?<=[\s,'\"(=<\[]))[A-Za-z][A-Za-z0-9+.-]*://")
 #: ``sslpassword``) or a libpq keyword string (``host=a password='x y'``): its value runs to the next ``&``,
 #: blank or listed URL (a ``#``, ``/`` or ``@`` in it does not end it)
 _SECRET_PARAM = re.compile(
-    r"((?:^|(?<=[?&;\s]))[\w.-]*(?:pass|pwd|secret|token)[\w.-]*\s*=\s*)"
+    r"((?:^|(?<=[?&;\s]))[\w.-]{0,64}(?:pass|pwd|secret|token)[\w.-]{0,64}\s*=\s*)"
     r"('(?:[^'\\]|\\.)*'?|(?:(?!&|\s|,\s*[A-Za-z][A-Za-z0-9+.-]*://).)*)",
     re.IGNORECASE,
 )
