@@ -216,3 +216,24 @@ def test_a_malformed_url_from_a_file_names_the_file_variable(tmp_path: Path) -> 
 
 def test_only_the_connection_settings_take_a_file() -> None:
     assert [s.var for s in declared() if s.env.file] == [PG, AMQP, REDIS]
+
+
+def test_the_bench_gives_its_workers_its_own_services_whichever_form_the_operator_used() -> None:
+    from bench.fleet import worker_environment
+
+    operator = {f"{var}_FILE": f"/run/secrets/{var}" for var in (PG, AMQP, REDIS)} | {"LTM_TRACING": "off"}
+    env = worker_environment(
+        operator,
+        postgres_dsn="postgresql://b/db",
+        rabbitmq_url="amqp://b/",
+        redis_url="redis://b/0",
+        overrides={},
+    )
+
+    settings = load_settings(env)  # both forms at once would be an error
+    assert (settings.postgres_dsn, settings.rabbitmq_url, settings.redis_url) == (
+        "postgresql://b/db",
+        "amqp://b/",
+        "redis://b/0",
+    )
+    assert settings.from_files == ()
