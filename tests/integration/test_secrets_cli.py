@@ -369,3 +369,29 @@ def test_every_redis_password_form_authenticates_and_none_is_shown(
     assert_no_secret(wrong)
     assert wrong.returncode == 1
     assert re.search(r"^FAIL\s+redis\s+redis://127\.0\.0\.1:\d+/0\?password=\*\*\*$", wrong.stdout, re.M)
+
+
+async def test_run_consumes_with_every_secret_from_a_file(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """What the Kubernetes manifests do: only the *_FILE variables, the Secret's keys as files."""
+    env = cli_env()
+    for var, value in {
+        "LTM_POSTGRES_DSN": f"{migrated_dsn}?password={SECRET}",
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }.items():
+        path = tmp_path / var
+        path.write_text(value)  # as the kubelet writes a Secret's key: no line break
+        env[f"{var}_FILE"] = str(path)
+    process = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("consuming")
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+
+    text = process.log_path.read_text()
+    assert SECRET not in text
+    assert "Traceback" not in text
