@@ -23,6 +23,7 @@ import aio_pika
 
 from bench.cpu import process_cpu_seconds
 from sim.process import ModuleProcess, ProcessFailed, stop_all
+from worker.config import declared
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -99,6 +100,10 @@ class Processes:
         await stop_all(self.children, STOP_TIMEOUT)
 
 
+#: the file forms of the connection settings (worker/config.py ``Env.file``)
+_CONNECTION_FILES = frozenset(s.env.file_var for s in declared() if s.env.file)
+
+
 def worker_environment(
     base: Mapping[str, str],
     *,
@@ -108,7 +113,8 @@ def worker_environment(
     overrides: Mapping[str, str],
 ) -> dict[str, str]:
     """The environment of a spawned worker: the bench's services, quiet logs, no HTTP port clash."""
-    env = dict(base)
+    # the bench's own services replace the connection settings, in whichever form (the variable or its _FILE)
+    env = {key: value for key, value in base.items() if key not in _CONNECTION_FILES}
     env.update(
         {
             "LTM_POSTGRES_DSN": postgres_dsn,

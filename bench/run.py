@@ -90,6 +90,7 @@ def bench_settings(options: BenchOptions, env: Mapping[str, str] | None = None) 
         value = getattr(options, option)
         if value is not None:
             merged[var] = str(value)
+            merged.pop(f"{var}_FILE", None)  # an option overrides the file form too, as in `worker run`
     return load_settings(merged)
 
 

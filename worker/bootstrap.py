@@ -18,7 +18,7 @@ import structlog
 from worker.backoff import Backoff
 from worker.broker.urls import Nodes
 from worker.cache import InvalidationPublisher
-from worker.config import Settings
+from worker.config import Settings, connection_problems
 from worker.faults import describe, is_certificate_problem
 from worker.http import HealthServer
 from worker.metrics import Metrics
@@ -58,6 +58,9 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
 
     Yields ``None`` when ``stopping`` is set before that. On exit everything is closed in reverse order.
     """
+    problems = connection_problems(settings)
+    if problems:  # a URL that can never work: nothing to wait for
+        raise InvalidSetting("; ".join(problems.values()))
     try:
         nodes = Nodes.from_setting(settings.rabbitmq_url)
     except ValueError as exc:

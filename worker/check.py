@@ -1,8 +1,11 @@
 """``worker check``: try every dependency with the current configuration and say what works.
 
-For a person setting the worker up: one line per dependency, what was tried and what answered, then a
-warning per setting that fell back to its default; or, with ``--json``, the same as one JSON object for a
-script. Exit 0 when every dependency works (fallbacks are warnings, not failures), 1 otherwise.
+For a person setting the worker up, or a deploy gate asking "can this worker run?": one line per dependency
+(per node of a RabbitMQ cluster), what was tried and what answered, then a warning per setting that fell back
+to its default; or, with ``--json``, the same as one JSON object for a script. Exit 0 when the worker can run:
+Postgres and Redis work and at least one listed RabbitMQ node answers (the worker connects to the first that
+does); every node that does not answer is a warning. ``--all-nodes``: every listed node must answer. Fallbacks
+are warnings, never failures.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import aio_pika
 import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
-from worker.config import Fallback, Settings, expected_value
+from worker.config import Fallback, Settings, connection_problems, expected_value
 from worker.config import redact_url as redact
-from worker.faults import certificate_failure
+from worker.faults import describe
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
 
@@ -81,15 +84,27 @@ async def check_redis(settings: Settings) -> CheckResult:
         await client.aclose()
 
 
+#: the setting each dependency is reached through
+_SETTINGS = {"postgres": "postgres_dsn", "rabbitmq": "rabbitmq_url", "redis": "redis_url"}
+
+
 async def run_checks(settings: Settings) -> list[CheckResult]:
-    """Every dependency, each with its own timeout; a failure becomes a result naming the error."""
-    checks: list[tuple[str, str, Callable[[Settings], Awaitable[CheckResult]]]] = [
-        ("postgres", settings.postgres_dsn, check_postgres),
-        # one line per node of a cluster: a node that does not answer fails the check (the worker itself
-        # runs on the others, but the operator asked whether the configuration works as written)
-        *(("rabbitmq", url, partial(check_rabbitmq_node, url)) for url in split_urls(settings.rabbitmq_url)),
-        ("redis", settings.redis_url, check_redis),
-    ]
+    """Every dependency, each with its own timeout; a failure becomes a result naming the error.
+
+    A URL that can never work is reported as it is (one line naming the variable) and not tried: the client
+    libraries' errors about it quote what a password spilt into."""
+    malformed = connection_problems(settings)
+    checks: list[tuple[str, str, Callable[[Settings], Awaitable[CheckResult]]]] = []
+    for name, field in _SETTINGS.items():
+        value = getattr(settings, field)
+        if field in malformed:
+            checks.append((name, value, partial(_refused, malformed[field])))
+        elif name == "rabbitmq":
+            # one line per node of a cluster: the worker runs while one answers, so the others only warn
+            # (judge), unless --all-nodes asks for every one
+            checks += [(name, url, partial(check_rabbitmq_node, url)) for url in split_urls(value)]
+        else:
+            checks.append((name, value, check_postgres if name == "postgres" else check_redis))
 
     async def guarded(
         name: str, url: str, check: Callable[[Settings], Awaitable[CheckResult]]
@@ -97,13 +112,22 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         try:
             return await asyncio.wait_for(check(settings), timeout=TIMEOUT * 3)
         except Exception as exc:
-            # a refused TLS certificate reads the same for every dependency ("TLS certificate not accepted")
-            if name == "postgres" or certificate_failure(exc) is not None:
+            if isinstance(exc, _Malformed):
+                return CheckResult(name, redact(url), False, str(exc))
+            # describe() words a refused TLS certificate the same for every dependency
+            if name == "postgres":
                 return CheckResult(name, redact(url), False, describe_failure(exc))
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            return CheckResult(name, redact(url), False, f"{type(exc).__name__}: {reason}")
+            return CheckResult(name, redact(url), False, describe(exc))
 
     return list(await asyncio.gather(*(guarded(*c) for c in checks)))
+
+
+class _Malformed(Exception):
+    """A connection setting that can never work; the message names its variable."""
+
+
+async def _refused(problem: str, settings: Settings) -> CheckResult:
+    raise _Malformed(problem)
 
 
 def fallback_line(fallback: Fallback) -> str:
@@ -112,29 +136,78 @@ def fallback_line(fallback: Fallback) -> str:
     return f"{var}={raw!r} is not {expected_value(var)}; using {default!r}"
 
 
-def render(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> str:
-    """The report for a terminal: a line pair per dependency, a ``warn`` line per fallback, the verdict."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the results mean: the ones that fail the check, and the unanswered nodes that only warn."""
+
+    failures: tuple[CheckResult, ...]
+    warnings: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def judge(results: list[CheckResult], *, all_nodes: bool = False) -> Verdict:
+    """A dependency fails when it does not work; a RabbitMQ cluster works when one listed node answers (the
+    others are warnings), unless ``all_nodes`` asks for every one."""
+    failures: list[CheckResult] = []
+    warnings: list[CheckResult] = []
+    for name in dict.fromkeys(r.dependency for r in results):
+        found = [r for r in results if r.dependency == name]
+        failed = [r for r in found if not r.ok]
+        if failed and len(failed) < len(found) and not all_nodes:
+            warnings += failed
+        else:
+            failures += failed
+    return Verdict(tuple(failures), tuple(warnings))
+
+
+def render(
+    results: list[CheckResult], fallbacks: tuple[Fallback, ...] = (), *, all_nodes: bool = False
+) -> str:
+    """The report for a terminal: a line pair per dependency (``warn`` for a node that did not answer while
+    another did), a ``warn`` line per fallback, the verdict."""
+    verdict = judge(results, all_nodes=all_nodes)
+    warned = {id(r) for r in verdict.warnings}
     lines = []
     for r in results:
-        mark = "ok  " if r.ok else "FAIL"
+        mark = "ok  " if r.ok else "warn" if id(r) in warned else "FAIL"
         lines.append(f"{mark}  {r.dependency:<9} {r.target}\n      {r.detail}")
     lines.extend(f"warn  {fallback_line(fallback)}" for fallback in fallbacks)
-    failed = list(dict.fromkeys(r.dependency for r in results if not r.ok))
-    verdict = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+    failed = list(dict.fromkeys(r.dependency for r in verdict.failures))
+    notes = []
+    if verdict.warnings:
+        nodes = sum(r.dependency == "rabbitmq" for r in results)
+        notes.append(
+            f"{len(verdict.warnings)} of {nodes} RabbitMQ nodes did not answer; the worker runs on the "
+            "others, --all-nodes fails on it"
+        )
     if fallbacks:
-        verdict += f" ({len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default)"
-    lines.append(verdict)
+        notes.append(f"{len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default")
+    verdict_line = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+    if notes:
+        verdict_line += f" ({'; '.join(notes)})"
+    lines.append(verdict_line)
     return "\n".join(lines)
 
 
-def as_json(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) -> dict[str, Any]:
-    """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives."""
+def as_json(
+    results: list[CheckResult], fallbacks: tuple[Fallback, ...] = (), *, all_nodes: bool = False
+) -> dict[str, Any]:
+    """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives,
+    ``warnings`` the nodes that did not answer while another did (with ``--all-nodes`` they fail instead)."""
+    verdict = judge(results, all_nodes=all_nodes)
+    failing = {id(r) for r in verdict.failures}
     by_dependency: dict[str, list[CheckResult]] = {}
     for r in results:
         by_dependency.setdefault(r.dependency, []).append(r)
     return {
-        "ok": all(r.ok for r in results),
-        "dependencies": {name: _dependency_json(found) for name, found in by_dependency.items()},
+        "ok": verdict.ok,
+        "dependencies": {name: _dependency_json(found, failing) for name, found in by_dependency.items()},
+        "warnings": [
+            {"dependency": r.dependency, "target": r.target, "problem": r.detail} for r in verdict.warnings
+        ],
         "fallbacks": [
             {"variable": var, "value": raw, "default": default, "expected": expected_value(var)}
             for var, raw, default in fallbacks
@@ -142,18 +215,18 @@ def as_json(results: list[CheckResult], fallbacks: tuple[Fallback, ...] = ()) ->
     }
 
 
-def _dependency_json(found: list[CheckResult]) -> dict[str, Any]:
-    """One dependency's entry; several RabbitMQ nodes are one entry (ok when every node is) with a ``nodes``
-    list, the same fields per node."""
+def _dependency_json(found: list[CheckResult], failing: set[int]) -> dict[str, Any]:
+    """One dependency's entry; several RabbitMQ nodes are one entry (ok when the verdict says the cluster
+    works; ``problem`` names the failing nodes then) with a ``nodes`` list, the same fields per node."""
     entries = [
         {"ok": r.ok, "target": r.target, "detail": r.detail, "problem": None if r.ok else r.detail}
         for r in found
     ]
     if len(entries) == 1:
         return entries[0]
-    problems = [f"{e['target']}: {e['problem']}" for e in entries if e["problem"]]
+    problems = [f"{r.target}: {r.detail}" for r in found if id(r) in failing]
     return {
-        "ok": all(e["ok"] for e in entries),
+        "ok": not problems,
         "target": ",".join(str(e["target"]) for e in entries),
         "detail": "; ".join(f"{e['target']}: {e['detail']}" for e in entries),
         "problem": "; ".join(problems) or None,

@@ -13,7 +13,15 @@ from typing import Any
 
 import structlog
 
-from worker.config import Settings, add_setting_options, declared, load_settings, redact_url
+from worker.config import (
+    Settings,
+    SettingsError,
+    add_setting_options,
+    connection_problems,
+    declared,
+    load_settings,
+    redact_url,
+)
 from worker.logs import configure_logging, log_fallbacks
 
 
@@ -23,9 +31,12 @@ def _environment_help() -> str:
     width = max(len(s.var) for s in settings) + 2
     lines = ["configuration comes from the environment (see the README for the full table):"]
     lines += [f"  {s.var:<{width}}default {s.shown_default}" for s in settings]
+    files = [s for s in settings if s.env.file]
     lines += [
         "command-line options override the environment; a value a setting does not take falls back to its",
         "default with a warning (`worker check` lists them).",
+        f"{', '.join(s.var for s in files)} may be given as <VARIABLE>_FILE instead: the path",
+        "of a file holding the value (a mounted secret; its trailing line break dropped); both is an error.",
     ]
     return "\n" + "\n".join(lines) + "\n"
 
@@ -72,8 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
         "and "
         "Redis with the current configuration; print what works and what does not, and every setting that "
-        "fell back to its default (a warning: it does not fail the check). Exit 0 when every dependency "
-        "works, 1 otherwise.",
+        "fell back to its default (a warning: it does not fail the check). Exit 0 when the worker can run "
+        "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
+        "1 otherwise.",
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -81,8 +93,15 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem), "
-        "fallbacks (variable, value, default, expected); same exit codes",
+        help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem; "
+        "several RabbitMQ nodes: nodes, the same per node), warnings (dependency, target, problem: the nodes "
+        "that did not answer), fallbacks (variable, value, default, expected); same exit codes",
+    )
+    check.add_argument(
+        "--all-nodes",
+        action="store_true",
+        help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one answering "
+        "node is enough, as it is for the worker; the others are warnings)",
     )
     from worker.dlq.commands import add_dlq_parser
 
@@ -133,20 +152,37 @@ def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     stub.set_defaults(bench_missing=True)
 
 
-#: option dest -> variable, for every setting with a `worker run` option
+#: option dest -> the declared setting, for every setting with a `worker run` option
 _OPTION_ENV = {
-    s.env.option.lstrip("-").replace("-", "_"): s.var for s in declared() if s.env.option is not None
+    s.env.option.lstrip("-").replace("-", "_"): s.env for s in declared() if s.env.option is not None
 }
 
 
 def settings_for(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
-    """The settings of a command: ``env`` with the command's options on top, read by the same rules."""
+    """The settings of a command: ``env`` with the command's options on top, read by the same rules (an
+    option overrides the setting's ``_FILE`` variable too). Raises :class:`SettingsError`."""
     merged = dict(env)
-    for option, var in _OPTION_ENV.items():
+    for option, setting in _OPTION_ENV.items():
         value = getattr(args, option, None)
         if value is not None:
-            merged[var] = str(value)
+            merged[setting.var] = str(value)
+            merged.pop(setting.file_var, None)
     return load_settings(merged)
+
+
+#: the exit code of a command whose settings cannot be read or whose connection URL can never work: `dlq`'s
+#: "bad options", the others' "failed"
+_SETTINGS_EXIT = {"dlq": 2}
+
+
+def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> int:
+    """One line on stderr (``check --json``: the report object on stdout) and the command's exit code."""
+    if as_json:
+        report = {"ok": False, "error": problem, "dependencies": {}, "warnings": [], "fallbacks": []}
+        print(json.dumps(report))
+    else:
+        print(f"worker {command}: {problem}", file=sys.stderr)
+    return _SETTINGS_EXIT.get(command, 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,10 +191,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "bench_missing", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    settings = settings_for(args, os.environ)
+    try:
+        settings = settings_for(args, os.environ)
+    except SettingsError as exc:  # before logging is set up: its format is a setting too
+        return _settings_refused(args.command, str(exc), as_json=getattr(args, "json", False))
     configure_logging(settings.log_format, settings.log_level)
     if args.command == "migrate":
         log_fallbacks(settings.fallbacks)  # `worker run` logs them itself, as it starts
+        problem = connection_problems(settings, "postgres_dsn").get("postgres_dsn")
+        if problem is not None:
+            structlog.get_logger("worker.migrate").error(
+                "invalid Postgres connection string", dsn=redact_url(settings.postgres_dsn), error=problem
+            )
+            return 1
         return asyncio.run(_migrate(settings.postgres_dsn))
     if args.command == "run":
         from worker.http import ListenError
@@ -170,17 +215,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
             return 1
     if args.command == "check":
-        from worker.check import as_json, render, run_checks
+        from worker.check import as_json, judge, render, run_checks
 
         results = asyncio.run(run_checks(settings))
         if args.json:
-            print(json.dumps(as_json(results, settings.fallbacks)))
+            print(json.dumps(as_json(results, settings.fallbacks, all_nodes=args.all_nodes)))
         else:
-            print(render(results, settings.fallbacks))
-        return 0 if all(r.ok for r in results) else 1
+            print(render(results, settings.fallbacks, all_nodes=args.all_nodes))
+        return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
         from worker.dlq.commands import run_dlq
 
+        problem = connection_problems(settings, "rabbitmq_url").get("rabbitmq_url")
+        if problem is not None:
+            return _settings_refused("dlq", problem)
         return run_dlq(args, settings)
     if args.command == "bench":
         if getattr(args, "bench_missing", False):

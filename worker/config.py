@@ -27,8 +27,8 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
@@ -46,31 +46,98 @@ LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: the schemes each client library takes (asyncpg, aio-pika, redis-py)
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+AMQP_SCHEMES = ("amqp", "amqps")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+_KEYWORDS = (
+    "a libpq keyword string (host=... password=...), which asyncpg does not take: write it as a "
+    "postgresql:// URI (parameters such as sslmode go in its query)"
+)
 #: where the probe and metrics endpoint listens unless LTM_HTTP_HOST says otherwise: this host only
 DEFAULT_HTTP_HOST = "127.0.0.1"
 
 
-_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+#: where a URL starts in a text: at its start, or after a comma (a list of nodes), a blank, a quote, ``=`` or
+#: an opening bracket; not after a ``:``, so ``amqp://u:ab://c@h`` is one URL whose password holds ``://``
+_URL_START = re.compile(r"(?:^|(?<=[\s,'\"(=<\[]))[A-Za-z][A-Za-z0-9+.-]*://")
+#: a parameter holding a secret, in a URL's query (libpq's and redis-py's ``?password=``, libpq's
+#: ``sslpassword``) or a libpq keyword string (``host=a password='x y'``): its value runs to the next ``&``,
+#: blank or listed URL (a ``#``, ``/`` or ``@`` in it does not end it)
+_SECRET_PARAM = re.compile(
+    r"((?:^|(?<=[?&;\s]))[\w.-]{0,64}(?:pass|pwd|secret|token)[\w.-]{0,64}\s*=\s*)"
+    r"('(?:[^'\\]|\\.)*'?|(?:(?!&|\s|,\s*[A-Za-z][A-Za-z0-9+.-]*://).)*)",
+    re.IGNORECASE,
+)
 
 
-def redact_url(url: str) -> str:
-    """``url`` with every password replaced by ``***``, for logs and messages.
+def redact_url(text: str) -> str:
+    """``text`` with every password it holds replaced by ``***``, for every output (logs, ``worker check``,
+    errors): the one redaction of the worker.
 
-    Also for a comma-separated list of URLs (several RabbitMQ nodes, worker/broker/urls.py), a libpq
-    multi-host URI (``postgresql://u:p@a,b/db``) and a libpq keyword DSN (``host=a,b password=...``).
+    A password in a URL's userinfo (``amqp://u:***@h/``), written in a query (``?password=***``,
+    ``&sslpassword=***``) or as a libpq keyword (``password=***``); in a comma-separated list of URLs (several
+    RabbitMQ nodes), a libpq multi-host URI (``postgresql://u:p@a,b/db``) and any text that quotes URLs (an
+    error message). The userinfo of a URL runs to its *last* ``@`` (up to the next URL of a list), so a
+    password holding an unencoded ``/``, ``?``, ``#`` or ``@`` is hidden whole: the URL parsers would split it
+    elsewhere, and a malformed URL is refused (:func:`url_problem`) but still shown this way. An ``@`` in a
+    query value (``?application_name=a@b``) hides more than the password: never less.
     """
-    if "://" not in url:
-        return _KEYWORD_PASSWORD.sub(r"\1***", url)
-    return ",".join(_redact_one(part) for part in url.split(","))
+    starts = list(_URL_START.finditer(text))
+    if starts:
+        pieces = [text[: starts[0].start()]]
+        for n, start in enumerate(starts):
+            end = starts[n + 1].start() if n + 1 < len(starts) else len(text)
+            pieces.append(start.group() + _redact_userinfo(text[start.end() : end]))
+        text = "".join(pieces)
+    return _SECRET_PARAM.sub(r"\1***", text)
 
 
-def _redact_one(url: str) -> str:
-    # a piece of a list or of a multi-host URI without a scheme ("b:5432/db") has no password to hide
-    parts = urlsplit(url) if "://" in url else None
-    if parts is None or parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+def _redact_userinfo(rest: str) -> str:
+    """What follows ``scheme://``, the password of its userinfo hidden (nothing to hide without one)."""
+    at = rest.rfind("@")
+    if at < 0:
+        return rest
+    user, colon, _ = rest[:at].partition(":")
+    return f"{user}:***{rest[at:]}" if colon else rest
+
+
+def _port_text(host: str) -> str | None:
+    """The port written after ``host`` (``[::1]:5432``, ``pg-a:5432``), or None when none is."""
+    if host.startswith("["):
+        _, bracket, after = host.partition("]")
+        return after[1:] if bracket and after.startswith(":") else None
+    _, colon, port = host.rpartition(":")
+    return port if colon else None
+
+
+def url_problem(text: str, schemes: tuple[str, ...], *, hosts_listed: bool = False) -> str | None:
+    """Why ``text`` is not one URL of ``schemes`` that the client libraries read as written, or None.
+
+    Never quotes ``text``: what a password with an unencoded ``/``, ``?``, ``#`` or ``@`` spills into (a
+    port, a path, a fragment, a host) is what the libraries' own errors quote (``invalid literal for int()
+    with base 10: 'S3c'``). ``hosts_listed``: a libpq multi-host URI (``postgresql://u:p@a:5432,b:5433/db``).
+    """
+    scheme, sep, rest = text.strip().partition("://")
+    wanted = " or ".join(f"{s}://" for s in schemes)
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return f"not a URL (expected {wanted}...)"
+    if scheme.lower() not in schemes:
+        return f"the scheme is not {wanted}"
+    if "#" in rest:
+        return "it holds a `#` (a fragment, which no connection URL has)"
+    authority = re.split(r"[/?]", rest, maxsplit=1)[0]
+    path, _, query = rest[len(authority) :].partition("?")
+    if authority.count("@") > 1:
+        return "more than one `@` before the host"
+    hosts = authority.rpartition("@")[2]
+    for host in hosts.split(",") if hosts_listed else [hosts]:
+        port = _port_text(host)
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            return "a port that is not a number 1..65535"
+    if "@" in path or any("@" in field.partition("=")[0] for field in query.split("&")):
+        return "an `@` after the host"
+    return None
 
 
 _LEADING_INT = re.compile(r"^\s*([+-]?\d+)")
@@ -138,6 +205,44 @@ class Text(Rule):
         return text or _UNSET
 
 
+class Url(Text):
+    """A connection URL, taken as written like :class:`Text`; :meth:`problem` says why it can never work.
+
+    ``listed``: one URL or several, comma-separated (the nodes of a RabbitMQ cluster); ``hosts_listed``: a
+    libpq multi-host URI. ``keywords``: what to say about a string of ``key=value`` words (libpq's keyword
+    form, which asyncpg does not take).
+    """
+
+    def __init__(
+        self,
+        schemes: tuple[str, ...],
+        *,
+        listed: bool = False,
+        hosts_listed: bool = False,
+        keywords: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.schemes = schemes
+        self.listed = listed
+        self.hosts_listed = hosts_listed
+        self.keywords = keywords
+
+    def problem(self, value: str) -> str | None:
+        """Why ``value`` can never work as this setting (never quoting it), or None."""
+        if self.keywords and "://" not in value and "=" in value:
+            return self.keywords
+        urls = [part.strip() for part in value.split(",")] if self.listed else [value]
+        if not any(urls):
+            return "no URL given"
+        for url in urls:
+            problem = url_problem(url, self.schemes, hosts_listed=self.hosts_listed)
+            if problem is not None:
+                return (
+                    f"{problem}; percent-encode any `/` `?` `#` `@` `,` in a password (%2F %3F %23 %40 %2C)"
+                )
+        return None
+
+
 class PositiveInt(Rule):
     """The bot's ``parseInt`` rule: leading digits count; anything but an integer > 0 falls back."""
 
@@ -196,13 +301,20 @@ class Choice(Rule):
 class Env:
     """Field metadata: the variable a setting is read from, how, and the ``worker run`` option, if any.
 
-    ``note`` follows the default in the README table (``0`` (off)).
+    ``note`` follows the default in the README table (``0`` (off)). ``file``: a secret, which may also be read
+    from the file that ``<var>_FILE`` names (as the official images of Postgres, RabbitMQ and Redis do).
     """
 
     var: str
     rule: Rule
     option: str | None = None
     note: str | None = None
+    file: bool = False
+
+    @property
+    def file_var(self) -> str:
+        """``LTM_POSTGRES_DSN_FILE``: the variable naming a file that holds the value."""
+        return f"{self.var}_FILE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +340,8 @@ class Declared:
     def table_row(self) -> str:
         """The setting's row of the README table: variable, default (`` `0` (off) ``), meaning."""
         default = f"`{self.default}` ({self.env.note})" if self.env.note else f"`{self.default}`"
-        return f"| `{self.var}` | {default} | {self.description} |"
+        variable = f"`{self.var}` or `{self.env.file_var}`" if self.env.file else f"`{self.var}`"
+        return f"| {variable} | {default} | {self.description} |"
 
 
 # --- the declaration -------------------------------------------------------------------------------------
@@ -279,7 +392,15 @@ class Settings(BaseModel):
 
     model_config = _MODEL
 
-    postgres_dsn: Annotated[str, Env("LTM_POSTGRES_DSN", Text(), "--postgres-dsn")] = Field(
+    postgres_dsn: Annotated[
+        str,
+        Env(
+            "LTM_POSTGRES_DSN",
+            Url(POSTGRES_SCHEMES, hosts_listed=True, keywords=_KEYWORDS),
+            "--postgres-dsn",
+            file=True,
+        ),
+    ] = Field(
         DEFAULT_POSTGRES_DSN,
         description="Postgres connection string (libpq URI; the multi-host form "
         '`postgresql://u:p@pg-a,pg-b/db?target_session_attrs=read-write` works, see "Past one machine")',
@@ -294,11 +415,13 @@ class Settings(BaseModel):
         "transaction-pooling PgBouncer, `100` saves Postgres CPU where the worker connects directly "
         '(see "Past one machine")',
     )
-    rabbitmq_url: Annotated[str, Env("LTM_RABBITMQ_URL", Text(), "--rabbitmq-url")] = Field(
+    rabbitmq_url: Annotated[
+        str, Env("LTM_RABBITMQ_URL", Url(AMQP_SCHEMES, listed=True), "--rabbitmq-url", file=True)
+    ] = Field(
         DEFAULT_RABBITMQ_URL,
         description="AMQP URL, vhost included; for a cluster, one URL per node, comma-separated",
     )
-    redis_url: Annotated[str, Env("LTM_REDIS_URL", Text(), "--redis-url")] = Field(
+    redis_url: Annotated[str, Env("LTM_REDIS_URL", Url(REDIS_SCHEMES), "--redis-url", file=True)] = Field(
         DEFAULT_REDIS_URL, description="Redis URL"
     )
     limits: Limits = Field(default_factory=Limits)
@@ -359,6 +482,8 @@ class Settings(BaseModel):
     topology: Topology = Field(default_factory=Topology)
     #: settings that were given but invalid, as (variable, raw value, default used)
     fallbacks: tuple[Fallback, ...] = ()
+    #: the variables whose value was read from the file their ``_FILE`` variable names
+    from_files: tuple[str, ...] = ()
 
     def as_env(self) -> dict[str, str]:
         """Every declared setting as the variable that gives it this value (for a worker process to start)."""
@@ -400,13 +525,48 @@ def expected_value(var: str) -> str:
     return next((s.env.rule.expected for s in declared() if s.var == var), "a valid value")
 
 
+class SettingsError(ValueError):
+    """A setting that cannot be read at all (a ``_FILE`` variable: both forms set, the file unreadable or
+    empty); the message names the variables and the path, never a value."""
+
+
+def _read_file(env: Env, path: str) -> str:
+    """The value in the file ``path`` (a secret mounted as a file), without its trailing line breaks."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(
+            f"{env.file_var}: cannot read {path}: {exc.strerror or type(exc).__name__}"
+        ) from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{env.file_var}: {path} is not UTF-8 text") from None
+    value = text.rstrip("\r\n")
+    if not value.strip():
+        raise SettingsError(f"{env.file_var}: {path} is empty")
+    return value
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Build the settings from ``env`` (default: ``os.environ``); a value not taken falls back."""
+    """Build the settings from ``env`` (default: ``os.environ``); a value not taken falls back.
+
+    A secret may come from the file its ``_FILE`` variable names instead (the file's text without its
+    trailing line break); :class:`SettingsError` when both are set or the file cannot be read.
+    """
     env = os.environ if env is None else env
     fallbacks: list[Fallback] = []
+    from_files: list[str] = []
     values: dict[str, Any] = {}
     for setting in declared():
         raw = env.get(setting.var)
+        path = env.get(setting.env.file_var) if setting.env.file else None
+        if path:
+            if raw:
+                raise SettingsError(
+                    f"{setting.var} and {setting.env.file_var} are both set: set only one "
+                    f"({setting.env.file_var} names a file holding the value)"
+                )
+            raw = _read_file(setting.env, path)
+            from_files.append(setting.var)
         if raw is None:
             continue
         try:
@@ -420,7 +580,24 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             for parent in parents:
                 target = target.setdefault(parent, {})
             target[name] = value
-    return Settings.model_validate({**values, "fallbacks": tuple(fallbacks)})
+    return Settings.model_validate({**values, "fallbacks": tuple(fallbacks), "from_files": tuple(from_files)})
+
+
+def connection_problems(settings: Settings, *fields: str) -> dict[str, str]:
+    """``{field: why}`` for each connection setting among ``fields`` (all when none are named) whose URL can
+    never work: one line naming the variable (and the file variable it came from), never the value."""
+    problems: dict[str, str] = {}
+    for setting in declared():
+        name = setting.path[-1]
+        if not isinstance(setting.env.rule, Url) or (fields and name not in fields):
+            continue
+        problem = setting.env.rule.problem(getattr(settings, name))
+        if problem is not None:
+            source = setting.var
+            if setting.var in settings.from_files:
+                source = f"{setting.var} (read from {setting.env.file_var})"
+            problems[name] = f"{source} is not a valid connection URL: {problem}"
+    return problems
 
 
 def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
@@ -437,6 +614,10 @@ def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
         help_text = (
             f"{setting.description.replace('`', '')} (env {setting.var}; default {setting.shown_default})"
         )
+        if setting.env.file:
+            help_text += (
+                f"; overrides {setting.env.file_var} too, but shows in the process list: prefer that file"
+            )
         kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
         if isinstance(rule, Choice):
             kwargs["choices"] = rule.choices

@@ -15,6 +15,8 @@ import aiormq.exceptions
 import asyncpg
 import redis.exceptions
 
+from worker.config import redact_url
+
 #: SQLSTATE classes and codes that mean "try again": connection exceptions (08), transaction rollback
 #: incl. deadlock and serialization failure (40), insufficient resources (53), operator intervention
 #: incl. admin shutdown and query cancel (57), lock not available (55P03)
@@ -94,9 +96,10 @@ def is_certificate_problem(problem: str) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line (at most 500 characters), for logs and dead-letter headers; a TLS
+    """``Type: message`` on one line (at most 500 characters), for logs, dead-letter headers and the operator
+    commands; a password the message quotes (a URL, a ``password=`` parameter) is redacted, and a TLS
     certificate the client refused says so first (``TLS certificate not accepted (...): ...``)."""
-    text = " ".join(str(exc).split()) or "(no message)"
+    text = " ".join(redact_url(str(exc)).split()) or "(no message)"
     line = f"{type(exc).__name__}: {text}"
     refused = certificate_failure(exc)
     if refused is not None:

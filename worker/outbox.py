@@ -28,6 +28,7 @@ import structlog
 
 from contracts.models import invalidation_id
 from worker.cache import InvalidationPublisher
+from worker.faults import describe
 from worker.store import repository as repo
 
 log = structlog.get_logger("worker.outbox")
@@ -113,7 +114,7 @@ class InvalidationOutbox:
                 if not self._redis_down:
                     log.warning(
                         "redis unavailable; invalidations are kept in postgres until it answers",
-                        error=f"{type(exc).__name__}: {exc}",
+                        error=describe(exc),
                     )
                 self._redis_down = True
         async with self._pool.acquire() as conn:
@@ -140,7 +141,7 @@ class InvalidationOutbox:
             except Exception as exc:  # Postgres down: the rows stay marked; try again at the next sweep
                 log.warning(
                     "could not publish pending invalidations; trying again later",
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=describe(exc),
                 )
 
     async def _wait_for_redis(self) -> None:
@@ -159,7 +160,7 @@ class InvalidationOutbox:
         try:
             await self._cache.publish_all(invalidations)
         except REDIS_DOWN as exc:
-            raise _RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise _RedisUnavailable(describe(exc)) from exc
 
     async def _sweep(self) -> None:
         """Publish every pending row, oldest first, in batches; then report the backlog."""

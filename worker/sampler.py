@@ -28,6 +28,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from worker.broker.topology import retry_delays, retry_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
+from worker.faults import describe
 from worker.metrics import Metrics
 
 log = structlog.get_logger("worker.sampler")
@@ -95,7 +96,7 @@ class Sampler:
             self._forget_queues()
             await self._disconnect()
             if not self._failing:  # once per outage, not once per interval
-                log.warning("could not sample queue depths", error=f"{type(exc).__name__}: {exc}"[:300])
+                log.warning("could not sample queue depths", error=describe(exc)[:300])
             self._failing = True
         else:
             self._failing = False

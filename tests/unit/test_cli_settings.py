@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from worker.cli import ENVIRONMENT_HELP, _parser, settings_for
 from worker.config import declared
@@ -56,3 +57,19 @@ def test_check_and_migrate_take_only_their_connection_options() -> None:
     assert options("migrate") == {"--postgres-dsn"}
     args = _parser().parse_args(["check", "--redis-url", "redis://cache:6379/1"])
     assert settings_for(args, {"LTM_REDIS_URL": "redis://other/0"}).redis_url == "redis://cache:6379/1"
+
+
+def test_an_option_overrides_the_file_variable_too(tmp_path: Path) -> None:
+    path = tmp_path / "url"
+    path.write_text("redis://:from-file@cache:6379/0\n")
+    env = {"LTM_REDIS_URL_FILE": str(path)}
+
+    from_file = settings_for(_parser().parse_args(["check"]), env)
+    overridden = settings_for(_parser().parse_args(["check", "--redis-url", "redis://other:6379/1"]), env)
+
+    assert (from_file.redis_url, from_file.from_files) == (
+        "redis://:from-file@cache:6379/0",
+        ("LTM_REDIS_URL",),
+    )
+    assert (overridden.redis_url, overridden.from_files) == ("redis://other:6379/1", ())
+    assert "LTM_REDIS_URL may be given as <VARIABLE>_FILE instead" in ENVIRONMENT_HELP

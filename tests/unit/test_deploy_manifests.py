@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
-from worker.config import Topology, load_settings
+from worker.config import Topology, connection_problems, declared, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -245,13 +245,44 @@ def test_pods_run_the_image_as_non_root_on_a_read_only_root(kind: str) -> None:
         for amounts in container["resources"].values():
             for resource, amount in amounts.items():
                 assert QUANTITY.match(str(amount)), f"{resource}: {amount!r} is not a quantity"
-        assert [
-            ref["configMapRef" if "configMapRef" in ref else "secretRef"]["name"]
-            for ref in container["envFrom"]
-        ] == [
-            "ltm-worker-config",
-            "ltm-worker-secrets",
-        ]
+        assert [ref["configMapRef"]["name"] for ref in container["envFrom"]] == ["ltm-worker-config"]
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Job"])
+def test_pods_read_the_secrets_from_files_never_from_the_environment(kind: str, tmp_path: Path) -> None:
+    pod = one(kind)["spec"]["template"]["spec"]
+    secret = one("Secret", "ltm-worker-secrets")["stringData"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "ltm-worker-secrets"
+    assert volume["secret"]["defaultMode"] == 0o440  # the pod's group may read, nobody else
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    for container in pod["containers"]:
+        assert all("secretRef" not in ref for ref in container.get("envFrom", []))
+        env = {item["name"]: item for item in container["env"]}
+        assert all("valueFrom" not in item for item in env.values()), "a secret as a variable"
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True
+        # each connection setting reads its file of the mounted Secret, and the Secret holds exactly those
+        files = {s.env.file_var: s.var for s in declared() if s.env.file}
+        assert set(env) == set(files)
+        assert {env[file_var]["value"]: var for file_var, var in files.items()} == {
+            f"{mount['mountPath']}/{key}": key for key in secret
+        }
+        # as the kubelet would write them: the worker reads the Secret's values, the ConfigMap's settings
+        mounted = {**config_data()}
+        for file_var, var in files.items():
+            path = tmp_path / kind / var
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(secret[var])
+            mounted[file_var] = str(path)
+        settings = load_settings(mounted)
+        assert (settings.postgres_dsn, settings.rabbitmq_url, settings.redis_url) == (
+            secret["LTM_POSTGRES_DSN"],
+            secret["LTM_RABBITMQ_URL"],
+            secret["LTM_REDIS_URL"],
+        )
+        assert (settings.from_files, settings.fallbacks) == (tuple(files.values()), ())
+        assert connection_problems(settings) == {}
 
 
 def test_the_job_migrates_and_the_deployment_runs_the_same_image() -> None:
@@ -361,6 +392,7 @@ def test_compose_gives_the_worker_valid_settings_and_its_stop_time() -> None:
     env = {key: str(value) for key, value in worker["environment"].items()}
     settings = load_settings(env)
     assert settings.fallbacks == ()
+    assert connection_problems(settings) == {}
     assert settings.http_host == "0.0.0.0"
     assert worker["stop_grace_period"] == f"{settings.shutdown_grace_seconds + 10}s"
     assert compose()["services"]["migrate"]["environment"] == worker["environment"]

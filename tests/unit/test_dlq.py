@@ -8,6 +8,7 @@ import pytest
 
 from worker import dlq
 from worker.config import Topology
+from worker.dlq.render import json_depth, terminal_safe
 
 TOPOLOGY = Topology()
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -189,3 +190,32 @@ def test_urls_in_messages_carry_no_password() -> None:
     assert dlq.vhost_of("amqp://guest:guest@host:5672/") == "/"
     assert dlq.vhost_of("amqp://guest:guest@host:5672/%2Fprod") == "/prod"
     assert dlq.vhost_of("amqp://host") == "/"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain id-1 ü ☃", "plain id-1 ü ☃"),
+        ("a\x1b[2Jb", "a\\x1b[2Jb"),
+        ("line\r\nfake", "line\\r\\nfake"),
+        ("tab\there\x07\x00\x7f", "tab\\there\\x07\\x00\\x7f"),
+        ("csi\x9b31m", "csi\\x9b31m"),
+        ("rtl\u202eoverride\u2066\u200b", "rtl\\u202eoverride\\u2066\\u200b"),
+    ],
+)
+def test_terminal_safe_escapes_what_a_terminal_acts_on(text: str, shown: str) -> None:
+    assert terminal_safe(text) == shown
+
+
+@pytest.mark.parametrize(
+    ("body", "depth"),
+    [
+        (b'{"a": 1}', 1),
+        (b'{"a": [[{"b": []}]]}', 5),
+        (b'{"a": "[[[[\\"{{"}', 1),  # brackets inside a string, an escaped quote
+        (b"[" * 10_000 + b"]" * 10_000, 10_000),
+        (b"not json", 0),
+    ],
+)
+def test_json_depth_counts_nesting_outside_strings(body: bytes, depth: int) -> None:
+    assert json_depth(body) == depth

@@ -24,7 +24,11 @@ def test_the_readme_table_is_the_declaration() -> None:
 def test_every_field_but_the_contract_and_the_record_is_read_from_a_variable() -> None:
     paths = {".".join(s.path) for s in declared()}
 
-    assert set(Settings.model_fields) - {p.split(".")[0] for p in paths} == {"topology", "fallbacks"}
+    assert set(Settings.model_fields) - {p.split(".")[0] for p in paths} == {
+        "topology",
+        "fallbacks",
+        "from_files",
+    }
     assert {p for p in paths if p.startswith("limits.")} == {f"limits.{f}" for f in Limits.model_fields}
     assert len({s.var for s in declared()}) == len(paths)
 

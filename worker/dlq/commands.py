@@ -19,7 +19,14 @@ from worker.config import Settings, Topology, add_setting_options
 from worker.config import redact_url as redact
 from worker.dlq.letters import Selection, parse_duration
 from worker.dlq.operations import browse, purge, replay
-from worker.dlq.render import Progress, format_message, json_line, list_header, list_line
+from worker.dlq.render import (
+    Progress,
+    format_message,
+    json_line,
+    list_header,
+    list_line,
+    terminal_safe,
+)
 from worker.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, error_text, open_dead_letters
 
 EXIT_OK = 0  # also when nothing was selected: an empty list, or nothing to replay or purge, is an answer
@@ -34,7 +41,7 @@ exit codes:
   0  done, also when nothing matched (list prints no lines; replay and purge move or delete 0)
   1  show: no such dead letter; replay: some dead letters could not be republished (they stay in the DLQ);
      purge: not confirmed
-  2  bad options; purge without --yes when stdin is not a terminal
+  2  bad options; purge without --yes when stdin is not a terminal; LTM_RABBITMQ_URL can never work
   3  RabbitMQ cannot be reached (or the connection was lost; nothing is lost with it)
   4  the DLQ (replay: or the work exchange) does not exist on the vhost
   130  interrupted (Ctrl-C); whatever was not settled stays in the DLQ
@@ -154,7 +161,7 @@ async def replay_command(
                 )
                 return EXIT_OK
             for event_id, why in totals.failures:
-                console.err.write(f"not replayed: {event_id or '-'}: {why}\n")
+                console.err.write(f"not replayed: {terminal_safe(event_id or '-')}: {terminal_safe(why)}\n")
             console.out.write(f"moved {totals.removed}, kept {totals.kept}\n")
             return EXIT_FAILED if totals.failures else EXIT_OK
 

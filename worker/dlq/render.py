@@ -1,8 +1,15 @@
-"""What ``worker dlq`` prints: the list table and JSON lines, a dead letter in full, progress."""
+"""What ``worker dlq`` prints: the list table and JSON lines, a dead letter in full, progress.
+
+A dead letter's body, properties and headers are the shard's text (the worker's own headers too, on a message
+the broker dead-lettered): everything from them is printed through :func:`terminal_safe`, so an escape
+sequence, a carriage return or a line feed shows as ``\\x1b``, ``\\r``, ``\\n`` instead of acting on the
+operator's terminal (clearing it, or faking a line of output). ``--json`` lines are JSON-escaped instead.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -13,6 +20,52 @@ import orjson
 from worker.broker.headers import rfc3339
 from worker.dlq.letters import DeadLetter
 from worker.dlq.sweep import Found, Sweep
+
+#: what a terminal acts on rather than shows: C0 controls (ESC, CR, LF, BS...), DEL, C1 controls (the 8-bit
+#: CSI), and the Unicode format characters that hide or reorder text (zero-width, bidi embeddings, isolates)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\u202e``)."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+#: a JSON body nested deeper than this is shown as received, not indented (a real event is 3 deep; 10,000
+#: levels indented would be 100 MB of blanks, and Python's JSON parser recurses)
+MAX_PRETTY_DEPTH = 64
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply the arrays and objects of a JSON text nest (brackets outside strings), without parsing."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
 
 _COLUMNS = ("EVENT_ID", "KIND", "ATTEMPTS", "FAILED_AT", "SHARD", "AGE", "ERROR")
 _WIDTHS = (36, 19, 8, 24, 5, 7)
@@ -41,13 +94,13 @@ def list_line(letter: DeadLetter, now: datetime) -> str:
     """One human-readable line (the error last, in full, on one line)."""
     return _row(
         (
-            letter.event_id or "-",
-            letter.kind,
+            terminal_safe(letter.event_id or "-"),
+            terminal_safe(letter.kind),
             "-" if letter.attempts is None else str(letter.attempts),
             "-" if letter.failed_at is None else rfc3339(letter.failed_at),
             "-" if letter.shard_id is None else str(letter.shard_id),
             format_age(letter.age(now)),
-            " ".join(letter.error.split()),
+            terminal_safe(" ".join(letter.error.split())),
         )
     )
 
@@ -78,19 +131,21 @@ _PROPERTIES = (
 
 
 def format_message(found: Found, now: datetime) -> str:
-    """The whole message for ``worker dlq show``: summary, delivery, properties, headers, body."""
+    """The whole message for ``worker dlq show``: summary, delivery, properties, headers, body; every piece
+    of the message's own text made :func:`terminal_safe`."""
     message, letter = found.message, found.letter
     attempts = "?" if letter.attempts is None else letter.attempts
     failed_at = "?" if letter.failed_at is None else rfc3339(letter.failed_at)
     shard = "-" if letter.shard_id is None else letter.shard_id
+    safe = terminal_safe
     lines = [
-        f"event {letter.event_id or '-'}: {letter.kind}, {attempts} attempt(s), failed at {failed_at}"
-        f" ({format_age(letter.age(now))} ago), shard {shard}",
-        f"error: {letter.error}",
-        f"replays to: {letter.routing_key or '?'} (replayed {letter.replay_count} time(s) so far)",
+        f"event {safe(letter.event_id or '-')}: {safe(letter.kind)}, {attempts} attempt(s), failed at "
+        f"{failed_at} ({format_age(letter.age(now))} ago), shard {shard}",
+        f"error: {safe(letter.error)}",
+        f"replays to: {safe(letter.routing_key or '?')} (replayed {letter.replay_count} time(s) so far)",
         "delivery:",
-        f"  exchange: {message.exchange!r}",
-        f"  routing_key: {message.routing_key!r}",
+        f"  exchange: {safe(repr(message.exchange))}",
+        f"  routing_key: {safe(repr(message.routing_key))}",
         f"  redelivered: {str(bool(message.redelivered)).lower()}",
         "properties:",
     ]
@@ -100,24 +155,37 @@ def format_message(found: Found, now: datetime) -> str:
             lines.append(f"  {name}: {_render(value)}")
     lines.append("headers:")
     for key, value in sorted((message.headers or {}).items()):
-        lines.append(f"  {key}: {_render(value, indent=2)}")
-    body = message.body
-    try:
-        parsed = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
-        lines.append(f"body (not JSON, {len(body)} bytes):")
-        lines.append(repr(body))
-    else:
-        lines.append(f"body (JSON, {len(body)} bytes):")
-        lines.append(json.dumps(parsed, indent=2, ensure_ascii=False))
+        lines.append(f"  {safe(str(key))}: {_render(value, indent=2)}")
+    lines.extend(_body_lines(message.body))
     return "\n".join(lines)
 
 
+def _body_lines(body: bytes) -> list[str]:
+    """The body: indented JSON, or as received when it is not JSON or nests too deep to indent."""
+    depth = json_depth(body)
+    if depth > MAX_PRETTY_DEPTH:
+        text = body.decode(errors="replace")
+        return [
+            f"body ({len(body)} bytes, nested {depth} levels deep: shown as received, not indented):",
+            terminal_safe(text),
+        ]
+    try:
+        parsed = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return [f"body (not JSON, {len(body)} bytes):", repr(body)]
+    pretty = json.dumps(parsed, indent=2, ensure_ascii=False)
+    return [f"body (JSON, {len(body)} bytes):", *(terminal_safe(line) for line in pretty.split("\n"))]
+
+
 def _render(value: Any, indent: int = 0) -> str:
+    """A property or header value on the operator's terminal (nested ones as indented JSON)."""
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value)
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=_jsonable, sort_keys=True)
-    return text.replace("\n", "\n" + " " * indent)
+        return terminal_safe(str(value))
+    try:
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=_jsonable, sort_keys=True)
+    except (RecursionError, ValueError, TypeError):  # nested past the recursion limit, or keys of mixed types
+        return terminal_safe(f"<{type(value).__name__} too deep or irregular to show>")
+    return "\n".join(terminal_safe(line) for line in text.split("\n")).replace("\n", "\n" + " " * indent)
 
 
 def _jsonable(value: Any) -> Any:

@@ -274,8 +274,9 @@ def _connect_reason(exc: BaseException, url: str) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """What an error says, or its class name when it says nothing."""
-    text = str(exc)
+    """What an error says on one line (a password it quotes redacted), or its class name when it says
+    nothing."""
+    text = " ".join(redact(str(exc)).split())
     return text if text else type(exc).__name__
 
 

@@ -39,11 +39,10 @@ def describe_failure(exc: BaseException) -> str:
     """One line naming what went wrong connecting to or talking to Postgres (never the DSN itself)."""
     if certificate_failure(exc) is not None:  # a ValueError too, but the DSN may be right
         return describe(exc)
-    text = " ".join(str(exc).split()) or "(no message)"
     # asyncpg's ClientConfigurationError is a ValueError, and so is what a port that is no number raises
     if isinstance(exc, ValueError):
-        return f"invalid connection string: {text}"
-    return f"{type(exc).__name__}: {text}"
+        return f"invalid connection string: {describe(exc).partition(': ')[2]}"
+    return describe(exc)
 
 
 #: asyncpg's statement cache per connection unless configured: off, which works directly and through a
