@@ -128,9 +128,24 @@ def bodies() -> dict[str, bytes]:
             + b'"}'
         ),
         "memory_content 1e400": _with_raw_arguments(b'{"memory_content":1e400,"memory_scope":"server_wide"}'),
+        "deep arguments holding 20,000 envelope keys": _with_raw_arguments(
+            _fill(b"[" * 1100, b',"event_id":1', b"]" * 1100, MAX_BODY_BYTES - 500)
+            .replace(b"[,", b"[{", 1)
+            .replace(b"]", b"}]", 1)
+        ),
+        "200 KB unknown key, then deep arguments": b'{"pad":"'
+        + b"p" * 200_000
+        + b'",'
+        + _with_raw_arguments(b"[" * 20_000 + b"]" * 20_000)[1:],
+        "1000 members, \\ud800 in memory_content": _dump(
+            _event(
+                arguments={"memory_content": "@@", "memory_scope": "server_wide"},
+                guild_members=_members(1000, 24),
+            )
+        ).replace(b'"@@"', b'"\\ud800"'),
         # the heaviest bodies the contract accepts
         "1000 guild members, 32-char names": _dump(_event(guild_members=_members(1000, 32))),
-        "participants at their bounds": _dump(_event(participants=_participants(100, 10, 40))),
+        "participants at their bounds": _dump(_event(participants=_participants(100, 32, 40))),
     }
     return found
 
