@@ -55,7 +55,7 @@ MAX_BODY_BYTES = 256 * 1024
 # The bounds of every list and string of the envelope (CONTRACT.md "Bounds"). The worker checks them on the
 # parsed JSON before it builds the models (worker/broker/envelope.py), so no event costs more than a few
 # milliseconds to refuse; the models and the JSON Schemas carry the same numbers.
-#: ``guild_members``: 1000 members with 32-character ASCII names take about 120 KB of a 256 KiB body.
+#: ``guild_members``: 1000 members with three 32-character ASCII names each take about 190 KB of 256 KiB.
 MAX_GUILD_MEMBERS = 1000
 #: ``participants``: the conversation's tool-target references (the people in the turn's context).
 MAX_PARTICIPANTS = 100
