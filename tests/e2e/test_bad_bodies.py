@@ -322,3 +322,56 @@ async def test_every_bad_body_of_section_1_is_answered_or_refused_as_the_contrac
     assert worker_errors(stack) == []
     assert stack.workers[0].proc is not None
     assert stack.workers[0].proc.poll() is None, "the worker died"
+
+
+async def test_a_flood_of_bad_bodies_is_answered_and_every_good_event_with_it(stack: Stack) -> None:
+    """Section 3's floods, correctness only (the latency under them is `python -m bench.flood`): 60 events of
+    240 KB over the participants bound, 300 with NUL in memory_content, 10 over 256 KiB, interleaved with good
+    events."""
+    world = await stack.rows.world()
+    stack.worker()
+    await stack.workers_ready()
+
+    def body(arguments: Any, **kwargs: Any) -> dict[str, Any]:
+        return event_body(arguments, persona_id=world.persona_id, **kwargs)
+
+    wide = [body({"memory_content": "x", "memory_scope": "server_wide"}) for _ in range(60)]
+    for data in wide:
+        data["context"]["participants"] = [0] * 120_000
+    nul = [body({"memory_content": f"a\x00{n}", "memory_scope": "server_wide"}) for n in range(300)]
+    over = [body({"memory_content": "x" * 263_000, "memory_scope": "server_wide"}) for _ in range(10)]
+    goods = [body({"memory_content": f"good {n}", "memory_scope": "server_wide"}) for n in range(40)]
+    bad = [*wide, *nul, *over]
+    waiting = list(goods)
+    async with Shard(stack.rabbitmq_url) as shard:
+        for n, data in enumerate(bad):
+            # compact JSON, as a shard writes it: 240 KB, within the 256 KiB a body may have
+            await shard.link.publish(orjson.dumps(data), message_id=data["event_id"], type=EVENT_TYPE)
+            if n % 10 == 0 and waiting:
+                await shard.publish(waiting.pop(0))
+        for good in waiting:
+            await shard.publish(good)
+        answered = [d["event_id"] for d in (*wide, *nul, *goods)]
+        await shard.wait_for_results(answered, timeout=120)
+        letters = await take_dead_letters(stack.rabbitmq_url, len(wide) + len(over), timeout=60)
+        await shard.settle()
+
+    results = shard.received.results
+    assert all(results[g["event_id"]][0]["status"] == Status.SAVED for g in goods)
+    for data in wide:
+        [result] = results[data["event_id"]]
+        assert result["status"] == Status.INTERNAL_ERROR
+        assert result["data"]["reason"] == SCHEMA_REASON
+    for data in nul:
+        [result] = results[data["event_id"]]
+        assert result["status"] == Status.INVALID_ARGS
+        assert "must not contain NUL characters" in result["error"]
+    assert not any(d["event_id"] in results for d in over)  # not read: no ids to answer by
+    errors = [(letter.headers["x-ltm-error-kind"], letter.headers["x-ltm-error"]) for letter in letters]
+    assert all(kind == "schema" for kind, _ in errors)
+    assert sum("context.participants: 120000 items, at most 100" in error for _, error in errors) == 60
+    assert sum("byte limit" in error for _, error in errors) == 10
+    assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == len(goods)
+    assert worker_errors(stack) == []
+    assert stack.workers[0].proc is not None
+    assert stack.workers[0].proc.poll() is None, "the worker died"
