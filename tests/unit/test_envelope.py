@@ -277,8 +277,10 @@ def test_the_message_id_must_be_the_event_id() -> None:
     assert f"message_id '{other}' is not the body's event_id {data['event_id']}" in read.error
     assert read.ids is not None
     assert str(read.ids.event_id) == data["event_id"]
-    # the same id in upper case is another id on the wire
-    assert isinstance(refused(read_event(dumped(data), message_id=data["event_id"].upper())), Unreadable)
+    # what is not a canonical UUID is not read as an event id: aiormq makes up 32 hex digits for a publish
+    # without a message_id, and the worker's retry copy of such an event goes out that way
+    assert isinstance(read_event(dumped(data), message_id=uuid.uuid4().hex), ToolCallEvent)
+    assert isinstance(read_event(dumped(data), message_id="poison"), ToolCallEvent)
 
 
 # --- the tolerant reading: bad values inside arguments are the pipeline's to answer ------------------------

@@ -12,8 +12,8 @@ measures them):
    envelope against CONTRACT.md's bounds (lengths, item types, no U+0000, no lone surrogate) before pydantic
    sees it: an over-bound event is refused in microseconds with a message naming the field, and what reaches
    pydantic can only give it a handful of errors.
-3. **Models.** pydantic builds the :class:`ToolCallEvent`; the AMQP ``message_id``, when there is one, must be
-   the body's ``event_id``.
+3. **Models.** pydantic builds the :class:`ToolCallEvent`; the AMQP ``message_id``, when it is a canonical
+   UUID, must be the body's ``event_id``.
 """
 
 from __future__ import annotations
@@ -90,7 +90,10 @@ class Unreadable:
 def read_event(body: bytes, message_id: str | None = None) -> ToolCallEvent | Unreadable:
     """Parse ``body`` with the contract models; never raises.
 
-    ``message_id`` is the delivery's AMQP ``message_id``: when set it must be the body's ``event_id``.
+    ``message_id`` is the delivery's AMQP ``message_id``: when it is a UUID in the canonical form it must be
+    the body's ``event_id``. Other values are not read: none, or the 32 hex digits aiormq makes up for a
+    publish without one (the worker's own retry copies of such an event get one that way, and so does a
+    ``worker dlq replay`` of it).
     """
     if len(body) > MAX_BODY_BYTES:
         return Unreadable(
@@ -116,7 +119,7 @@ def read_event(body: bytes, message_id: str | None = None) -> ToolCallEvent | Un
         return Unreadable(
             DeadLetterKind.SCHEMA, _one_line(f"envelope breaks the contract: {problem}"), routable_ids(data)
         )
-    if message_id is not None and message_id != data["event_id"]:
+    if message_id is not None and _CANONICAL.match(message_id) and message_id != data["event_id"]:
         return Unreadable(
             DeadLetterKind.SCHEMA,
             _one_line(f"message_id {message_id!r} is not the body's event_id {data['event_id']}"),
