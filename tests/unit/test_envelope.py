@@ -431,3 +431,27 @@ def test_a_body_over_the_limit_is_not_read() -> None:
     read = refused(read_event(dumped(data)))
     assert "byte limit" in read.error
     assert read.ids is None
+
+
+def test_what_passes_the_bounds_check_gives_pydantic_only_a_handful_of_errors() -> None:
+    """Every scalar of the envelope wrong at once, the lists within bounds: a few dozen errors at most, where
+    an unchecked list used to make pydantic build one per item (120,000 for the review's body)."""
+    data = body(guild_members=[member("1150000000000000201", "u")] * MAX_GUILD_MEMBERS)
+    data.update(schema_version="1", event_id=1, tool_name=2, issued_at="yesterday", shard_id="4")
+    data["context"].update(
+        guild_disc_id=1,
+        channel_disc_id=2,
+        thread_id=3,
+        triggering_user_disc_id=4,
+        bot_user_disc_id=5,
+        persona_id="x",
+    )
+    data["context"]["reply_via"] = {"webhook_disc_id": 1, "username": 2, "avatar_url": 3}
+    assert envelope_problem(data) is not None  # reply_via.username is not a string: named before pydantic
+    del data["context"]["reply_via"]
+    assert envelope_problem(data) is None
+    with pytest.raises(ValidationError) as raised:
+        ToolCallEvent.model_validate(data)
+    assert raised.value.error_count() <= 20
+    read = refused(read_event(dumped(data)))
+    assert "(+" in read.error  # five named, the count of the rest given
