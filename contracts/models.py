@@ -8,12 +8,14 @@ These models do no I/O and import nothing from the worker: a shard author reads 
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired
 from uuid import UUID
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -50,9 +52,68 @@ def shard_queue(shard_id: int, kind: ShardQueueKind) -> str:
 
 #: A body larger than this is dead-lettered as ``schema`` without being parsed.
 MAX_BODY_BYTES = 256 * 1024
+
+# The bounds of every list and string of the envelope (CONTRACT.md "Bounds"). The worker checks them on the
+# parsed JSON before it builds the models (worker/broker/envelope.py), so no event costs more than a few
+# milliseconds to refuse; the models and the JSON Schemas carry the same numbers.
+#: ``guild_members``: 1000 members with three 32-character ASCII names each take about 190 KB of 256 KiB.
 MAX_GUILD_MEMBERS = 1000
+#: ``participants``: the conversation's tool-target references (the people in the turn's context).
+MAX_PARTICIPANTS = 100
+#: ``aliases`` of one participant (the original lists about eight kinds of name per person, plus the aliases
+#: a discovery seed carried).
+MAX_ALIASES = 32
+#: Discord's limit for a username, a global (display) name and a guild nickname.
+MAX_DISCORD_NAME = 32
+#: a participant's ``display_label`` and each alias: a persona-relative name (prefix, nickname, suffix) or a
+#: bridge display name.
+MAX_LABEL = 256
+#: a participant's ``target_id``: a Discord id, or a bridge user's id (a Matrix id is at most 255 characters).
+MAX_TARGET_ID = 255
+#: ``reply_via.username``: Discord's limit for a webhook message's username.
+MAX_WEBHOOK_USERNAME = 80
+#: ``reply_via.avatar_url``: a URL, or the ``data:image/...`` URI the original may pass.
+MAX_AVATAR_URL = 128 * 1024
+#: ``tool_call_id``: it travels back as the AMQP ``correlation_id``, a short string of at most 255 bytes.
+MAX_TOOL_CALL_ID_BYTES = 255
+#: ``issued_at``: an RFC 3339 date-time is about 35 characters.
+MAX_DATE_TIME = 64
+#: ``shard_id`` and ``persona_id`` are Postgres ``integer`` columns (int4).
+MAX_INT4 = 2**31 - 1
+#: ``event_id`` in the one form a shard gets back: lower case, hyphenated (``crypto.randomUUID()``).
+CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+#: No text of the envelope may hold U+0000: Postgres refuses it in ``text`` and ``jsonb``.
+NO_NUL = r"^[^\x00]*$"
 
 DiscordId = Annotated[StrictStr, Field(pattern=r"^[0-9]{17,20}$", description="Discord snowflake")]
+
+
+# strings of at most so many characters (code points), without U+0000
+DiscordName = Annotated[StrictStr, Field(max_length=MAX_DISCORD_NAME, pattern=NO_NUL)]
+Label = Annotated[StrictStr, Field(max_length=MAX_LABEL, pattern=NO_NUL)]
+TargetId = Annotated[StrictStr, Field(max_length=MAX_TARGET_ID, pattern=NO_NUL)]
+WebhookUsername = Annotated[StrictStr, Field(max_length=MAX_WEBHOOK_USERNAME, pattern=NO_NUL)]
+AvatarUrl = Annotated[StrictStr, Field(max_length=MAX_AVATAR_URL, pattern=NO_NUL)]
+
+
+def _fits_short_string(value: str) -> str:
+    # the JSON Schema can only say 255 characters; the AMQP short string counts bytes
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_TOOL_CALL_ID_BYTES:
+        raise ValueError(f"must be at most {MAX_TOOL_CALL_ID_BYTES} bytes in UTF-8")
+    return value
+
+
+def _canonical_uuid(value: Any) -> Any:
+    # ``UUID`` alone takes upper case, braces, ``urn:uuid:`` and no hyphens, and gives the canonical form
+    # back: a shard that sent another form could not match its result
+    if isinstance(value, str) and not _CANONICAL_UUID.match(value):
+        raise ValueError(
+            "must be a lower-case UUID with hyphens (8-4-4-4-12), as crypto.randomUUID() writes it"
+        )
+    return value
+
+
+_CANONICAL_UUID = re.compile(CANONICAL_UUID)
 
 
 def _reject_bool_and_float(value: Any) -> Any:
@@ -62,15 +123,35 @@ def _reject_bool_and_float(value: Any) -> Any:
     return value
 
 
-def _reject_number(value: Any) -> Any:
+def _date_time_text(value: Any) -> Any:
     # ``AwareDatetime`` alone accepts a Unix timestamp number; the contract asks for RFC 3339 text.
     if isinstance(value, int | float):
         raise ValueError("must be an RFC 3339 date-time string")
+    if isinstance(value, str) and len(value) > MAX_DATE_TIME:
+        raise ValueError(f"must be at most {MAX_DATE_TIME} characters")
     return value
 
 
 InboundSchemaVersion = Annotated[Literal[1], BeforeValidator(_reject_bool_and_float)]
-Rfc3339 = Annotated[AwareDatetime, BeforeValidator(_reject_number)]
+Rfc3339 = Annotated[
+    AwareDatetime, BeforeValidator(_date_time_text), Field(json_schema_extra={"maxLength": MAX_DATE_TIME})
+]
+#: ``event_id`` as the worker takes it: a UUID in its canonical text form only.
+EventId = Annotated[
+    UUID,
+    BeforeValidator(_canonical_uuid),
+    Field(json_schema_extra={"pattern": CANONICAL_UUID, "maxLength": 36}),
+]
+ToolCallId = Annotated[
+    StrictStr,
+    Field(
+        max_length=MAX_TOOL_CALL_ID_BYTES,
+        pattern=NO_NUL,
+        description=f"at most {MAX_TOOL_CALL_ID_BYTES} bytes in UTF-8 (the result's AMQP correlation_id)",
+    ),
+    AfterValidator(_fits_short_string),
+]
+Int4 = Annotated[StrictInt, Field(ge=0, le=MAX_INT4)]
 
 
 class Status(StrEnum):
@@ -110,9 +191,9 @@ class _Model(BaseModel):
 class ReplyVia(_Model):
     """Deliver the notice through this webhook (an alter persona) instead of the channel."""
 
-    webhook_disc_id: StrictStr
-    username: StrictStr
-    avatar_url: StrictStr | None = None
+    webhook_disc_id: DiscordId
+    username: WebhookUsername
+    avatar_url: AvatarUrl | None = None
 
 
 # The two lists of an event (dozens of members) are pydantic dataclasses, not models: validated the same,
@@ -124,9 +205,9 @@ _ITEM_CONFIG = ConfigDict(extra="ignore")
 class Participant:
     """One of the conversation's tool-target references."""
 
-    target_id: StrictStr
-    display_label: StrictStr
-    aliases: list[StrictStr] = Field(default_factory=list)
+    target_id: TargetId
+    display_label: Label
+    aliases: list[Label] = Field(default_factory=list, max_length=MAX_ALIASES)
     is_bridge: StrictBool = False
 
 
@@ -135,9 +216,9 @@ class GuildMember:
     """A guild member the shard knows; the worker's only view of the guild."""
 
     user_disc_id: DiscordId
-    username: StrictStr
-    global_name: StrictStr | None = None
-    nickname: StrictStr | None = None
+    username: DiscordName
+    global_name: DiscordName | None = None
+    nickname: DiscordName | None = None
     is_bot: StrictBool = False
 
 
@@ -147,9 +228,9 @@ class EventContext(_Model):
     thread_id: DiscordId | None = None
     triggering_user_disc_id: DiscordId | None = None
     bot_user_disc_id: DiscordId
-    persona_id: StrictInt
+    persona_id: Int4
     reply_via: ReplyVia | None = None
-    participants: list[Participant] = Field(default_factory=list)
+    participants: list[Participant] = Field(default_factory=list, max_length=MAX_PARTICIPANTS)
     guild_members: list[GuildMember] = Field(default_factory=list, max_length=MAX_GUILD_MEMBERS)
 
 
@@ -157,11 +238,11 @@ class ToolCallEvent(_Model):
     """Shard -> worker: the model called ``create_long_term_memory`` (or its alias)."""
 
     schema_version: InboundSchemaVersion
-    event_id: UUID
-    tool_call_id: StrictStr
+    event_id: EventId
+    tool_call_id: ToolCallId
     tool_name: ToolName
     issued_at: Rfc3339
-    shard_id: Annotated[StrictInt, Field(ge=0)]
+    shard_id: Int4
     #: The model's arguments, verbatim and untrusted: any JSON value (``null`` when absent).
     arguments: Any = None
     context: EventContext
@@ -304,13 +385,25 @@ RESULT_DATA: dict[Status, tuple[type, ...]] = {
 }
 
 
+# Discord's embed limits, which bound the notice (CONTRACT.md "Notification"): a shard shows it as an embed
+# (title, description, footer) and "Show Full Memory" as an embed whose description is ``full_content`` in a
+# code fence. Counted in characters (code points), as JSON Schema's maxLength is.
+NOTICE_TITLE_LIMIT = 256
+NOTICE_DESCRIPTION_LIMIT = 4096
+NOTICE_FOOTER_LIMIT = 2048
+#: title, description and footer of one embed together
+EMBED_TOTAL_LIMIT = 6000
+#: the "Show Full Memory" embed's description is ``"```\n" + full_content + "\n```"``
+NOTICE_FULL_CONTENT_LIMIT = NOTICE_DESCRIPTION_LIMIT - len("```\n\n```")
+
+
 class Notice(_Model):
     kind: Literal["server_memory", "personal_memory"]
-    title: StrictStr
-    description: StrictStr
-    footer: StrictStr
+    title: Annotated[StrictStr, Field(max_length=NOTICE_TITLE_LIMIT)]
+    description: Annotated[StrictStr, Field(max_length=NOTICE_DESCRIPTION_LIMIT)]
+    footer: Annotated[StrictStr, Field(max_length=NOTICE_FOOTER_LIMIT)]
     accent_color: StrictStr = "#2ECC71"
-    full_content: StrictStr
+    full_content: Annotated[StrictStr, Field(max_length=NOTICE_FULL_CONTENT_LIMIT)]
     expandable: StrictBool
 
 

@@ -101,7 +101,7 @@ class EventHandler:
                 fields=left_out,
                 message_id=message.message_id,
             )
-        parsed = read_event(message.body)
+        parsed = read_event(message.body, message.message_id)
         if isinstance(parsed, Unreadable):
             await self._dead_letter_unreadable(message, parsed)
             return
@@ -231,7 +231,7 @@ class EventHandler:
 
     async def _dead_letter_unreadable(self, message: AbstractIncomingMessage, parsed: Unreadable) -> None:
         event_id = str(parsed.ids.event_id) if parsed.ids else None
-        failure = outcome.internal_error(parsed.error) if parsed.ids else None
+        failure = outcome.internal_error(parsed.kind) if parsed.ids else None
         try:
             await self._dead_letter(
                 message,

@@ -67,7 +67,7 @@ def route_failure(
     re-emits it.
     """
     if not is_transient(exc):
-        failure = None if committed else outcome.internal_error(f"{type(exc).__name__}: {exc}")
+        failure = None if committed else outcome.internal_error(DeadLetterKind.INTERNAL)
         return DeadLetter(DeadLetterKind.INTERNAL, attempt, failure)
     if attempt >= policy.max_attempts:
         return DeadLetter(

@@ -54,6 +54,16 @@ class Received:
     )
 
 
+def event_id_of(body: bytes) -> str | None:
+    """The ``event_id`` string of a JSON object body, else ``None``."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    event_id = parsed.get("event_id") if isinstance(parsed, dict) else None
+    return event_id if isinstance(event_id, str) else None
+
+
 class Shard:
     """A bot shard: publishes tool-call events and records every result and notice (plain JSON).
 
@@ -104,9 +114,15 @@ class Shard:
         routing_key: str = TOOL_ROUTING_KEY,
         headers: dict[str, Any] | None = None,
     ) -> None:
-        """Publish like the bot: persistent JSON with the ids in the AMQP properties, confirmed."""
+        """Publish like the bot: persistent JSON with the ids in the AMQP properties, confirmed.
+
+        Raw bytes go with the ``message_id`` the bot would give them, the body's ``event_id`` when it has one:
+        the worker refuses a ``message_id`` that is not the ``event_id`` (CONTRACT.md section 3), and aiormq
+        would otherwise make one up (it tracks returns by ``message_id``)."""
         if isinstance(body, bytes):
-            await self.link.publish(body, routing_key=routing_key, headers=headers)
+            await self.link.publish(
+                body, routing_key=routing_key, message_id=event_id_of(body), headers=headers
+            )
             return
         await self.link.publish(
             json.dumps(body).encode(),

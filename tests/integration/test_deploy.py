@@ -41,6 +41,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from bench.shards import Shard as BenchShard
+from contracts.models import DeadLetterKind
 from contracts.models import shard_queue as shard_queue_name
 from tests.e2e.harness import Shard as HarnessShard
 from tests.factories import event_body
@@ -541,7 +542,7 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
             event_id=event_id,
             tool_call_id="call_1",
             shard_id=SHARD_ID,
-            result=internal_error("deploy test").result(
+            result=internal_error(DeadLetterKind.INTERNAL).result(
                 RoutableIds(uuid.UUID(event_id), "call_1", SHARD_ID, "create_long_term_memory"),
                 datetime.now(UTC),
             ),

@@ -19,6 +19,7 @@ from contracts.models import (
     RESULT_DATA,
     CacheInvalidation,
     DeadLetterHeaders,
+    DeadLetterKind,
     Notification,
     ServerStateInvalidation,
     Status,
@@ -637,7 +638,8 @@ def every_outcome() -> list[Any]:
         outcome.privacy_restricted("sparrow"),
         outcome.personal_limit_reached("sparrow", 3, 3),
         outcome.database_error(),
-        outcome.internal_error("ValueError: boom"),
+        outcome.internal_error(DeadLetterKind.INTERNAL),
+        outcome.internal_error(DeadLetterKind.SCHEMA),
         saved("target_user", "Sparrow (@sparrow_ow)"),
         saved("server_wide", None),
     ]

@@ -10,13 +10,21 @@ import regex
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.models import GuildMember
+from contracts.models import (
+    EMBED_TOTAL_LIMIT,
+    NOTICE_DESCRIPTION_LIMIT,
+    NOTICE_FULL_CONTENT_LIMIT,
+    NOTICE_TITLE_LIMIT,
+    GuildMember,
+    Notice,
+)
 from worker.pipeline.notice import (
     PERSONAL_MEMORY_FOOTER_MANAGE,
     PERSONAL_MEMORY_FOOTER_PERSONALIZATION_DISABLED,
     PERSONAL_MEMORY_FOOTER_USER_BLACKLISTED,
     SERVER_MEMORY_FOOTER,
     build_preview,
+    clip,
     mentioned_user_ids,
     neutralize_backticks,
     personal_footer,
@@ -395,3 +403,70 @@ def test_preview_is_a_grapheme_prefix_within_the_limit(text: str, limit: int) ->
         assert preview == guarded
     boundaries = {0, *accumulate(len(cluster) for cluster in clusters(guarded))}
     assert len(preview) in boundaries
+
+
+# --- bounds: Discord's embed limits, whatever the names (security-review-3: 202 KB in, 33 MB of notice out) -
+
+
+def assert_within_discord_limits(notice: Notice) -> None:
+    assert len(notice.title) <= NOTICE_TITLE_LIMIT
+    assert len(notice.description) <= NOTICE_DESCRIPTION_LIMIT
+    assert len(notice.title) + len(notice.description) + len(notice.footer) <= EMBED_TOTAL_LIMIT
+    assert len(notice.full_content) <= NOTICE_FULL_CONTENT_LIMIT
+    assert len(f"```\n{notice.full_content}\n```") <= NOTICE_DESCRIPTION_LIMIT  # the "Show Full Memory" embed
+    assert notice.description.endswith("\n```")  # the preview's fence is never cut
+    Notice.model_validate(notice.model_dump())
+
+
+def test_user_repeated_with_a_huge_saved_nickname_gives_a_bounded_notice() -> None:
+    # the review's case: "{user}" 166 times; the name now comes at most 256 characters long into the text
+    content = "{user} " * 166
+    rendered = render(content, user_name="N" * 200_000)
+    assert len(rendered) <= 166 * 257
+    notice = server_notice(title_name="Tomori", rendered_content=rendered)
+    assert_within_discord_limits(notice)
+    assert notice.expandable
+    assert notice.full_content.endswith("…")
+    assert notice.full_content.startswith("N" * 255 + "… " + "N" * 255 + "…")
+
+
+def test_long_names_in_mentions_and_the_bot_name_are_cut() -> None:
+    content = f"<@{ALICE}> and <@{BOT}> and {{bot}}"
+    rendered = render(content, bot_nickname="B" * 1000, users=saved(ALICE, "A" * 1000))
+    assert rendered == f"{'A' * 255}… and {'B' * 255}… and {'B' * 255}…"
+
+
+def test_a_long_title_name_or_label_is_cut_to_the_title_limit() -> None:
+    notice = personal_notice(
+        title_name="T" * 300,
+        target_label="L" * 5000,
+        rendered_content="likes tea",
+        footer=PERSONAL_MEMORY_FOOTER_MANAGE,
+    )
+    assert_within_discord_limits(notice)
+    assert notice.title == "💡 " + "T" * (NOTICE_TITLE_LIMIT - 3) + "…"
+    assert notice.title.endswith("…")
+    assert f"about {'L' * 255}… has been saved:" in notice.description
+
+
+def test_a_preview_limit_past_the_description_limit_is_held_to_it() -> None:
+    notice = server_notice(title_name="Tomori", rendered_content="a" * 9000, preview_limit=10**6)
+    assert_within_discord_limits(notice)
+    assert notice.expandable
+    assert len(notice.description) == NOTICE_DESCRIPTION_LIMIT
+
+
+def test_clip_cuts_on_a_grapheme_boundary_within_the_limit() -> None:
+    assert clip("abc", 3) == "abc"
+    assert clip("abcd", 3) == "ab…"
+    assert clip("a" + FAMILY + "b", 4) == "a…"  # the family is kept whole or dropped whole
+    assert clip("a" + "\u0301" * 900, 10) == "…"
+
+
+@given(st.text(max_size=300), st.text(max_size=300), st.integers(min_value=0, max_value=5000))
+def test_any_notice_keeps_to_the_limits(name: str, label: str, repeat: int) -> None:
+    rendered = render("{user}" * min(repeat, 170), user_name=label)
+    assert_within_discord_limits(server_notice(title_name=name, rendered_content=rendered))
+    assert_within_discord_limits(
+        personal_notice(title_name=name, target_label=label, rendered_content=rendered, footer="f")
+    )

@@ -7,7 +7,7 @@ import re
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from contracts.models import EventContext, GuildMember, Participant
+from contracts.models import MAX_DISCORD_NAME, MAX_TARGET_ID, EventContext, GuildMember, Participant
 from worker.pipeline.resolver import MAX_CANDIDATES, Ambiguous, NotFound, Resolved, resolve_target
 from worker.pipeline.state import NamingConfig, PersonaState, UserRecord
 from worker.pipeline.text import JS_WHITESPACE, js_trim, normalize_alias, sanitize_placeholders
@@ -119,19 +119,22 @@ names = st.one_of(
     interesting_text,
 )
 optional_names = st.one_of(st.none(), names)
+# what the contract lets a shard send (CONTRACT.md "Bounds"): Discord names of at most 32 characters, no NUL
+member_names = names.map(lambda s: s.replace("\x00", "")[:MAX_DISCORD_NAME])
+envelope_text = interesting_text.map(lambda s: s.replace("\x00", "")[:MAX_TARGET_ID])
 members = st.builds(
     GuildMember,
     user_disc_id=discord_ids,
-    username=names,
-    global_name=optional_names,
-    nickname=optional_names,
+    username=member_names,
+    global_name=st.one_of(st.none(), member_names),
+    nickname=st.one_of(st.none(), member_names),
     is_bot=st.booleans(),
 )
 participants = st.builds(
     Participant,
-    target_id=st.one_of(discord_ids, st.sampled_from(["@alice:matrix.org", "persona:7"]), interesting_text),
-    display_label=names,
-    aliases=st.lists(names, max_size=4),
+    target_id=st.one_of(discord_ids, st.sampled_from(["@alice:matrix.org", "persona:7"]), envelope_text),
+    display_label=envelope_text,
+    aliases=st.lists(envelope_text, max_size=4),
     is_bridge=st.booleans(),
 )
 affixes = st.dictionaries(st.sampled_from(["neutral", "masculine", "feminine"]), names, max_size=3)

@@ -13,7 +13,15 @@ from collections.abc import Callable, Mapping
 
 import regex
 
-from contracts.models import GuildMember, Notice
+from contracts.models import (
+    EMBED_TOTAL_LIMIT,
+    MAX_LABEL,
+    NOTICE_DESCRIPTION_LIMIT,
+    NOTICE_FULL_CONTENT_LIMIT,
+    NOTICE_TITLE_LIMIT,
+    GuildMember,
+    Notice,
+)
 from worker.pipeline.state import UserRecord
 from worker.pipeline.text import JS_WHITESPACE, js_trim
 
@@ -99,13 +107,26 @@ def build_preview(text: str, limit: int = MEMORY_NOTICE_PREVIEW_LIMIT) -> tuple[
     guarded = neutralize_backticks(js_trim(text))
     if len(guarded) <= limit:
         return guarded, False
+    return guarded[: _grapheme_cut(guarded, limit)], True
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` code points, else cut on a grapheme boundary with ``…`` added,
+    within ``limit`` in all: how the notice keeps to Discord's embed limits."""
+    if len(text) <= limit:
+        return text
+    return text[: _grapheme_cut(text, limit - 1)] + "…"
+
+
+def _grapheme_cut(text: str, limit: int) -> int:
+    """The end of the last extended grapheme cluster of ``text`` that ends within ``limit`` code points."""
     # the clusters cover the text end to end: cut after the last one that ends within the limit
     cut = 0
-    for cluster in _GRAPHEME.finditer(guarded):
+    for cluster in _GRAPHEME.finditer(text, 0, limit + 1):
         if cluster.end() > limit:
             break
         cut = cluster.end()
-    return guarded[:cut], True
+    return cut
 
 
 def mentioned_user_ids(content: str) -> set[str]:
@@ -146,13 +167,15 @@ def render_for_display(
        ``user_name`` or ``"User"``, ``char`` is the bot's name; ``user_formatted`` and
        ``user_term`` have no value here and stay literal.
 
-    Names inserted in step 3 go through step 4 as well, as in the original.
+    Names inserted in step 3 go through step 4 as well, as in the original. Every name inserted is cut to
+    256 characters (:func:`clip`), so a memory of 1000 characters renders to at most about 43,000 however long
+    the names in the database are; the notice then keeps to Discord's limits (:func:`server_notice`).
     """
     normalized = _CHANNEL_LINK.sub(lambda link: f"<#{link.group(1)}>", content)
     if not (_MENTION.search(content) or _CHANNEL_LINK.search(content) or _STRICT_MACRO.search(content)):
         return normalized
 
-    bot_name = bot_nickname or DEFAULT_BOT_NAME
+    bot_name = clip(bot_nickname or DEFAULT_BOT_NAME, MAX_LABEL)
 
     def mention_name(mention: re.Match[str]) -> str:
         written, disc_id = mention.group(0), mention.group(1)
@@ -162,14 +185,14 @@ def render_for_display(
             return bot_name
         record = users.get(disc_id)
         if record is not None and not record.blacklisted and personal_memories_enabled and record.nickname:
-            return record.nickname
+            return clip(record.nickname, MAX_LABEL)
         member = members.get(disc_id)
         if member is not None:
-            return member.nickname or member.username or written
+            return clip(member.nickname or member.username or written, MAX_LABEL)
         return written
 
     rendered = _MENTION.sub(mention_name, normalized)
-    values = {"bot": bot_name, "user": user_name or DEFAULT_USER_NAME, "char": bot_name}
+    values = {"bot": bot_name, "user": clip(user_name or DEFAULT_USER_NAME, MAX_LABEL), "char": bot_name}
     for name in _MACRO_NAMES:
         value = values.get(name)
         if not value:
@@ -202,11 +225,14 @@ def server_notice(
     ``title_name`` is ``reply_via.username``, else the persona nickname (the caller's choice);
     ``rendered_content`` is the output of :func:`render_for_display`.
     """
-    preview, expandable = build_preview(rendered_content, preview_limit)
+    title = clip(f"🧠 {title_name or DEFAULT_TITLE_NAME} Learned Something New!", NOTICE_TITLE_LIMIT)
+    head = f"A **[Server Memory]({MEMORY_DOCS_URL})** has been saved:\n"
+    preview_room = _preview_room(title, head, SERVER_MEMORY_FOOTER)
+    preview, expandable = build_preview(rendered_content, min(preview_limit, preview_room))
     return Notice(
         kind="server_memory",
-        title=f"🧠 {title_name or DEFAULT_TITLE_NAME} Learned Something New!",
-        description=f"A **[Server Memory]({MEMORY_DOCS_URL})** has been saved:\n{_fenced(preview)}",
+        title=title,
+        description=f"{head}{_fenced(preview)}",
         footer=SERVER_MEMORY_FOOTER,
         accent_color=NOTICE_ACCENT_COLOR,
         full_content=_full_content(rendered_content),
@@ -226,14 +252,19 @@ def personal_notice(
 
     ``footer`` comes from :func:`personal_footer`.
     """
-    preview, expandable = build_preview(rendered_content, preview_limit)
+    title = clip(
+        f"💡 {title_name or DEFAULT_TITLE_NAME} Learned Something New about {target_label}!",
+        NOTICE_TITLE_LIMIT,
+    )
+    head = (
+        f"A **[Personal Memory]({MEMORY_DOCS_URL})** about {clip(target_label, MAX_LABEL)} has been saved:\n"
+    )
+    preview_room = _preview_room(title, head, footer)
+    preview, expandable = build_preview(rendered_content, min(preview_limit, preview_room))
     return Notice(
         kind="personal_memory",
-        title=f"💡 {title_name or DEFAULT_TITLE_NAME} Learned Something New about {target_label}!",
-        description=(
-            f"A **[Personal Memory]({MEMORY_DOCS_URL})** about {target_label} has been saved:\n"
-            f"{_fenced(preview)}"
-        ),
+        title=title,
+        description=f"{head}{_fenced(preview)}",
         footer=footer,
         accent_color=NOTICE_ACCENT_COLOR,
         full_content=_full_content(rendered_content),
@@ -247,5 +278,12 @@ def _fenced(preview: str) -> str:
     return f"```\n{preview}\n```"
 
 
+def _preview_room(title: str, head: str, footer: str) -> int:
+    """Code points the preview may take so that the description and the whole embed keep to the limits."""
+    fence = len(_fenced(""))
+    return min(NOTICE_DESCRIPTION_LIMIT, EMBED_TOTAL_LIMIT - len(title) - len(footer)) - len(head) - fence
+
+
 def _full_content(rendered_content: str) -> str:
-    return neutralize_backticks(js_trim(rendered_content))
+    """The rendered content, fence-guarded, cut to what the "Show Full Memory" embed can show."""
+    return clip(neutralize_backticks(js_trim(rendered_content)), NOTICE_FULL_CONTENT_LIMIT)

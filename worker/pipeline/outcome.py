@@ -12,6 +12,7 @@ from uuid import UUID
 
 from contracts.models import (
     SAVED_MESSAGE,
+    DeadLetterKind,
     Notification,
     ServerStateInvalidation,
     Status,
@@ -208,9 +209,18 @@ def database_error() -> Outcome:
     return failure(Status.DB_ERROR, "Database error occurred while saving memory", "Database error occurred")
 
 
-def internal_error(reason: str) -> Outcome:
-    """Sent with an ``internal`` or ``schema`` dead letter whose ids could still be read."""
-    return failure(Status.INTERNAL_ERROR, "Internal bot error: the memory could not be processed", reason)
+INTERNAL_ERROR = "Internal bot error: the memory could not be processed"
+#: ``data.reason`` of a dead letter's failure result, by kind: what went wrong is in the dead letter's
+#: ``x-ltm-error`` and the worker's log, never in what the model reads (no exception or validator text)
+DEAD_LETTER_REASONS: dict[DeadLetterKind, str] = {
+    DeadLetterKind.SCHEMA: "The tool call event breaks the worker's contract; an operator will look at it.",
+    DeadLetterKind.INTERNAL: "The worker failed unexpectedly on this event; an operator will look at it.",
+}
+
+
+def internal_error(kind: DeadLetterKind) -> Outcome:
+    """Sent with a ``schema`` or ``internal`` dead letter (``kind``) whose ids could still be read."""
+    return failure(Status.INTERNAL_ERROR, INTERNAL_ERROR, DEAD_LETTER_REASONS[kind])
 
 
 EVENT_CONFLICT_REASON = (
@@ -222,6 +232,4 @@ EVENT_CONFLICT_REASON = (
 def event_conflict() -> Outcome:
     """Sent with an ``event_conflict`` dead letter: the ``event_id`` is in the ledger for a different event
     (another tool call, shard, scope or content). Says nothing of that event (CONTRACT.md section 4)."""
-    return failure(
-        Status.INTERNAL_ERROR, "Internal bot error: the memory could not be processed", EVENT_CONFLICT_REASON
-    )
+    return failure(Status.INTERNAL_ERROR, INTERNAL_ERROR, EVENT_CONFLICT_REASON)

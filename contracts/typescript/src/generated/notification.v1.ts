@@ -13,6 +13,9 @@ export interface Notification {
   reply_via: {
     avatar_url: string | null;
     username: string;
+    /**
+     * Discord snowflake
+     */
     webhook_disc_id: string;
   } | null;
   schema_version: 1;

@@ -12,6 +12,9 @@ export interface ToolCallEvent {
   issued_at: string;
   schema_version: 1;
   shard_id: number;
+  /**
+   * at most 255 bytes in UTF-8 (the result's AMQP correlation_id)
+   */
   tool_call_id: string;
   tool_name: "create_long_term_memory" | "remember_this_fact";
 }
@@ -29,6 +32,9 @@ export interface EventContext {
    * @maxItems 1000
    */
   guild_members?: GuildMember[];
+  /**
+   * @maxItems 100
+   */
   participants?: Participant[];
   persona_id: number;
   reply_via?: ReplyVia | null;
@@ -52,6 +58,9 @@ export interface GuildMember {
  * One of the conversation's tool-target references.
  */
 export interface Participant {
+  /**
+   * @maxItems 32
+   */
   aliases?: string[];
   display_label: string;
   is_bridge?: boolean;
@@ -63,5 +72,8 @@ export interface Participant {
 export interface ReplyVia {
   avatar_url?: string | null;
   username: string;
+  /**
+   * Discord snowflake
+   */
   webhook_disc_id: string;
 }
