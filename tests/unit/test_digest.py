@@ -55,7 +55,10 @@ def test_what_a_resend_may_change_is_not_covered() -> None:
         (("context", "triggering_user_disc_id"), "1150000000000000203"),
         (("context", "bot_user_disc_id"), "1150000000000000998"),
         (("context", "persona_id"), 8),
-        (("context", "reply_via"), {"webhook_disc_id": "1", "username": "Alter", "avatar_url": None}),
+        (
+            ("context", "reply_via"),
+            {"webhook_disc_id": "1150000000000000777", "username": "Alter", "avatar_url": None},
+        ),
         (("arguments", "memory_content"), "{user} likes cats"),
         (("arguments", "memory_scope"), "target_user"),
         (("arguments", "extra"), [1, 2.5]),

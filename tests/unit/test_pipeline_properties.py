@@ -119,9 +119,16 @@ names = st.one_of(
     interesting_text,
 )
 optional_names = st.one_of(st.none(), names)
+
+
 # what the contract lets a shard send (CONTRACT.md "Bounds"): Discord names of at most 32 characters, no NUL
-member_names = names.map(lambda s: s.replace("\x00", "")[:MAX_DISCORD_NAME])
-envelope_text = interesting_text.map(lambda s: s.replace("\x00", "")[:MAX_TARGET_ID])
+def _envelope_safe(text: str) -> str:
+    """What the envelope accepts in a name: no NUL, no lone surrogate (CONTRACT.md "Bounds")."""
+    return "".join(c for c in text if c != "\x00" and not "\ud800" <= c <= "\udfff")
+
+
+member_names = names.map(lambda s: _envelope_safe(s)[:MAX_DISCORD_NAME])
+envelope_text = interesting_text.map(lambda s: _envelope_safe(s)[:MAX_TARGET_ID])
 members = st.builds(
     GuildMember,
     user_disc_id=discord_ids,
