@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import signal
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from contracts.models import invalidation_id
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import InvalidationListener, Shard, WorkerProcess
 from tests.e2e.tls import (
@@ -288,7 +290,7 @@ async def test_worker_runs_end_to_end_over_tls(tls: TlsStack, tls_rabbit: TlsRab
         await shard.publish(body)
         await shard.wait_for_results([event_id], timeout=60)
         deadline = asyncio.get_running_loop().time() + 30
-        while not (listener.messages[event_id] and shard.received.notices[event_id]):
+        while not (listener.of(event_id) and shard.received.notices[event_id]):
             assert asyncio.get_running_loop().time() < deadline, "no invalidation or notice in 30s"
             await asyncio.sleep(0.05)
 
@@ -297,7 +299,7 @@ async def test_worker_runs_end_to_end_over_tls(tls: TlsStack, tls_rabbit: TlsRab
     memory_id = result["data"]["memory_id"]
     saved = "SELECT content FROM server_memories WHERE server_memory_id = $1"
     assert await stack.rows.conn.fetchval(saved, memory_id) == "{user} likes TLS"
-    assert listener.messages[event_id][0]["event_id"] == event_id
+    assert listener.of(event_id)[0]["invalidation_id"] == invalidation_id(uuid.UUID(event_id))
 
     # the worker's own sessions: encrypted, as every session of this server must be
     database = urlsplit(stack.postgres_dsn).path.lstrip("/")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,7 +59,22 @@ def event_digest(event: ToolCallEvent) -> bytes:
         "reply_via": ctx.reply_via.model_dump(mode="json") if ctx.reply_via is not None else None,
         "arguments": event.arguments,
     }
-    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).digest()
+    return hashlib.sha256(_canonical_bytes(canonical)).digest()
+
+
+def _canonical_bytes(canonical: dict[str, Any]) -> bytes:
+    """The canonical JSON; arguments orjson cannot write (a lone surrogate, nesting past its 255 levels,
+    arguments read around as unreadable) fall back to the standard library's escaping writer, and past that
+    to their type: such arguments are answered as invalid, and the same bytes give the same digest."""
+    try:
+        return orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        pass
+    try:
+        return json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=repr).encode()
+    except (RecursionError, ValueError, TypeError):
+        marker = {"unserialisable": type(canonical["arguments"]).__name__}
+        return orjson.dumps({**canonical, "arguments": marker}, option=orjson.OPT_SORT_KEYS)
 
 
 def same_event(stored: Mapping[str, Any], event: ToolCallEvent, digest: bytes) -> bool:
