@@ -35,6 +35,9 @@ export function shardQueues(shardId: number): { results: string; notifications: 
  */
 export const DEFAULT_TIMEOUT_MS = 30_000;
 
+/** How long `close()` waits for `onNotice` / `onLateResult` callbacks still running before it closes. */
+export const CLOSE_DRAIN_MS = 5_000;
+
 /** CONTRACT.md: a body over 256 KiB is dead-lettered unparsed, and no result is sent for it. */
 export const MAX_EVENT_BYTES = 256 * 1024;
 
@@ -117,6 +120,9 @@ export class LtmClient {
   private readonly timedOut: SeenSet<true>;
   private connection: amqp.RecoveringChannelModel | null = null;
   private publisher: amqp.ConfirmChannel | null = null;
+  private consumer: amqp.Channel | null = null;
+  /** results and notices being handled: each settles once its callback ran and its ack was written */
+  private readonly handling = new Set<Promise<void>>();
   private closed = false;
 
   private constructor(readonly options: LtmClientOptions) {
@@ -234,12 +240,34 @@ export class LtmClient {
     });
   }
 
-  /** Stop consuming and close the connection; calls still waiting reject with LtmClosedError. */
+  /**
+   * Stop consuming and close the connection; calls still waiting reject with LtmClosedError. Every result
+   * or notice already handed to the shard is acked first (its callback is awaited, up to `CLOSE_DRAIN_MS`),
+   * so the next process is not handed it again as a late result.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     for (const call of this.pending.values()) this.settle(call, new LtmClosedError(call.eventId));
     this.publisher = null;
+    if (this.handling.size > 0) {
+      let timer: NodeJS.Timeout | undefined;
+      const bound = new Promise<void>((done) => {
+        timer = setTimeout(done, CLOSE_DRAIN_MS);
+      });
+      await Promise.race([Promise.allSettled([...this.handling]), bound]);
+      clearTimeout(timer);
+      if (this.handling.size > 0) {
+        this.logger.warn("closing with callbacks still running; their messages come again", {
+          running: this.handling.size,
+        });
+      }
+    }
+    // closing the consumer channel first puts its close behind the acks on the same channel: the broker
+    // has taken every ack when it answers (a connection close alone can overtake them)
+    const consumer = this.consumer;
+    this.consumer = null;
+    if (consumer !== null) await consumer.close().catch(() => {});
     await this.connection?.close();
   }
 
@@ -248,6 +276,7 @@ export class LtmClient {
     const { results, notifications, routingKey } = shardQueues(this.options.shardId);
     const consumer = await model.createChannel();
     this.watch(model, consumer, "consumer");
+    this.consumer = consumer;
     // passive checks only: the `bot` user may not declare the exchanges (they come from the definitions)
     for (const exchange of [TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, NOTIFICATIONS_EXCHANGE]) {
       await consumer.checkExchange(exchange);
@@ -285,6 +314,7 @@ export class LtmClient {
     channel.on("error", (error: Error) => this.logger.warn(`${name} channel error`, { error: error.message }));
     channel.on("close", () => {
       if (channel === this.publisher) this.publisher = null;
+      if (channel === this.consumer) this.consumer = null;
       if (!this.closed) model.close().catch(() => {});
     });
   }
@@ -372,8 +402,8 @@ export class LtmClient {
           ? this.onResult(body as ToolResult)
           : this.onNotice(body as Notification);
     // ack after the callback: a crash inside it gets the message again (the filters drop a copy
-    // that was already handled)
-    handled
+    // that was already handled); close() waits for this before the channel goes
+    const settled = handled
       .catch((error: unknown) =>
         this.logger.error(`the ${kind} callback failed`, {
           eventId,
@@ -387,6 +417,8 @@ export class LtmClient {
           // the channel is gone; the broker redelivers and the filters drop the copy
         }
       });
+    this.handling.add(settled);
+    void settled.finally(() => this.handling.delete(settled));
   }
 
   private async onResult(result: ToolResult): Promise<void> {
