@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+from pathlib import Path
 
 import aio_pika
 import asyncpg
@@ -17,6 +20,8 @@ from bench.world import build_world
 from worker.config import Limits, Topology
 
 pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(**overrides: object) -> BenchOptions:
@@ -147,3 +152,35 @@ async def test_a_closed_loop_ends_with_an_error_when_nobody_answers(rabbitmq_url
     assert len(result.missing) == 4, "two shards, two unanswered events each: their windows"
     assert published.message_count == 4, "nothing more was published once the windows were full"
     assert any("stopped answering" in error for error in result.errors), result.errors
+
+
+async def test_bench_json_prints_one_json_object(
+    postgres_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """``python -m bench --json`` as a user runs it: exit 0, one JSON object (it crashed on a key)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench",
+        "--json",
+        "--no-progress",
+        "--events=40",
+        "--warmup=8",
+        "--shards=2",
+        "--servers=20",
+        "--users=300",
+        "--members=12",
+        f"--postgres-dsn={postgres_dsn}",
+        f"--rabbitmq-url={rabbitmq_url}",
+        f"--redis-url={redis_url}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
+    report = json.loads(out)
+    assert report["ok"] is True
+    assert report["status_check"]["missing"] == 0
+    assert set(report["runs"]) >= {"worker", "rabbitmq", "postgres"}
+    assert report["runs"]["worker"]["answered"] == 40
