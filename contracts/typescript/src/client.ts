@@ -76,6 +76,14 @@ export interface LtmClientOptions {
   reconnect?: { initialDelayMs?: number; maxDelayMs?: number; startupRetries?: number };
   /** Unacked results and notices the broker may push ahead (default 32). */
   prefetch?: number;
+  /**
+   * RabbitMQ blocks the connection (a memory or disk alarm on a node: `reason` is the broker's text). Events
+   * published meanwhile wait in the kit and the socket, and the worker's results wait too; calls keep
+   * waiting (their timeouts run on). See README.md "Blocked broker". Default: a warning through `logger`.
+   */
+  onBlocked?: (reason: string) => void;
+  /** The block is over (or the connection it was on is gone): events flow again. Default: a warning. */
+  onUnblocked?: () => void;
 }
 
 export interface CreateMemoryRequest {
@@ -124,6 +132,7 @@ export class LtmClient {
   /** results and notices being handled: each settles once its callback ran and its ack was written */
   private readonly handling = new Set<Promise<void>>();
   private closed = false;
+  private blockedSince: { reason: string; at: number } | null = null;
 
   private constructor(readonly options: LtmClientOptions) {
     if (!Number.isSafeInteger(options.shardId) || options.shardId < 0) {
@@ -161,8 +170,12 @@ export class LtmClient {
       },
     });
     client.connection = connection;
+    connection.on("blocked", (reason: unknown) => client.blockedBy(String(reason ?? "")));
+    connection.on("unblocked", () => client.unblocked("unblocked"));
     connection.on("disconnect", (error: Error) => {
       client.publisher = null;
+      // a new connection starts unblocked
+      client.unblocked("connection lost");
       client.logger.warn("RabbitMQ connection lost; reconnecting", { error: error.message });
     });
     connection.on("connect-failed", (error: Error) =>
@@ -189,6 +202,11 @@ export class LtmClient {
     let n = 0;
     for (const call of this.pending.values()) if (!call.confirmed) n += 1;
     return n;
+  }
+
+  /** Why RabbitMQ blocks the connection (a memory or disk alarm), or null when it does not. */
+  get blocked(): string | null {
+    return this.blockedSince?.reason ?? null;
   }
 
   /** True while a connection is up and set up (exchanges checked, queues consumed). */
@@ -269,6 +287,37 @@ export class LtmClient {
     this.consumer = null;
     if (consumer !== null) await consumer.close().catch(() => {});
     await this.connection?.close();
+  }
+
+  private blockedBy(reason: string): void {
+    if (this.blockedSince !== null) return;
+    this.blockedSince = { reason, at: Date.now() };
+    this.logger.warn("RabbitMQ blocked the connection; events and results wait until it unblocks", {
+      reason,
+      inFlight: this.pending.size,
+    });
+    this.callback("onBlocked", () => this.options.onBlocked?.(reason));
+  }
+
+  private unblocked(how: "unblocked" | "connection lost"): void {
+    const since = this.blockedSince;
+    if (since === null) return;
+    this.blockedSince = null;
+    this.logger.warn("RabbitMQ unblocked the connection", {
+      reason: since.reason,
+      blockedMs: Date.now() - since.at,
+      ended: how,
+    });
+    this.callback("onUnblocked", () => this.options.onUnblocked?.());
+  }
+
+  /** A shard callback run from a connection event: what it throws is logged, never thrown into amqplib. */
+  private callback(name: string, run: () => void): void {
+    try {
+      run();
+    } catch (error) {
+      this.logger.error(`the ${name} callback failed`, { error: error instanceof Error ? error.message : String(error) });
+    }
   }
 
   /** Run after every (re)connection, before the client counts as connected. */
