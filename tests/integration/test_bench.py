@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import asyncpg
 import pytest
 
 from bench.batches import measure
+from bench.latency import KIT_DIST
 from bench.options import BenchOptions
 from bench.run import bench_settings, run_bench
 from bench.shards import ClosedLoop, Progress, Shards
@@ -184,3 +187,38 @@ async def test_bench_json_prints_one_json_object(
     assert report["status_check"]["missing"] == 0
     assert set(report["runs"]) >= {"worker", "rabbitmq", "postgres"}
     assert report["runs"]["worker"]["answered"] == 40
+
+
+async def test_bench_latency_prints_a_row_per_rate_and_path(
+    postgres_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """``python -m bench latency`` end to end on a few calls: every path answers, every call is counted, and
+    the database and vhost are gone after (correctness only; the figures are the command's to print)."""
+    paths = "echo,python,kit" if shutil.which("node") and KIT_DIST.exists() else "echo,python"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench", "latency", "--json", "--rates=10,40", "--seconds=0.5",
+        "--min-calls=8", "--commits=30", f"--paths={paths}", f"--postgres-dsn={postgres_dsn}",
+        f"--redis-url={redis_url}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
+    report = json.loads(out)
+    wanted = paths.split(",")
+    assert [(s["rate"], s["path"]) for s in report["series"]] == [(r, p) for r in (10, 40) for p in wanted]
+    for series in report["series"]:
+        assert series["errors"] == 0, series
+        assert series["calls"] == (8 if series["rate"] == 10 else 20), series
+        assert 0 < series["p50"] <= series["p90"] <= series["p99"] <= series["max"], series
+        assert series["cpu_ms_per_call"] > 0, series
+    assert report["postgres_commit_ms"]["n"] > 0
+
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE $1", f"ltm_bench_{report['run_id']}%"
+        )
+    finally:
+        await conn.close()
+    assert left == 0, "the latency bench drops its database"
