@@ -97,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
         "--min-calls", type=int, default=40, help="at least this many calls per rate and path (40)"
     )
     p.add_argument("--commits", type=int, default=200, help="Postgres single-row commits timed (200)")
+    p.add_argument("--idle", type=float, default=3.0, help="seconds the idle worker's CPU is measured (3)")
     p.add_argument("--nagle", action="store_true", help="also run the kit with Nagle's algorithm on")
     p.add_argument(
         "--paths", default="echo,python,kit", help="which paths, comma-separated (echo,python,kit)"
@@ -171,6 +172,10 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
             echo = echo_processes(worker_env, log_dir, topology, settings.prefetch, RESULT_BYTES, 900)
             echo.start(1)
             await echo.wait_consuming(url, ECHO_QUEUE, 1)
+        # the worker idle (consuming, nothing to do): its timers, samplers and probes, per second
+        idle_before, idle_start = fleet.cpu_seconds() or 0.0, time.monotonic()
+        await asyncio.sleep(args.idle)
+        idle_ms_per_s = ((fleet.cpu_seconds() or 0.0) - idle_before) * 1000 / (time.monotonic() - idle_start)
         context = event_context(persona_id)
         series: list[Series] = []
         for rate in rates:
@@ -201,6 +206,7 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
         return {
             "series": [s.to_json() for s in series],
             "postgres_commit_ms": summary(commit_ms),
+            "worker_idle_cpu_ms_per_s": round(idle_ms_per_s, 2),
             "load_average": [round(x, 2) for x in load],
             "cpus": os.cpu_count(),
             "run_id": sandbox.token,
@@ -237,6 +243,10 @@ def table(report: dict[str, Any]) -> str:
     lines.append(
         f"postgres single-row INSERT commit ({c['n']} in a row): p50 {c['p50']:.2f}  p90 {c['p90']:.2f}  "
         f"p99 {c['p99']:.2f}  max {c['max']:.2f} ms"
+    )
+    lines.append(
+        f"worker idle: {report['worker_idle_cpu_ms_per_s']:.1f} ms CPU per second; cpu ms/call: the answering"
+        " process's CPU over the series (idle gaps included) per call, in 10 ms ticks"
     )
     lines.append(f"load average {report['load_average']} on {report['cpus']} cpus")
     return "\n".join(lines)

@@ -197,7 +197,7 @@ async def test_bench_latency_prints_a_row_per_rate_and_path(
     paths = "echo,python,kit" if shutil.which("node") and KIT_DIST.exists() else "echo,python"
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench", "latency", "--json", "--rates=10,40", "--seconds=0.5",
-        "--min-calls=8", "--commits=30", f"--paths={paths}", f"--postgres-dsn={postgres_dsn}",
+        "--min-calls=8", "--commits=30", "--idle=0.5", f"--paths={paths}", f"--postgres-dsn={postgres_dsn}",
         f"--redis-url={redis_url}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
         env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url},
