@@ -283,9 +283,20 @@ export class LtmClient {
     }
     // closing the consumer channel first puts its close behind the acks on the same channel: the broker
     // has taken every ack when it answers (a connection close alone can overtake them)
+    // (not while the broker blocks the connection: it reads nothing, the channel's close would never be
+    // answered; amqplib then drops the connection at once and the broker requeues what was not acked)
     const consumer = this.consumer;
     this.consumer = null;
-    if (consumer !== null) await consumer.close().catch(() => {});
+    if (consumer !== null && this.blockedSince === null) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        consumer.close().catch(() => {}),
+        new Promise<void>((done) => {
+          timer = setTimeout(done, CLOSE_DRAIN_MS);
+        }),
+      ]);
+      clearTimeout(timer);
+    }
     await this.connection?.close();
   }
 

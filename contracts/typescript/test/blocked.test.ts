@@ -49,6 +49,20 @@ test("a memory alarm: onBlocked and a warning, the call waits, onUnblocked, answ
           assert.equal(kit.client.inFlight, 1);
           assert.equal(unblocked, 0);
 
+          // a client closed while blocked does not hang (the broker reads nothing, so nothing is waited for)
+          const other = await connectClient(stack.amqpUrl, { shardId: 4 });
+          const stuck = other.client.createMemory({
+            toolCallId: callId(),
+            arguments: { memory_content: "{user} likes leaving early", memory_scope: "server_wide" },
+            context: worldContext(stack.personaId),
+            timeoutMs: 120_000,
+          });
+          await waitFor("the second client to be blocked", () => other.client.blocked !== null, 60_000);
+          const closing = Date.now();
+          await other.client.close();
+          assert.ok(Date.now() - closing < 20_000, `close() took ${Date.now() - closing} ms while blocked`);
+          await assert.rejects(stuck, /closed/i);
+
           await rabbitmqctl(["eval", CLEAR_ALARM], rabbit.node);
           await waitFor("onUnblocked", () => unblocked > 0, 60_000);
           assert.equal(kit.client.blocked, null);
