@@ -98,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--commits", type=int, default=200, help="Postgres single-row commits timed (200)")
     p.add_argument("--idle", type=float, default=3.0, help="seconds the idle worker's CPU is measured (3)")
+    p.add_argument(
+        "--stages",
+        action="store_true",
+        help="trace the worker (LTM_TRACING=console), print each span's duration: where an event's time "
+        "goes (tracing costs CPU: the latencies of such a run are not comparable)",
+    )
     p.add_argument("--nagle", action="store_true", help="also run the kit with Nagle's algorithm on")
     p.add_argument(
         "--paths", default="echo,python,kit", help="which paths, comma-separated (echo,python,kit)"
@@ -162,10 +168,12 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
         finally:
             await connection.close()
         await declare_echo_topology(url, topology)
+        overrides = {"MAX_SERVER_MEMORIES": "100000000"}
+        if args.stages:
+            overrides["LTM_TRACING"] = "console"
         worker_env = worker_environment(
-            os.environ, postgres_dsn=dsn, rabbitmq_url=url, redis_url=settings.redis_url,
-            overrides={"MAX_SERVER_MEMORIES": "100000000"},
-        )  # fmt: skip
+            os.environ, postgres_dsn=dsn, rabbitmq_url=url, redis_url=settings.redis_url, overrides=overrides
+        )
         fleet = SpawnedFleet(1, worker_env, log_dir)
         await fleet.start(url, topology.work_queue)
         if "echo" in paths:
@@ -203,7 +211,9 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
                 cpu = (answering.cpu_seconds() or 0.0) - cpu_before
                 series[-1].cpu_ms_per_call = cpu * 1000 / (count + WARMUP_CALLS)
         load = os.getloadavg()
+        stages = span_durations(fleet.processes.log_path(0)) if args.stages else None
         return {
+            "stages_ms": stages,
             "series": [s.to_json() for s in series],
             "postgres_commit_ms": summary(commit_ms),
             "worker_idle_cpu_ms_per_s": round(idle_ms_per_s, 2),
@@ -248,6 +258,13 @@ def table(report: dict[str, Any]) -> str:
         f"worker idle: {report['worker_idle_cpu_ms_per_s']:.1f} ms CPU per second; cpu ms/call: the answering"
         " process's CPU over the series (idle gaps included) per call, in 10 ms ticks"
     )
+    if report["stages_ms"]:
+        lines.append("worker spans (every series above), ms:")
+        for name, figures in report["stages_ms"].items():
+            lines.append(
+                f"  {name:<36} n {figures['n']:>5}  p50 {figures['p50']:7.2f}  p90 {figures['p90']:7.2f}  "
+                f"p99 {figures['p99']:7.2f}"
+            )
     lines.append(f"load average {report['load_average']} on {report['cpus']} cpus")
     return "\n".join(lines)
 
@@ -380,3 +397,19 @@ async def kit(
         return Series(path, rate, [], errors=count)
     result = json.loads(out.decode().strip().splitlines()[-1])
     return Series(path, rate, [float(x) for x in result["latencies_ms"]], errors=int(result["errors"]))
+
+
+def span_durations(log_path: Path) -> dict[str, dict[str, float]]:
+    """Each span name's durations in the worker's log (``LTM_TRACING=console``: one JSON span per line)."""
+    by_name: dict[str, list[float]] = {}
+    for raw in log_path.read_text(errors="replace").splitlines():
+        if not raw.startswith("{") or '"start_time"' not in raw:
+            continue
+        try:
+            span = json.loads(raw)
+            start = datetime.fromisoformat(span["start_time"])
+            end = datetime.fromisoformat(span["end_time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        by_name.setdefault(str(span.get("name")), []).append((end - start).total_seconds() * 1000)
+    return {name: summary(values) for name, values in sorted(by_name.items(), key=lambda kv: -len(kv[1]))}

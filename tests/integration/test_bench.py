@@ -197,7 +197,8 @@ async def test_bench_latency_prints_a_row_per_rate_and_path(
     paths = "echo,python,kit" if shutil.which("node") and KIT_DIST.exists() else "echo,python"
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench", "latency", "--json", "--rates=10,40", "--seconds=0.5",
-        "--min-calls=8", "--commits=30", "--idle=0.5", f"--paths={paths}", f"--postgres-dsn={postgres_dsn}",
+        "--min-calls=8", "--commits=30", "--idle=0.5", "--stages", f"--paths={paths}",
+        f"--postgres-dsn={postgres_dsn}",
         f"--redis-url={redis_url}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
         env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url},
@@ -213,6 +214,11 @@ async def test_bench_latency_prints_a_row_per_rate_and_path(
         assert 0 < series["p50"] <= series["p90"] <= series["p99"] <= series["max"], series
         assert series["cpu_ms_per_call"] > 0, series
     assert report["postgres_commit_ms"]["n"] > 0
+    # --stages: the worker's spans, one per event and step (5 warm-up calls per series too)
+    stages = report["stages_ms"]
+    events = sum(s["calls"] for s in report["series"] if s["path"] != "echo")
+    assert stages["ltm.create_memory process"]["n"] >= events, stages
+    assert stages["postgres ltm_save_events"]["n"] >= events, stages
 
     conn = await asyncpg.connect(postgres_dsn)
     try:
