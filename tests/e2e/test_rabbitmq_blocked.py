@@ -1,5 +1,7 @@
-"""RabbitMQ blocks the worker's connection (a memory alarm) for 10 s under load, on a private one-node
-broker (tests/e2e/cluster.py; the machine's broker is never alarmed).
+"""RabbitMQ blocks the worker's connection (a memory alarm) for 12 s under load, on a private one-node
+broker (tests/e2e/cluster.py; the machine's broker is never alarmed). The worker under test starts during
+the alarm with a backlog in its queue, so it holds a full prefetch of events whose results the broker
+holds back, however fast the machine is.
 
 What must hold: a WARNING line when the block starts and one when it ends, ``ltm_rabbitmq_blocked`` 1 during
 the block and 0 after, ``/readyz`` naming the block, and no event answered twice: a result publish the
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 import socket
 import time
 import urllib.error
@@ -35,10 +38,11 @@ pytestmark = pytest.mark.e2e
 
 #: events per second the shard offers around the alarm (its own publishes are held during it too)
 RATE = 100
-#: events published at once just before the alarm: a backlog that outlasts the alarm's start, so the worker
-#: has a full prefetch in hand when it is blocked
-BURST = 2500
-ALARM_SECONDS = 10.0
+#: events waiting in the queue when the worker under test starts, during the alarm: a full prefetch and more
+BURST = 400
+#: how long the alarm lasts once the worker under test consumes: its results are held longer than the 10 s
+#: publish timeout (the alarm itself lasts a few seconds more, the worker's start-up)
+HELD_SECONDS = 12.0
 SET_ALARM = "rabbit_alarm:set_alarm({{resource_limit, memory, node()}, []})."
 CLEAR_ALARM = "rabbit_alarm:clear_alarm({resource_limit, memory, node()})."
 
@@ -99,6 +103,8 @@ def _get(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except OSError as exc:  # not listening yet
+        return 0, str(exc)
 
 
 def _gauge(metrics: str) -> float | None:
@@ -136,13 +142,8 @@ async def test_a_memory_alarm_is_visible_and_answers_nothing_twice(
     stream = build_stream(BURST + int(RATE * 20), server_scopes, personal_scopes, seed=31)
     burst, paced = stream.bodies[:BURST], stream.bodies[BURST:]
     port = _free_port()
-    worker = stack.worker(**limit_env(), LTM_HTTP_PORT=str(port))
-    await worker.wait_for_log("consuming")
-
     figures: dict[str, Any] = {}
     async with Shard(stack.rabbitmq_url) as shard:
-        sampler = Sampler(port)
-        sampling = asyncio.create_task(sampler.run())
         publishing: set[asyncio.Task[None]] = set()
         sent: set[str] = set()
 
@@ -155,14 +156,28 @@ async def test_a_memory_alarm_is_visible_and_answers_nothing_twice(
                 sent.add(body["event_id"])
                 publishing.add(asyncio.create_task(shard.publish(body)))
 
+        # events flow: a first worker declares the topology and answers a paced stream, then stops
+        first = stack.worker(**limit_env())
+        await first.wait_for_log("consuming")
+        await offer(paced[:200], 2.0)
+        await asyncio.gather(*publishing)
+        await wait_for_results(shard, sorted(sent), timeout=60, workers=[first])
+        first.signal(signal.SIGTERM)
+        assert await first.wait_exit(timeout=60) == 0
+        # a backlog, then the alarm, then the worker under test: it takes a full prefetch of events whose
+        # results the broker holds back (whatever the machine's speed: nothing drains the backlog before)
+        sent.update(body["event_id"] for body in burst)
+        await shard.publish_many(burst)
         try:
-            await offer(paced[:200], 2.0)
-            sent.update(body["event_id"] for body in burst)
-            await shard.publish_many(burst)
             alarm_at = time.monotonic()
             await asyncio.to_thread(cluster.ctl, node, "eval", SET_ALARM)
-            during = asyncio.create_task(offer(paced[200:], ALARM_SECONDS + 3.0))
-            await asyncio.sleep(ALARM_SECONDS)
+            worker = stack.worker(**limit_env(), LTM_HTTP_PORT=str(port))
+            await worker.wait_for_log("consuming")
+            consuming_at = time.monotonic()
+            sampler = Sampler(port)
+            sampling = asyncio.create_task(sampler.run())
+            during = asyncio.create_task(offer(paced[200:], HELD_SECONDS))
+            await asyncio.sleep(max(0.0, consuming_at + HELD_SECONDS - time.monotonic()))
             await asyncio.to_thread(cluster.ctl, node, "eval", CLEAR_ALARM)
             cleared_at = time.monotonic()
             await during
@@ -189,7 +204,8 @@ async def test_a_memory_alarm_is_visible_and_answers_nothing_twice(
         answered=len(shard.received.results),
         answered_twice=sum(1 for c in shard.received.results.values() if len(c) > 1),
         extra_results=copies - len(shard.received.results),
-        retries=worker.count("transient fault; retrying later"),
+        retries=worker.count("transient fault; retrying later")
+        + first.count("transient fault; retrying later"),
         unrouted=worker.count("could not route a failed event; it will be redelivered"),
         alarm_s=round(cleared_at - alarm_at, 1),
         blocked_samples=sum(1 for s in sampler.samples if s[1] == 1),
