@@ -35,6 +35,7 @@ const count = Math.max(minCalls || 0, Math.round(rate * seconds));
 const latencies = [];
 const statuses = {};
 let errors = 0;
+const cpuBefore = process.cpuUsage();
 const start = performance.now() + 20;
 const calls = [];
 for (let i = 0; i < count; i += 1) {
@@ -55,5 +56,7 @@ for (let i = 0; i < count; i += 1) {
   );
 }
 await Promise.all(calls);
+const cpu = process.cpuUsage(cpuBefore);
 await client.close();
-process.stdout.write(JSON.stringify({ latencies_ms: latencies, statuses, errors }) + "\n");
+const shardCpuMsPerCall = (cpu.user + cpu.system) / 1000 / count;
+process.stdout.write(JSON.stringify({ latencies_ms: latencies, statuses, errors, shard_cpu_ms_per_call: shardCpuMsPerCall }) + "\n");

@@ -72,6 +72,8 @@ class Series:
     errors: int = 0
     #: CPU of the process answering (the worker, or the echo consumer) per call, ms
     cpu_ms_per_call: float | None = None
+    #: CPU of the calling process (the Node kit, or this Python process for a Python shard) per call, ms
+    shard_cpu_ms_per_call: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         values = sorted(self.latencies_ms)
@@ -85,6 +87,9 @@ class Series:
             **figures,
             "max": round((values or [0.0])[-1], 2),
             "cpu_ms_per_call": cpu,
+            "shard_cpu_ms_per_call": None
+            if self.shard_cpu_ms_per_call is None
+            else round(self.shard_cpu_ms_per_call, 3),
         }
 
 
@@ -242,13 +247,16 @@ def summary(values_ms: list[float]) -> dict[str, float]:
 def table(report: dict[str, Any]) -> str:
     head = (
         f"{'rate/s':>6}  {'path':<10} {'calls':>5}  {'p50':>7}  {'p90':>7}  {'p99':>7}  {'max':>7}  errs"
-        "  cpu ms/call"
+        "  cpu ms/call  shard cpu"
     )
     lines = ["latency of one call, ms, from its scheduled send to its result (open loop)", head]
     for s in report["series"]:
         cells = "  ".join(f"{s[k]:7.1f}" for k in ("p50", "p90", "p99", "max"))
         cpu = "" if s["cpu_ms_per_call"] is None else f"{s['cpu_ms_per_call']:12.2f}"
-        lines.append(f"{s['rate']:>6g}  {s['path']:<10} {s['calls']:>5}  {cells}  {s['errors']:>4}{cpu}")
+        shard = "" if s["shard_cpu_ms_per_call"] is None else f"{s['shard_cpu_ms_per_call']:11.2f}"
+        lines.append(
+            f"{s['rate']:>6g}  {s['path']:<10} {s['calls']:>5}  {cells}  {s['errors']:>4}{cpu}{shard}"
+        )
     c = report["postgres_commit_ms"]
     lines.append(
         f"postgres single-row INSERT commit ({c['n']} in a row): p50 {c['p50']:.2f}  p90 {c['p90']:.2f}  "
@@ -256,7 +264,8 @@ def table(report: dict[str, Any]) -> str:
     )
     lines.append(
         f"worker idle: {report['worker_idle_cpu_ms_per_s']:.1f} ms CPU per second; cpu ms/call: the answering"
-        " process's CPU over the series (idle gaps included) per call, in 10 ms ticks"
+        " process's CPU over the series (idle gaps included) per call, in 10 ms ticks; shard cpu: the"
+        " caller's (Node, or the bench's own Python process), per call"
     )
     if report["stages_ms"]:
         lines.append("worker spans (every series above), ms:")
@@ -352,6 +361,7 @@ async def python_shard(
         for n in range(WARMUP_CALLS):  # warm up, one at a time
             await one(-1 - n, time.perf_counter())
         series.latencies_ms.clear()
+        cpu_before = time.process_time()
         start = time.perf_counter() + 0.02
         tasks = []
         for n in range(count):
@@ -359,6 +369,7 @@ async def python_shard(
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
             tasks.append(asyncio.create_task(one(n, at)))
         await asyncio.gather(*tasks)
+        series.shard_cpu_ms_per_call = (time.process_time() - cpu_before) * 1000 / count
     finally:
         await link.close(delete_queues=False)  # the vhost goes at the end
     return series
@@ -396,7 +407,9 @@ async def kit(
         )
         return Series(path, rate, [], errors=count)
     result = json.loads(out.decode().strip().splitlines()[-1])
-    return Series(path, rate, [float(x) for x in result["latencies_ms"]], errors=int(result["errors"]))
+    series = Series(path, rate, [float(x) for x in result["latencies_ms"]], errors=int(result["errors"]))
+    series.shard_cpu_ms_per_call = float(result["shard_cpu_ms_per_call"])
+    return series
 
 
 def span_durations(log_path: Path) -> dict[str, dict[str, float]]:
