@@ -8,4 +8,8 @@ from bench.options import bench_parser
 from bench.run import main
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["latency"]:  # python -m bench latency: the shard's round trip (bench/latency.py)
+        from bench.latency import main as latency
+
+        sys.exit(latency(sys.argv[2:]))
     sys.exit(main(bench_parser().parse_args()))

@@ -108,7 +108,10 @@ class StatusCheck:
         statuses = sorted(set(self.expected) | set(self.received), key=_status_rank)
         return {
             "ok": self.ok,
-            "by_status": {s: {"expected": self.expected[s], "received": self.received[s]} for s in statuses},
+            # str(): the expected side's keys are Status members, a str subclass orjson refuses as keys
+            "by_status": {
+                str(s): {"expected": self.expected[s], "received": self.received[s]} for s in statuses
+            },
             "missing": self.missing,
             "notices": {"expected": self.expected_notices, "received": self.notices},
             "mismatches": [

@@ -14,6 +14,8 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQu
 
 from worker.bootstrap import Services
 from worker.broker.acks import Acks
+from worker.broker.blocking import BrokerBlock
+from worker.broker.blocking import watch as watch_blocks
 from worker.broker.publisher import Publisher
 from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
 from worker.config import redact_url
@@ -52,9 +54,12 @@ class Consumer:
         connection = await nodes.connect()
         lost = asyncio.Event()
         connection.close_callbacks.add(lambda *_: lost.set())
+        # a memory or disk alarm: logged, on /readyz and ltm_rabbitmq_blocked; publishes wait it out
+        block = BrokerBlock(self._services.readiness.set_blocked)
         try:
             publish_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             publish_channel.close_callbacks.add(lambda *_: lost.set())
+            watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
             policy = self._services.policy
             delays = retry_delays(policy.base_delay_ms, policy.max_delay_ms, policy.max_attempts)
             declared = await declare_topology(publish_channel, topology, delays)
@@ -104,6 +109,7 @@ class Consumer:
                 await self._abandon_inflight()
         finally:
             self._services.readiness.set_consuming(False)
+            block.end("connection closed")
             await _close_quietly(connection)
 
     def _consumer_cancelled(self, lost: asyncio.Event) -> None:

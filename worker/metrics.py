@@ -139,6 +139,11 @@ class Metrics:
         )
         for name in DEPENDENCIES:
             self.dependency_up.labels(name).set(0)
+        self.rabbitmq_blocked = Gauge(
+            "ltm_rabbitmq_blocked",
+            "1 while RabbitMQ blocks this worker's connection (a memory or disk alarm): results wait.",
+            registry=self.registry,
+        )
         self.queue_messages = Gauge(
             "ltm_queue_messages",
             "Messages ready in the queue (work queue, retry queues, DLQ), as this worker last sampled it.",

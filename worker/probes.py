@@ -51,25 +51,42 @@ async def ping_postgres(pool: asyncpg.Pool) -> None:
 
 
 class Readiness:
-    """``/readyz``: consuming, and Postgres and Redis answer. The pool is there once start-up got it."""
+    """``/readyz``: consuming and not blocked by RabbitMQ, and Postgres and Redis answer. The pool is there
+    once start-up got it."""
 
     def __init__(self, cache: InvalidationPublisher, metrics: Metrics) -> None:
         self.cache = cache
         self.metrics = metrics
         self.pool: asyncpg.Pool | None = None
         self.consuming = False
+        #: why RabbitMQ blocks the connection (a memory or disk alarm), None when it does not
+        self.blocked: str | None = None
 
     def set_consuming(self, consuming: bool) -> None:
         self.consuming = consuming
         self.metrics.dependency_up.labels("rabbitmq").set(1 if consuming else 0)
 
+    def set_blocked(self, reason: str | None) -> None:
+        """RabbitMQ blocks the connection (``reason``) or no longer does (None): ``ltm_rabbitmq_blocked``."""
+        self.blocked = reason
+        self.metrics.rabbitmq_blocked.set(0 if reason is None else 1)
+
     async def check(self) -> dict[str, str | None]:
         """None per dependency that works, else what is wrong with it (and ``ltm_dependency_up`` set)."""
         checks: dict[str, str | None] = {
-            "rabbitmq": None if self.consuming else "not consuming (connecting or reconnecting)",
+            "rabbitmq": self._rabbitmq_problem(),
             "postgres": await probe(ping_postgres(self.pool)) if self.pool else "not connected yet",
             "redis": await probe(self.cache.ping()),
         }
         for name, problem in checks.items():
-            self.metrics.dependency_up.labels(name).set(0 if problem else 1)
+            # a blocked broker is up (ltm_rabbitmq_blocked says it blocks): not ready, but up
+            up = self.consuming if name == "rabbitmq" else problem is None
+            self.metrics.dependency_up.labels(name).set(1 if up else 0)
         return checks
+
+    def _rabbitmq_problem(self) -> str | None:
+        if not self.consuming:
+            return "not consuming (connecting or reconnecting)"
+        if self.blocked is not None:
+            return f"blocked by the broker ({self.blocked}): results wait until the alarm clears"
+        return None

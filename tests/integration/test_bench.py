@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
 
 import aio_pika
 import asyncpg
 import pytest
 
 from bench.batches import measure
+from bench.latency import KIT_DIST
 from bench.options import BenchOptions
 from bench.run import bench_settings, run_bench
 from bench.shards import ClosedLoop, Progress, Shards
@@ -17,6 +23,8 @@ from bench.world import build_world
 from worker.config import Limits, Topology
 
 pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(**overrides: object) -> BenchOptions:
@@ -147,3 +155,76 @@ async def test_a_closed_loop_ends_with_an_error_when_nobody_answers(rabbitmq_url
     assert len(result.missing) == 4, "two shards, two unanswered events each: their windows"
     assert published.message_count == 4, "nothing more was published once the windows were full"
     assert any("stopped answering" in error for error in result.errors), result.errors
+
+
+async def test_bench_json_prints_one_json_object(
+    postgres_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """``python -m bench --json`` as a user runs it: exit 0, one JSON object (it crashed on a key)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench",
+        "--json",
+        "--no-progress",
+        "--events=40",
+        "--warmup=8",
+        "--shards=2",
+        "--servers=20",
+        "--users=300",
+        "--members=12",
+        f"--postgres-dsn={postgres_dsn}",
+        f"--rabbitmq-url={rabbitmq_url}",
+        f"--redis-url={redis_url}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
+    report = json.loads(out)
+    assert report["ok"] is True
+    assert report["status_check"]["missing"] == 0
+    assert set(report["runs"]) >= {"worker", "rabbitmq", "postgres"}
+    assert report["runs"]["worker"]["answered"] == 40
+
+
+async def test_bench_latency_prints_a_row_per_rate_and_path(
+    postgres_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """``python -m bench latency`` end to end on a few calls: every path answers, every call is counted, and
+    the database and vhost are gone after (correctness only; the figures are the command's to print)."""
+    paths = "echo,python,kit" if shutil.which("node") and KIT_DIST.exists() else "echo,python"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench", "latency", "--json", "--rates=10,40", "--seconds=0.5",
+        "--min-calls=8", "--commits=30", "--idle=0.5", "--stages", f"--paths={paths}",
+        f"--postgres-dsn={postgres_dsn}",
+        f"--redis-url={redis_url}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    assert process.returncode == 0, err.decode(errors="replace")[-3000:]
+    report = json.loads(out)
+    wanted = paths.split(",")
+    assert [(s["rate"], s["path"]) for s in report["series"]] == [(r, p) for r in (10, 40) for p in wanted]
+    for series in report["series"]:
+        assert series["errors"] == 0, series
+        assert series["calls"] == (8 if series["rate"] == 10 else 20), series
+        assert 0 < series["p50"] <= series["p90"] <= series["p99"] <= series["max"], series
+        assert series["cpu_ms_per_call"] > 0, series
+    assert report["postgres_commit_ms"]["n"] > 0
+    # --stages: the worker's spans, one per event and step (5 warm-up calls per series too)
+    stages = report["stages_ms"]
+    events = sum(s["calls"] for s in report["series"] if s["path"] != "echo")
+    assert stages["ltm.create_memory process"]["n"] >= events, stages
+    assert stages["postgres ltm_save_events"]["n"] >= events, stages
+
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE $1", f"ltm_bench_{report['run_id']}%"
+        )
+    finally:
+        await conn.close()
+    assert left == 0, "the latency bench drops its database"

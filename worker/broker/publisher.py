@@ -25,6 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 from pamqp.commands import Basic
 
 from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind, ToolResult
+from worker.broker.blocking import publish_deadline
 from worker.broker.headers import (
     ATTEMPTS,
     ERROR,
@@ -156,17 +157,21 @@ async def publish_confirmed(
 ) -> None:
     """Publish ``body`` (mandatory) on a confirm-mode aiormq channel and wait for the broker's confirm; a
     nack, a return or a timeout is a transient error. Nothing waits for the frame to leave the socket
-    first (``wait=False``): the confirm comes after it."""
+    first (``wait=False``): the confirm comes after it.
+
+    The timeout (:data:`PUBLISH_TIMEOUT`) does not run while the broker blocks the connection (a memory or
+    disk alarm, :mod:`worker.broker.blocking`), up to ``BLOCKED_PUBLISH_DEADLINE`` in all: a held publish is
+    not a failed one, and retrying it would answer the event twice once the alarm clears."""
     try:
-        await channel.basic_publish(
-            body,
-            exchange=exchange,
-            routing_key=routing_key,
-            properties=properties,
-            mandatory=True,
-            timeout=PUBLISH_TIMEOUT,
-            wait=False,
-        )
+        async with publish_deadline(channel.connection, PUBLISH_TIMEOUT):
+            await channel.basic_publish(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=True,
+                wait=False,
+            )
     except aiormq.exceptions.DeliveryError as exc:
         raise TransientError(
             f"publish to {exchange!r} with key {routing_key!r} was not delivered: {exc}"

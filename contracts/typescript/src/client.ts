@@ -35,6 +35,9 @@ export function shardQueues(shardId: number): { results: string; notifications: 
  */
 export const DEFAULT_TIMEOUT_MS = 30_000;
 
+/** How long `close()` waits for `onNotice` / `onLateResult` callbacks still running before it closes. */
+export const CLOSE_DRAIN_MS = 5_000;
+
 /** CONTRACT.md: a body over 256 KiB is dead-lettered unparsed, and no result is sent for it. */
 export const MAX_EVENT_BYTES = 256 * 1024;
 
@@ -73,6 +76,14 @@ export interface LtmClientOptions {
   reconnect?: { initialDelayMs?: number; maxDelayMs?: number; startupRetries?: number };
   /** Unacked results and notices the broker may push ahead (default 32). */
   prefetch?: number;
+  /**
+   * RabbitMQ blocks the connection (a memory or disk alarm on a node: `reason` is the broker's text). Events
+   * published meanwhile wait in the kit and the socket, and the worker's results wait too; calls keep
+   * waiting (their timeouts run on). See README.md "Blocked broker". Default: a warning through `logger`.
+   */
+  onBlocked?: (reason: string) => void;
+  /** The block is over (or the connection it was on is gone): events flow again. Default: a warning. */
+  onUnblocked?: () => void;
 }
 
 export interface CreateMemoryRequest {
@@ -117,7 +128,11 @@ export class LtmClient {
   private readonly timedOut: SeenSet<true>;
   private connection: amqp.RecoveringChannelModel | null = null;
   private publisher: amqp.ConfirmChannel | null = null;
+  private consumer: amqp.Channel | null = null;
+  /** results and notices being handled: each settles once its callback ran and its ack was written */
+  private readonly handling = new Set<Promise<void>>();
   private closed = false;
+  private blockedSince: { reason: string; at: number } | null = null;
 
   private constructor(readonly options: LtmClientOptions) {
     if (!Number.isSafeInteger(options.shardId) || options.shardId < 0) {
@@ -140,6 +155,9 @@ export class LtmClient {
     const client = new LtmClient(options);
     const reconnect = options.reconnect ?? {};
     const connection = await amqp.connect(options.url, {
+      // Nagle's algorithm off: amqplib leaves it on unless told (and so does Node), which holds each small
+      // publish and ack back until the previous segment is acknowledged; ~12 ms of every round trip
+      noDelay: true,
       recovery: {
         initialDelay: reconnect.initialDelayMs ?? 200,
         maxDelay: reconnect.maxDelayMs ?? 10_000,
@@ -152,8 +170,12 @@ export class LtmClient {
       },
     });
     client.connection = connection;
+    connection.on("blocked", (reason: unknown) => client.blockedBy(String(reason ?? "")));
+    connection.on("unblocked", () => client.unblocked("unblocked"));
     connection.on("disconnect", (error: Error) => {
       client.publisher = null;
+      // a new connection starts unblocked
+      client.unblocked("connection lost");
       client.logger.warn("RabbitMQ connection lost; reconnecting", { error: error.message });
     });
     connection.on("connect-failed", (error: Error) =>
@@ -180,6 +202,11 @@ export class LtmClient {
     let n = 0;
     for (const call of this.pending.values()) if (!call.confirmed) n += 1;
     return n;
+  }
+
+  /** Why RabbitMQ blocks the connection (a memory or disk alarm), or null when it does not. */
+  get blocked(): string | null {
+    return this.blockedSince?.reason ?? null;
   }
 
   /** True while a connection is up and set up (exchanges checked, queues consumed). */
@@ -231,13 +258,77 @@ export class LtmClient {
     });
   }
 
-  /** Stop consuming and close the connection; calls still waiting reject with LtmClosedError. */
+  /**
+   * Stop consuming and close the connection; calls still waiting reject with LtmClosedError. Every result
+   * or notice already handed to the shard is acked first (its callback is awaited, up to `CLOSE_DRAIN_MS`),
+   * so the next process is not handed it again as a late result.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     for (const call of this.pending.values()) this.settle(call, new LtmClosedError(call.eventId));
     this.publisher = null;
+    if (this.handling.size > 0) {
+      let timer: NodeJS.Timeout | undefined;
+      const bound = new Promise<void>((done) => {
+        timer = setTimeout(done, CLOSE_DRAIN_MS);
+      });
+      await Promise.race([Promise.allSettled([...this.handling]), bound]);
+      clearTimeout(timer);
+      if (this.handling.size > 0) {
+        this.logger.warn("closing with callbacks still running; their messages come again", {
+          running: this.handling.size,
+        });
+      }
+    }
+    // closing the consumer channel first puts its close behind the acks on the same channel: the broker
+    // has taken every ack when it answers (a connection close alone can overtake them)
+    // (not while the broker blocks the connection: it reads nothing, the channel's close would never be
+    // answered; amqplib then drops the connection at once and the broker requeues what was not acked)
+    const consumer = this.consumer;
+    this.consumer = null;
+    if (consumer !== null && this.blockedSince === null) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        consumer.close().catch(() => {}),
+        new Promise<void>((done) => {
+          timer = setTimeout(done, CLOSE_DRAIN_MS);
+        }),
+      ]);
+      clearTimeout(timer);
+    }
     await this.connection?.close();
+  }
+
+  private blockedBy(reason: string): void {
+    if (this.blockedSince !== null) return;
+    this.blockedSince = { reason, at: Date.now() };
+    this.logger.warn("RabbitMQ blocked the connection; events and results wait until it unblocks", {
+      reason,
+      inFlight: this.pending.size,
+    });
+    this.callback("onBlocked", () => this.options.onBlocked?.(reason));
+  }
+
+  private unblocked(how: "unblocked" | "connection lost"): void {
+    const since = this.blockedSince;
+    if (since === null) return;
+    this.blockedSince = null;
+    this.logger.warn("RabbitMQ unblocked the connection", {
+      reason: since.reason,
+      blockedMs: Date.now() - since.at,
+      ended: how,
+    });
+    this.callback("onUnblocked", () => this.options.onUnblocked?.());
+  }
+
+  /** A shard callback run from a connection event: what it throws is logged, never thrown into amqplib. */
+  private callback(name: string, run: () => void): void {
+    try {
+      run();
+    } catch (error) {
+      this.logger.error(`the ${name} callback failed`, { error: error instanceof Error ? error.message : String(error) });
+    }
   }
 
   /** Run after every (re)connection, before the client counts as connected. */
@@ -245,6 +336,7 @@ export class LtmClient {
     const { results, notifications, routingKey } = shardQueues(this.options.shardId);
     const consumer = await model.createChannel();
     this.watch(model, consumer, "consumer");
+    this.consumer = consumer;
     // passive checks only: a shard's user may not declare the exchanges (they come from the definitions)
     for (const exchange of [TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, NOTIFICATIONS_EXCHANGE]) {
       await consumer.checkExchange(exchange);
@@ -282,6 +374,7 @@ export class LtmClient {
     channel.on("error", (error: Error) => this.logger.warn(`${name} channel error`, { error: error.message }));
     channel.on("close", () => {
       if (channel === this.publisher) this.publisher = null;
+      if (channel === this.consumer) this.consumer = null;
       if (!this.closed) model.close().catch(() => {});
     });
   }
@@ -369,8 +462,8 @@ export class LtmClient {
           ? this.onResult(body as ToolResult)
           : this.onNotice(body as Notification);
     // ack after the callback: a crash inside it gets the message again (the filters drop a copy
-    // that was already handled)
-    handled
+    // that was already handled); close() waits for this before the channel goes
+    const settled = handled
       .catch((error: unknown) =>
         this.logger.error(`the ${kind} callback failed`, {
           eventId,
@@ -384,6 +477,8 @@ export class LtmClient {
           // the channel is gone; the broker redelivers and the filters drop the copy
         }
       });
+    this.handling.add(settled);
+    void settled.finally(() => this.handling.delete(settled));
   }
 
   private async onResult(result: ToolResult): Promise<void> {

@@ -2,6 +2,7 @@
 export * from "./generated/index.js";
 export type { InvalidationKind, NoticeKind, ResultStatus, ToolName } from "./types.js";
 export {
+  CLOSE_DRAIN_MS,
   DEFAULT_TIMEOUT_MS,
   LtmClient,
   MAX_EVENT_BYTES,

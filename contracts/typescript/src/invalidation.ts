@@ -62,6 +62,8 @@ export class InvalidationSubscriber {
     const cap = options.maxReconnectDelayMs ?? 5_000;
     const redis = new Redis(options.url, {
       lazyConnect: true,
+      // ioredis's default, stated: no Nagle delay on the subscription's socket
+      noDelay: true,
       // we subscribe ourselves on every "ready", so the resubscription is known to be done when
       // onResubscribed runs
       autoResubscribe: false,
