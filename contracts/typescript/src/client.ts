@@ -12,6 +12,7 @@ import {
 import type { EventContext, Notification, ToolCallEvent, ToolResult } from "./generated/index.js";
 import { consoleLogger, type Logger } from "./logger.js";
 import { SeenSet } from "./seen.js";
+import { tlsConnectOptions, type LtmTlsOptions } from "./tls.js";
 import type { ResultStatus, ToolName } from "./types.js";
 
 /** Exchange and queue names of CONTRACT.md (fixed). */
@@ -57,8 +58,15 @@ export interface LateResultInfo {
 }
 
 export interface LtmClientOptions {
-  /** AMQP URL with the vhost, e.g. `amqp://shard-3:secret@rabbitmq:5672/` (the shard's own user). */
+  /** AMQP URL with the vhost, e.g. `amqp://shard-3:secret@rabbitmq:5672/` (the shard's own user);
+   * `amqps://...:5671/` for TLS. */
   url: string;
+  /**
+   * TLS settings of an `amqps://` URL: the CA to verify the broker with, a client certificate and key (see
+   * LtmTlsOptions and README.md "TLS"). The URL's `?cafile=` and the like are not read. Verification is on
+   * unless `rejectUnauthorized: false` (development only).
+   */
+  tls?: LtmTlsOptions;
   /** This shard's id (integer >= 0): results and notices come back with routing key `shard.<id>`. */
   shardId: number;
   /** How long `createMemory` waits for the result, unless the call says otherwise. Default 30 s. */
@@ -154,7 +162,10 @@ export class LtmClient {
   static async connect(options: LtmClientOptions): Promise<LtmClient> {
     const client = new LtmClient(options);
     const reconnect = options.reconnect ?? {};
+    const tls = tlsConnectOptions("RabbitMQ", options.url, options.tls, client.logger);
     const connection = await amqp.connect(options.url, {
+      // amqplib hands its socket options to tls.connect for amqps://
+      ...tls,
       // Nagle's algorithm off: amqplib leaves it on unless told (and so does Node), which holds each small
       // publish and ack back until the previous segment is acknowledged; ~12 ms of every round trip
       noDelay: true,

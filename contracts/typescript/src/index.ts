@@ -42,4 +42,5 @@ export {
   LtmUnroutableError,
 } from "./errors.js";
 export { consoleLogger, type Logger } from "./logger.js";
+export type { LtmTlsOptions, PemInput } from "./tls.js";
 export { SeenSet } from "./seen.js";

@@ -4,6 +4,7 @@ import { Redis } from "ioredis";
 
 import type { CacheInvalidation } from "./generated/index.js";
 import { consoleLogger, type Logger } from "./logger.js";
+import { tlsConnectOptions, type LtmTlsOptions } from "./tls.js";
 
 /** After a server-wide save: `server_disc_id` (the guild, or the user's id in a DM). */
 export type ServerStateInvalidation = Extract<CacheInvalidation, { kind: "tomori_state" }>;
@@ -28,8 +29,14 @@ export function invalidationIdOf(eventId: string): string {
 }
 
 export interface InvalidationSubscriberOptions {
-  /** Redis URL, e.g. `redis://redis:6379/0`. */
+  /** Redis URL, e.g. `redis://redis:6379/0`; `rediss://...` for TLS. */
   url: string;
+  /**
+   * TLS settings of a `rediss://` URL: the CA to verify Redis with, a client certificate and key (see
+   * LtmTlsOptions and README.md "TLS"). Verification is on unless `rejectUnauthorized: false`
+   * (development only).
+   */
+  tls?: LtmTlsOptions;
   /** A server-wide save: drop what you cache for this server (`server_disc_id`). */
   onServerState?: (message: ServerStateInvalidation) => void | Promise<void>;
   /** A personal save: drop what you cache for this user (`user_disc_id`). */
@@ -57,9 +64,15 @@ export class InvalidationSubscriber {
     this.logger = options.logger ?? consoleLogger;
   }
 
-  /** Connect and subscribe; resolves once the first subscription is confirmed by Redis. */
+  /**
+   * Connect and subscribe; resolves once the first subscription is confirmed by Redis. Rejects when the first
+   * connection fails (with the connection's own error: a refused certificate, a wrong password), leaving
+   * nothing running; after that the subscriber reconnects by itself.
+   */
   static async start(options: InvalidationSubscriberOptions): Promise<InvalidationSubscriber> {
     const cap = options.maxReconnectDelayMs ?? 5_000;
+    const logger = options.logger ?? consoleLogger;
+    const tls = tlsConnectOptions("Redis", options.url, options.tls, logger);
     const redis = new Redis(options.url, {
       lazyConnect: true,
       // ioredis's default, stated: no Nagle delay on the subscription's socket
@@ -69,10 +82,16 @@ export class InvalidationSubscriber {
       autoResubscribe: false,
       maxRetriesPerRequest: null,
       retryStrategy: (attempt: number) => Math.round(Math.min(cap, 100 * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2)),
+      // handed to tls.connect (a rediss:// URL turns TLS on by itself, verified against Node's CA store)
+      ...(tls === undefined ? {} : { tls }),
     });
     const subscriber = new InvalidationSubscriber(redis, options);
+    let lastError: Error | null = null;
     redis.on("message", (channel: string, text: string) => subscriber.dispatch(channel, text));
-    redis.on("error", (error: Error) => subscriber.logger.debug("redis error", { error: error.message }));
+    redis.on("error", (error: Error) => {
+      lastError = error;
+      subscriber.logger.debug("redis error", { error: error.message });
+    });
     redis.on("close", () => {
       if (!subscriber.closed) subscriber.logger.warn("redis connection lost; invalidations are missed until it is back");
     });
@@ -85,8 +104,15 @@ export class InvalidationSubscriber {
         });
       });
     });
-    await redis.connect();
-    await first;
+    try {
+      await redis.connect();
+      await first;
+    } catch (error) {
+      // ioredis rejects with "Connection is closed." and would go on retrying: stop it, report the cause
+      subscriber.closed = true;
+      redis.disconnect();
+      throw lastError ?? error;
+    }
     return subscriber;
   }
 
