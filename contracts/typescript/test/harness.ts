@@ -3,8 +3,8 @@
 // local defaults (the same variables the Python suite reads); vhosts are made with rabbitmqctl.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync, chmodSync } from "node:fs";
-import { createServer } from "node:net";
+import { existsSync, mkdtempSync, mkdirSync, openSync, closeSync, readFileSync, rmSync, writeFileSync, chmodSync, copyFileSync } from "node:fs";
+import { connect as tcpConnect, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -303,31 +303,61 @@ export class Stack {
   }
 }
 
-/** A RabbitMQ node of its own (ports, data dir), for the broker-restart test; the machine's is untouched. */
+/** TLS settings of a private server: its certificate and key, the CA of client certificates (PEM files). */
+export interface ServerTls {
+  ca: string;
+  cert: string;
+  key: string;
+  /** the server refuses a client without a certificate `ca` signed */
+  clientCertificates?: boolean;
+}
+
+/**
+ * A RabbitMQ node of its own (ports, data dir), for the broker-restart, blocked and TLS tests; the machine's is
+ * untouched. With `tls` its only AMQP listener is TLS (`listeners.tcp = none`), and `url` is `amqps://`.
+ */
 export class PrivateRabbit {
   private constructor(
     readonly node: string,
     readonly port: number,
     readonly dir: string,
+    readonly tls: boolean,
   ) {}
 
   get url(): string {
-    return `amqp://guest:guest@127.0.0.1:${this.port}/`;
+    return `${this.tls ? "amqps" : "amqp"}://guest:guest@127.0.0.1:${this.port}/`;
   }
 
-  static async start(): Promise<PrivateRabbit> {
+  static async start(options: { tls?: ServerTls } = {}): Promise<PrivateRabbit> {
     const id = hex();
     const node = `ltmts${id}@localhost`;
     const port = await freePort();
     const distPort = await freePort();
     const dir = mkdtempSync(join(tmpdir(), "ltm-ts-rabbit-"));
     writeFileSync(join(dir, "enabled_plugins"), "[].\n");
-    writeFileSync(join(dir, "rabbitmq.conf"), `listeners.tcp.local = 127.0.0.1:${port}\n`);
+    let config = `listeners.tcp.local = 127.0.0.1:${port}\n`;
+    const tls = options.tls;
+    if (tls !== undefined) {
+      // copies inside the node's directory, which the rabbitmq user (who runs the node) can read
+      for (const [name, from] of [["ca.pem", tls.ca], ["server.pem", tls.cert], ["server.key", tls.key]] as const) {
+        copyFileSync(from, join(dir, name));
+      }
+      config =
+        "listeners.tcp = none\n" +
+        `listeners.ssl.default = 127.0.0.1:${port}\n` +
+        `ssl_options.cacertfile = ${join(dir, "ca.pem")}\n` +
+        `ssl_options.certfile = ${join(dir, "server.pem")}\n` +
+        `ssl_options.keyfile = ${join(dir, "server.key")}\n` +
+        (tls.clientCertificates
+          ? "ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n"
+          : "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n");
+    }
+    writeFileSync(join(dir, "rabbitmq.conf"), config);
     writeFileSync(join(dir, "rabbitmq-env.conf"), "");
     // the packaged rabbitmq-server runs the node as the rabbitmq user, which must write here
     chmodSync(dir, 0o777);
     await run("chown", ["-R", "rabbitmq:rabbitmq", dir]).catch(() => {});
-    const env = {
+    const env: NodeJS.ProcessEnv = {
       ...process.env,
       RABBITMQ_NODENAME: node,
       RABBITMQ_NODE_PORT: String(port),
@@ -341,17 +371,25 @@ export class PrivateRabbit {
       ERL_EPMD_ADDRESS: "127.0.0.1",
       ERL_FLAGS: "-kernel inet_dist_use_interface {127,0,0,1}",
     };
-    await run("rabbitmq-server", ["-detached"], { env, timeout: 60_000 });
-    const rabbit = new PrivateRabbit(node, port, dir);
-    // the detached node registers with epmd a moment later; until then await_startup says "not running"
-    await waitFor(`private RabbitMQ node ${node}`, async () => {
-      try {
-        await rabbitmqctl(["await_startup", "--timeout", "60"], node);
-        return true;
-      } catch {
-        return false;
-      }
-    }, 90_000);
+    // RABBITMQ_NODE_PORT would add a plaintext listener beside the TLS one
+    if (tls !== undefined) delete env.RABBITMQ_NODE_PORT;
+    const rabbit = new PrivateRabbit(node, port, dir, tls !== undefined);
+    try {
+      await run("rabbitmq-server", ["-detached"], { env, timeout: 60_000 });
+      // the detached node registers with epmd a moment later; until then await_startup says "not running"
+      await waitFor(`private RabbitMQ node ${node}`, async () => {
+        try {
+          await rabbitmqctl(["await_startup", "--timeout", "60"], node);
+          return true;
+        } catch {
+          return false;
+        }
+      }, 90_000);
+      await waitForPort(port, `the private RabbitMQ node's listener on ${port}`);
+    } catch (error) {
+      await rabbit.stop();
+      throw error;
+    }
     return rabbit;
   }
 
@@ -370,29 +408,55 @@ export class PrivateRabbit {
   }
 }
 
-/** A redis-server of its own on a spare port, restartable (the machine's 6379 is never touched). */
+/**
+ * A redis-server of its own on a spare port, restartable (the machine's 6379 is never touched). With `tls` it has
+ * a TLS port and no plaintext one (`--port 0 --tls-port N`), and `url` is `rediss://`.
+ */
 export class PrivateRedis {
   private child: ChildProcess | null = null;
 
-  private constructor(readonly port: number) {}
+  private constructor(
+    readonly port: number,
+    readonly tls: ServerTls | undefined,
+  ) {}
 
   get url(): string {
-    return `redis://127.0.0.1:${this.port}/0`;
+    return `${this.tls === undefined ? "redis" : "rediss"}://127.0.0.1:${this.port}/0`;
   }
 
-  static async start(): Promise<PrivateRedis> {
-    const redis = new PrivateRedis(await freePort());
-    await redis.launch();
+  static async start(options: { tls?: ServerTls } = {}): Promise<PrivateRedis> {
+    const redis = new PrivateRedis(await freePort(), options.tls);
+    try {
+      await redis.launch();
+    } catch (error) {
+      await redis.stop();
+      throw error;
+    }
     return redis;
   }
 
   private async launch(): Promise<void> {
-    const child = spawn(
-      "redis-server",
-      ["--port", String(this.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-      { stdio: "ignore" },
-    );
+    const tls = this.tls;
+    const listen =
+      tls === undefined
+        ? ["--port", String(this.port)]
+        : [
+            "--port", "0",
+            "--tls-port", String(this.port),
+            "--tls-cert-file", tls.cert,
+            "--tls-key-file", tls.key,
+            "--tls-ca-cert-file", tls.ca,
+            "--tls-auth-clients", tls.clientCertificates ? "yes" : "no",
+          ];
+    const child = spawn("redis-server", [...listen, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], {
+      stdio: "ignore",
+    });
     this.child = child;
+    if (tls !== undefined) {
+      // redis-cli may be built without TLS: a listening port is enough (a client waits for its handshake)
+      await waitForPort(this.port, `redis-server's TLS port ${this.port}`, 20_000, () => child.exitCode === null);
+      return;
+    }
     await waitFor(`redis-server on ${this.port}`, async () => {
       try {
         const { stdout } = await run("redis-cli", ["-p", String(this.port), "ping"]);
@@ -416,6 +480,101 @@ export class PrivateRedis {
   async restart(): Promise<void> {
     await this.stop();
     await this.launch();
+  }
+}
+
+/** Wait until something accepts TCP connections on 127.0.0.1:`port` (while `alive()` holds). */
+export async function waitForPort(port: number, what: string, timeoutMs = 60_000, alive: () => boolean = () => true): Promise<void> {
+  await waitFor(what, async () => {
+    if (!alive()) throw new Error(`${what}: the server exited`);
+    return new Promise<boolean>((done) => {
+      const socket = tcpConnect({ host: "127.0.0.1", port }, () => {
+        socket.destroy();
+        done(true);
+      });
+      socket.once("error", () => {
+        socket.destroy();
+        done(false);
+      });
+    });
+  }, timeoutMs);
+}
+
+/** The executable `name` is on PATH (or in the sbin directories, where the packaged rabbitmq-server lives). */
+export function onPath(name: string): boolean {
+  const dirs = [...(process.env.PATH ?? "").split(":"), "/usr/sbin", "/sbin"];
+  return dirs.some((dir) => dir !== "" && existsSync(join(dir, name)));
+}
+
+/**
+ * A tool a test needs is not installed: the test is skipped with `message`, except under CI=true, where it
+ * fails (a CI machine must have every server the tests start).
+ */
+export function skipUnlessCi(t: { skip: (message: string) => void }, message: string): void {
+  if (process.env.CI === "true") throw new Error(`${message} (CI=true: a missing server is a failure here)`);
+  t.skip(message);
+}
+
+/** A certificate and its key (PEM files). */
+export interface CertificatePair {
+  cert: string;
+  key: string;
+}
+
+async function openssl(args: string[], cwd: string): Promise<void> {
+  try {
+    await run("openssl", args, { cwd, timeout: 60_000 });
+  } catch (error) {
+    const e = error as { stderr?: string; message: string };
+    throw new Error(`openssl ${args.join(" ")} failed: ${e.stderr ?? e.message}`);
+  }
+}
+
+const EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+
+/** A throwaway certificate authority in `dir` (EC P-256 keys, quick to make), made with the openssl CLI. */
+export class Authority {
+  private constructor(
+    readonly dir: string,
+    /** its certificate (PEM file) */
+    readonly ca: string,
+    private readonly caKey: string,
+  ) {}
+
+  static async create(dir: string, name: string): Promise<Authority> {
+    mkdirSync(dir, { recursive: true });
+    const ca = join(dir, `${name}-ca.pem`);
+    const key = join(dir, `${name}-ca.key`);
+    await openssl(
+      ["req", "-x509", ...EC_KEY, "-keyout", key, "-out", ca, "-days", "2", "-subj", `/CN=LTM kit test CA ${name}`,
+       "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+      dir,
+    );
+    return new Authority(dir, ca, key);
+  }
+
+  /** A certificate for localhost and 127.0.0.1, for server and client use, signed by this authority. */
+  async issue(name: string): Promise<CertificatePair> {
+    const key = join(this.dir, `${name}.key`);
+    const csr = join(this.dir, `${name}.csr`);
+    const cert = join(this.dir, `${name}.pem`);
+    const extensions = join(this.dir, `${name}.ext`);
+    writeFileSync(
+      extensions,
+      "subjectAltName=DNS:localhost,IP:127.0.0.1\n" +
+        "basicConstraints=critical,CA:FALSE\n" +
+        "keyUsage=critical,digitalSignature,keyEncipherment\n" +
+        "extendedKeyUsage=serverAuth,clientAuth\n" +
+        "subjectKeyIdentifier=hash\n" +
+        "authorityKeyIdentifier=keyid,issuer\n",
+    );
+    await openssl(["req", "-new", ...EC_KEY, "-keyout", key, "-out", csr, "-subj", "/CN=localhost"], this.dir);
+    await openssl(
+      ["x509", "-req", "-in", csr, "-CA", this.ca, "-CAkey", this.caKey, "-CAcreateserial", "-out", cert,
+       "-days", "2", "-extfile", extensions],
+      this.dir,
+    );
+    return { cert, key };
   }
 }
 

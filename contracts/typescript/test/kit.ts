@@ -1,4 +1,7 @@
-// Helpers shared by the end-to-end tests: a client wired to inboxes, a recording logger.
+// Helpers shared by the end-to-end tests: a client wired to inboxes, a recording logger, the sockets a call opens.
+import assert from "node:assert/strict";
+import net from "node:net";
+
 import { LtmClient, type LateResultInfo, type Logger, type LtmClientOptions, type Notification, type ToolResult } from "../src/index.js";
 import { buildContext, type ContextInput } from "../src/index.js";
 import { BOT, CHANNEL, GUILD, Inbox, SPARROW, TRIGGER } from "./harness.js";
@@ -63,4 +66,26 @@ let calls = 0;
 export function callId(): string {
   calls += 1;
   return `call_ts_${process.pid}_${calls}`;
+}
+
+/** Node keeps the socket's TCP_NODELAY setting under this symbol (net.js `kSetNoDelay`). */
+export function noDelayOf(socket: net.Socket): boolean {
+  const key = Object.getOwnPropertySymbols(socket).find((s) => s.description === "kSetNoDelay");
+  assert.ok(key !== undefined, "this Node keeps no kSetNoDelay on its sockets: the test cannot read the option");
+  return (socket as unknown as Record<symbol, unknown>)[key] === true;
+}
+
+/** The sockets opened while `body` runs (every net.Socket connect goes through the prototype). */
+export async function socketsOpenedBy<T>(body: () => Promise<T>): Promise<{ value: T; sockets: net.Socket[] }> {
+  const sockets: net.Socket[] = [];
+  const original = net.Socket.prototype.connect;
+  net.Socket.prototype.connect = function (this: net.Socket, ...args: unknown[]) {
+    sockets.push(this);
+    return (original as (...a: unknown[]) => net.Socket).apply(this, args);
+  } as typeof original;
+  try {
+    return { value: await body(), sockets };
+  } finally {
+    net.Socket.prototype.connect = original;
+  }
 }
