@@ -67,8 +67,8 @@ def cases(template: bytes) -> dict[str, Callable[[], Hostile]]:
         return json.dumps({**event, **changes}).encode()
 
     def participants_flood() -> bytes:
-        context = {**event["context"], "participants": [0] * 120_000}
-        return json.dumps({**event, "context": context}).encode()
+        context = {**event["context"], "participants": [0] * 120_000}  # 240 KB: under the body limit
+        return json.dumps({**event, "context": context}, separators=(",", ":")).encode()
 
     micro = int(time.time() * 1_000_000)
     return {
@@ -117,7 +117,7 @@ def _peak_rss_mib(pid: int) -> float:
 
 def _world(limits: Limits) -> World:
     return build_world(
-        seed=7, servers=2, personas_per_server=1, users=40, members_per_server=20, limits=limits
+        seed=7, servers=30, personas_per_server=2, users=300, members_per_server=25, limits=limits
     )
 
 
@@ -227,7 +227,7 @@ async def _inject(url: str, hostile: Hostile) -> None:
 async def main(args: argparse.Namespace) -> None:
     limits = Limits()
     world = build_world(
-        seed=7, servers=2, personas_per_server=1, users=40, members_per_server=20, limits=limits
+        seed=7, servers=30, personas_per_server=2, users=300, members_per_server=25, limits=limits
     )
     template = build_workload(world, count=1, shards=1, seed=7, limits=limits).events[0].body
     chosen = cases(template)
