@@ -216,7 +216,12 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
                 cpu = (answering.cpu_seconds() or 0.0) - cpu_before
                 series[-1].cpu_ms_per_call = cpu * 1000 / (count + WARMUP_CALLS)
         load = os.getloadavg()
-        stages = span_durations(fleet.processes.log_path(0)) if args.stages else None
+        stages = None
+        if args.stages:
+            # the worker exports its spans in batches (every 5 s): the last ones reach its log when it stops
+            await fleet.stop()
+            stages = span_durations(fleet.processes.log_path(0))
+            fleet = None
         return {
             "stages_ms": stages,
             "series": [s.to_json() for s in series],

@@ -12,8 +12,6 @@ held longer than 10 s timed out, its event was retried, and the shard got the he
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import signal
 import socket
 import time
@@ -23,16 +21,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
 from contracts.models import Status
-from tests.e2e.cluster import Node, RabbitCluster, find_server
+from tests.e2e.cluster import Node, RabbitCluster, private_rabbitmq, stack_on
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.e2e.workload import Stream, build_stream, check_outcome, limit_env, seed_scopes, wait_for_results
-from tests.factories import BotRows
-from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.e2e
 
@@ -50,17 +45,8 @@ CLEAR_ALARM = "rabbit_alarm:clear_alarm({resource_limit, memory, node()})."
 @pytest.fixture(scope="module")
 def rabbit_node() -> Iterator[tuple[RabbitCluster, Node]]:
     """A private one-node broker, stopped and removed after this file's test."""
-    bin_dir = find_server()
-    if bin_dir is None:
-        message = "rabbitmq-server is not installed: the alarm test starts a private node from it"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI must install it)")
-        pytest.skip(message)
-    cluster = RabbitCluster(bin_dir, size=1)
-    try:
-        yield cluster.start(), cluster.nodes[0]
-    finally:
-        cluster.close()
+    with private_rabbitmq(1, why="the alarm test starts a private node from it") as cluster:
+        yield cluster, cluster.nodes[0]
 
 
 @pytest.fixture
@@ -68,20 +54,12 @@ async def alarm_stack(
     rabbit_node: tuple[RabbitCluster, Node], postgres_dsn: str, redis_url: str, tmp_path: Path
 ) -> AsyncIterator[Stack]:
     cluster, node = rabbit_node
-    vhost = f"ltm-test-{secrets.token_hex(4)}"
-    await asyncio.to_thread(cluster.add_vhost, vhost)
-    await apply_migrations(postgres_dsn)
-    conn = await asyncpg.connect(postgres_dsn)
-    stack = Stack(postgres_dsn, node.url(vhost), redis_url, tmp_path, BotRows(conn))
     try:
-        yield stack
+        async with stack_on(cluster, postgres_dsn, redis_url, tmp_path) as stack:
+            yield stack
     finally:
-        for process in stack.workers:
-            process.kill()
-        await conn.close()
         # whatever happened, the node is left without an alarm
         await asyncio.to_thread(_ctl_quietly, cluster, node, "eval", CLEAR_ALARM)
-        await asyncio.to_thread(cluster.delete_vhost, vhost)
 
 
 def _ctl_quietly(cluster: RabbitCluster, node: Node, *args: str) -> None:
