@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiormq
@@ -47,6 +48,9 @@ def hostile_cases(event_id: str) -> dict[str, raw.RawProperties]:
     }
 
 
+CASE_NAMES = list(hostile_cases(str(uuid.uuid4())))
+
+
 async def publish_raw(url: str, body: bytes, properties: raw.RawProperties, **where: str) -> None:
     connection = await aiormq.connect(url)
     try:
@@ -54,6 +58,27 @@ async def publish_raw(url: str, body: bytes, properties: raw.RawProperties, **wh
         await channel.basic_publish(body, properties=properties, **where)
     finally:
         await connection.close()
+
+
+async def publish_each_case(
+    url: str,
+    make_event: Callable[[int], dict[str, Any]],
+    exchange: str,
+    after_each: Callable[[int], Awaitable[None]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """One event per hostile case, its properties naming its own event id, sent to ``exchange`` (and
+    ``after_each`` awaited after each); the events by case."""
+    sent: dict[str, dict[str, Any]] = {}
+    for n, name in enumerate(CASE_NAMES):
+        event = make_event(n)
+        properties = hostile_cases(event["event_id"])[name]
+        await publish_raw(
+            url, json.dumps(event).encode(), properties, exchange=exchange, routing_key=TOOL_ROUTING_KEY
+        )
+        sent[name] = event
+        if after_each is not None:
+            await after_each(n)
+    return sent
 
 
 async def test_undecodable_properties_are_answered_and_never_cost_the_connection(stack: Stack) -> None:
@@ -66,23 +91,17 @@ async def test_undecodable_properties_are_answered_and_never_cost_the_connection
             {"memory_content": text, "memory_scope": "server_wide"}, persona_id=world.persona_id
         )
 
-    hostile: dict[str, dict[str, Any]] = {}
     good: list[dict[str, Any]] = []
     async with Shard(stack.rabbitmq_url) as shard:
-        for n, name in enumerate(hostile_cases("0" * 36)):
-            event = body(f"hostile {n}")
-            properties = hostile_cases(event["event_id"])[name]
-            await publish_raw(
-                stack.rabbitmq_url,
-                json.dumps(event).encode(),
-                properties,
-                exchange="tomori.tool_calls",
-                routing_key=TOOL_ROUTING_KEY,
-            )
-            hostile[name] = event
+
+        async def three_ordinary(n: int) -> None:
             for m in range(3):
                 good.append(body(f"good {n}.{m}"))
                 await shard.publish(good[-1])
+
+        hostile = await publish_each_case(
+            stack.rabbitmq_url, lambda n: body(f"hostile {n}"), "tomori.tool_calls", three_ordinary
+        )
         ids = [e["event_id"] for e in [*hostile.values(), *good]]
         await shard.wait_for_results(ids, timeout=60)
 
@@ -144,22 +163,14 @@ async def test_the_dlq_commands_read_letters_with_undecodable_properties(stack: 
     world = await stack.rows.world()
     stack.worker()
     await stack.workers_ready()
-    events = {}
+
+    def replayable(n: int) -> dict[str, Any]:
+        arguments = {"memory_content": f"replayed {n}", "memory_scope": "server_wide"}
+        return event_body(arguments, persona_id=world.persona_id)
+
     async with Shard(stack.rabbitmq_url) as shard:
-        for n, (name, properties) in enumerate(hostile_cases(str(uuid.uuid4())).items()):
-            event = event_body(
-                {"memory_content": f"replayed {n}", "memory_scope": "server_wide"},
-                persona_id=world.persona_id,
-            )
-            properties = hostile_cases(event["event_id"])[name]
-            await publish_raw(
-                stack.rabbitmq_url,
-                json.dumps(event).encode(),
-                properties,
-                exchange="tomori.dead_letter",
-                routing_key=TOOL_ROUTING_KEY,
-            )
-            events[event["event_id"]] = name
+        sent = await publish_each_case(stack.rabbitmq_url, replayable, "tomori.dead_letter")
+        events = {event["event_id"]: name for name, event in sent.items()}
 
         listed = await asyncio.to_thread(stack.cli, "dlq", "list")
         assert listed.returncode == 0, listed.stderr

@@ -174,3 +174,18 @@ def test_a_copy_encodes_doubles_and_decimals_pamqp_would_refuse() -> None:
     assert copy.headers["big"] == "1e+300"
     assert copy.headers["small"] == 1.5
     assert 20 + len(copy.properties.marshal()) <= FRAME_MAX
+
+
+def test_a_copy_that_needs_both_a_fix_up_and_room_keeps_both_notes() -> None:
+    deep: dict[str, Any] = {}
+    level = deep
+    for _ in range(900):
+        level["d"] = {}
+        level = level["d"]
+    original = {"deep": deep, "big": "x" * 140_000}
+    copy = headers.copy_message(delivery(original), dict(original), frame_max=FRAME_MAX)
+    assert copy.headers is not None
+    first, second = copy.headers[headers.DROPPED]
+    assert first.endswith("nested deeper than 64 levels")
+    assert second.startswith("headers.big: ")
+    assert 20 + len(copy.properties.marshal()) <= FRAME_MAX

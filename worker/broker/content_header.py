@@ -252,14 +252,23 @@ def _why(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def printable(text: str, limit: int = _NOTE_LIMIT) -> str:
+    """``text`` for a one-line note: what does not print replaced by U+FFFD, at most ``limit`` characters."""
+    flat = "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def _note(text: str) -> str:
-    printable = "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
-    return printable if len(printable) <= _NOTE_LIMIT else printable[: _NOTE_LIMIT - 1] + "…"
+    return printable(text)
+
+
+def as_notes(value: Any) -> list[str]:
+    """A header that holds notes (:data:`UNDECODABLE`, ``x-ltm-dropped``) as a list of strings."""
+    if not isinstance(value, list):
+        return []
+    return [n if isinstance(n, str) else str(n) for n in value]
 
 
 def undecodable(headers: dict[str, Any] | None) -> list[str]:
     """What the decoder left out of a delivery's properties (empty when everything decoded)."""
-    notes = (headers or {}).get(UNDECODABLE)
-    if not isinstance(notes, list):
-        return []
-    return [n if isinstance(n, str) else str(n) for n in notes]
+    return as_notes((headers or {}).get(UNDECODABLE))

@@ -9,7 +9,6 @@ event, a replay) a shard-set value is ignored and dropped from the copies the wo
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -20,7 +19,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp import encode
 
-from worker.broker.content_header import UNDECODABLE, undecodable
+from worker.broker.content_header import MAX_DEPTH, UNDECODABLE, as_notes, printable, undecodable
 
 #: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping)
 ATTEMPTS = "x-ltm-attempts"
@@ -47,6 +46,8 @@ _OURS = frozenset(
 #: bytes of a content header frame besides the properties: frame header and end (8), class, weight, body
 #: size (12)
 _HEADER_FRAME_OVERHEAD = 8 + 12
+#: how much of a header's name a note quotes
+_KEY_LIMIT = 80
 #: the most notes a copy carries in ``x-ltm-dropped``
 _MAX_DROPPED_NOTES = 20
 
@@ -115,7 +116,7 @@ def copy_message(
     in ``x-ltm-dropped``. What the decoder could not read (:data:`UNDECODABLE`) is carried on as notes in
     ``x-ltm-dropped`` too."""
     headers = dict(headers)
-    notes = [*_notes(headers.pop(DROPPED, None)), *undecodable(headers)]
+    notes = [*as_notes(headers.pop(DROPPED, None)), *undecodable(headers)]
     headers.pop(UNDECODABLE, None)
     if notes:
         headers[DROPPED] = notes[-_MAX_DROPPED_NOTES:]
@@ -144,7 +145,7 @@ def copy_message(
         fixed: list[str] = []
         headers = _encodable(headers, "headers", fixed, 0)
         if fixed:
-            headers[DROPPED] = [*_notes(headers.get(DROPPED)), *fixed][-_MAX_DROPPED_NOTES:]
+            headers[DROPPED] = [*as_notes(headers.get(DROPPED)), *fixed][-_MAX_DROPPED_NOTES:]
         copy = aio_pika.Message(message.body, headers=headers, **properties)
         try:
             size = _header_frame_size(copy)
@@ -160,12 +161,11 @@ def copy_message(
     # entries', so the size is kept by arithmetic, not by encoding again per entry.
     sizes = {key: _entry_size(key, value) for key, value in headers.items()}
     size -= sizes.pop(DROPPED, 0)
-    headers.pop(DROPPED, None)
-    dropped = list(notes)
+    dropped = as_notes(headers.pop(DROPPED, None))  # the notes so far, those of a fix-up included
     for key in sorted((k for k in sizes if k not in _OURS), key=lambda k: -sizes[k]):
         del headers[key]
         size -= sizes[key]
-        dropped.append(f"headers.{_printable(key)}: {sizes[key]} bytes, dropped to fit the frame")
+        dropped.append(f"headers.{printable(key, _KEY_LIMIT)}: {sizes[key]} bytes, dropped to fit the frame")
         note = dropped[-_MAX_DROPPED_NOTES:]
         if size + _entry_size(DROPPED, note) <= frame_max:
             headers[DROPPED] = note
@@ -180,14 +180,10 @@ def copy_message(
     return aio_pika.Message(message.body, headers=headers, **properties)
 
 
-_INT64 = range(-(2**63), 2**63)
-_FLOAT32 = struct.Struct(">f")
 #: what the worker adds to a copy: kept whatever else has to go
 _OURS = frozenset(
     {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, REPLAYED_AT, REPLAY_COUNT, TRACEPARENT}
 )
-#: nesting kept in a copy (the decoder's own limit, for tables it read without help)
-_MAX_COPY_DEPTH = 64
 
 
 def _encodable(table: Mapping[str, Any], where: str, notes: list[str], depth: int) -> dict[str, Any]:
@@ -195,43 +191,33 @@ def _encodable(table: Mapping[str, Any], where: str, notes: list[str], depth: in
     its decimal text; anything else it cannot take, or nested too deep, is left out and noted."""
     kept: dict[str, Any] = {}
     for key, value in table.items():
-        found, fixed = _encodable_value(value, f"{where}.{_printable(str(key))}", notes, depth)
+        found, fixed = _encodable_value(value, f"{where}.{printable(str(key), _KEY_LIMIT)}", notes, depth)
         if found:
             kept[str(key)] = fixed
     return kept
 
 
 def _encodable_value(value: Any, where: str, notes: list[str], depth: int) -> tuple[bool, Any]:
-    if depth >= _MAX_COPY_DEPTH:
-        notes.append(f"{where}: nested deeper than {_MAX_COPY_DEPTH} levels")
+    if depth >= MAX_DEPTH:
+        notes.append(f"{where}: nested deeper than {MAX_DEPTH} levels")
         return False, None
     if isinstance(value, bytes):
         return True, bytearray(value)
-    if isinstance(value, bool) or value is None:
-        return True, value
-    if isinstance(value, int):
-        return True, (value if value in _INT64 else str(value))
-    if isinstance(value, float):
-        try:
-            _FLOAT32.pack(value)
-        except OverflowError:
-            return True, repr(value)
-        return True, value
-    if isinstance(value, Decimal):
-        try:
-            encode.decimal(value)
-        except Exception:
-            return True, str(value)
-        return True, value
-    if isinstance(value, str | bytearray | datetime):
-        return True, value
     if isinstance(value, dict):
         return True, _encodable(value, where, notes, depth + 1)
     if isinstance(value, list):
         items = [_encodable_value(item, f"{where}[{n}]", notes, depth + 1) for n, item in enumerate(value)]
         return True, [item for found, item in items if found]
-    notes.append(f"{where}: a {type(value).__name__} cannot be copied")
-    return False, None
+    # a scalar: the encoder decides; a number it refuses (past int64, past float32's range, a Decimal past
+    # its exponent) goes as its text
+    try:
+        encode.encode_table_value(value)
+    except (TypeError, ValueError, OverflowError):
+        if isinstance(value, int | float | Decimal):
+            return True, str(value)
+        notes.append(f"{where}: a {type(value).__name__} cannot be copied")
+        return False, None
+    return True, value
 
 
 def frame_max_of(channel: aiormq.abc.AbstractChannel) -> int:
@@ -248,14 +234,3 @@ def _entry_size(key: str, value: Any) -> int:
         return len(encode.field_table({key: value})) - 4
     except (TypeError, ValueError):
         return 0
-
-
-def _notes(value: Any) -> list[str]:
-    if isinstance(value, list):
-        return [v if isinstance(v, str) else str(v) for v in value]
-    return []
-
-
-def _printable(text: str, limit: int = 80) -> str:
-    flat = "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
