@@ -8,12 +8,13 @@ measures them):
    as ``\\ud800``, ``1e400``, ``NaN``), or, for a body nested deeper than orjson reads (1024 levels), the
    envelope read around its top-level ``arguments``, which the pipeline then answers as unreadable
    arguments. Only a body that is not UTF-8 JSON, or whose envelope itself cannot be read, is ``malformed``.
-2. **Bounds.** :func:`envelope_problem` walks the parsed JSON once and checks every list and string of the
-   envelope against CONTRACT.md's bounds (lengths, item types, no U+0000, no lone surrogate) before pydantic
-   sees it: an over-bound event is refused in microseconds with a message naming the field, and what reaches
-   pydantic can only give it a handful of errors.
-3. **Models.** pydantic builds the :class:`ToolCallEvent`; the AMQP ``message_id``, when it is a canonical
-   UUID, must be the body's ``event_id``.
+2. **Models.** pydantic builds the :class:`ToolCallEvent`. The models carry every bound of CONTRACT.md (list
+   lengths, string lengths, no U+0000, no lone surrogate), and pydantic checks a list's length before its
+   items, so an over-bound event is refused in well under a millisecond with one error, never 120,000.
+3. **Naming the field.** Only for an event pydantic refused, :func:`envelope_problem` walks the parsed JSON
+   once and names the first broken field (``context.participants: 120000 items, at most 100``); an accepted
+   event does not pay for the walk (29 µs of a bench event's 58). The AMQP ``message_id``, when it is a
+   canonical UUID, must be the body's ``event_id``.
 """
 
 from __future__ import annotations
@@ -107,12 +108,13 @@ def read_event(body: bytes, message_id: str | None = None) -> ToolCallEvent | Un
             DeadLetterKind.MALFORMED,
             f"JSON {type(data).__name__ if data is not None else 'null'} is not an object",
         )
-    problem = envelope_problem(data)
-    if problem is None:
-        try:
-            event = ToolCallEvent.model_validate(data)
-        except ValidationError as exc:
-            problem = _describe(exc)
+    # The models carry every bound, and pydantic checks a list's length before its items, so an over-bound
+    # event fails fast there too; the walk that names the broken field runs only for an event it refused.
+    problem: str | None = None
+    try:
+        event = ToolCallEvent.model_validate(data)
+    except ValidationError as exc:
+        problem = envelope_problem(data) or _describe(exc)
     if problem is not None:
         if isinstance(data.get("arguments"), UnreadableArguments):
             problem += f" (the body was read around arguments nested over {ORJSON_MAX_DEPTH} levels deep)"
