@@ -8,14 +8,19 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 import pytest
 
 from tests.e2e.harness import REPO, WorkerProcess
+from tests.e2e.outages import PrivateRedis, find_redis_server
 from tests.e2e.pgbouncer import PgBouncer, find_pgbouncer
 from tests.factories import BotRows
 from worker.store.migrate import apply_migrations
+
+if TYPE_CHECKING:
+    from tests.e2e.cluster import RabbitCluster
 
 
 @dataclass
@@ -116,3 +121,41 @@ async def stack(
         for process in stack.workers:
             process.kill()
         await conn.close()
+
+
+# -- servers of the tests' own, for outages (tests/e2e/outages.py): the machine's are never stopped --------
+
+
+@pytest.fixture(scope="session")
+def private_broker() -> Iterator[RabbitCluster]:
+    """One private RabbitMQ node (tests/e2e/cluster.py) for the session's tests that stop a broker or raise
+    an alarm on it: booted the first time a test asks (about 6 s), stopped and removed at the end of the
+    session. Each test gets its own vhost there (``private_broker_stack``); a test that stops the node's
+    app starts it again before the next one runs."""
+    from tests.e2e.cluster import private_rabbitmq  # cluster.py imports this module's Stack
+
+    with private_rabbitmq(1, why="tests that stop a broker use a node of their own") as broker:
+        yield broker
+
+
+@pytest.fixture
+async def private_broker_stack(
+    private_broker: RabbitCluster, postgres_dsn: str, redis_url: str, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    """A stack whose broker is ``private_broker`` (a vhost of the test's own there, deleted after)."""
+    from tests.e2e.cluster import stack_on
+
+    async with stack_on(private_broker, postgres_dsn, redis_url, tmp_path) as stack:
+        yield stack
+
+
+@pytest.fixture
+async def private_redis(tmp_path: Path) -> AsyncIterator[PrivateRedis]:
+    """A ``redis-server`` of the test's own on a free port (no persistence), killed after the test."""
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = PrivateRedis(find_redis_server(), directory)
+    try:
+        yield await server.start()
+    finally:
+        server.close()

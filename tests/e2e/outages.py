@@ -1,8 +1,15 @@
-"""Real faults for e2e tests: stop the broker, restart Redis, cut Postgres connections, slow Postgres down.
+"""Real faults for e2e tests, on servers of the test's own: stop a broker, restart a Redis, cut or freeze a
+database's connections, slow Postgres down.
 
-Stopping a service needs the local one (the servers this machine runs on 127.0.0.1): a test that gets
-its services from elsewhere (containers, remote URLs) is skipped, since it cannot stop them. Every
-helper restores what it broke and waits until the service answers again, also when the test fails.
+Nothing here stops, restarts or reconfigures a service the suite found running (the machine's RabbitMQ,
+Redis and Postgres, or the containers the suite uses): other programs on the machine (a developer's worker
+and shard, another test run) stay connected. A broker outage stops the app of a private RabbitMQ node
+(``private_broker`` in tests/e2e/conftest.py: one node of tests/e2e/cluster.py for the session, each test on
+its own vhost there); a Redis outage shuts down a private ``redis-server`` the test started on a free port
+(:class:`PrivateRedis`); the Postgres faults touch only the client connections to the test's own database
+(``ltm_test_<hex>``) and triggers on its tables. Every helper restores what it broke and waits until the
+service answers again, also when the test fails. ``tests/conftest.py`` warns when the machine's services
+restarted during a run anyway.
 """
 
 from __future__ import annotations
@@ -12,91 +19,131 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from tests.services import run_command
+from tests.e2e.harness import free_port
 
-COMMAND_TIMEOUT = 60.0
+if TYPE_CHECKING:
+    from tests.e2e.cluster import RabbitCluster
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-REDIS_START = ["--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379"]
-REDIS_START += ["--save", "", "--appendonly", "no"]
-
-
-def _require_local(url: str, port: int, tool: str) -> str:
-    parts = urlsplit(url)
-    if parts.hostname not in LOCAL_HOSTS or (parts.port or port) != port:
-        pytest.skip(f"needs the local server on port {port} to stop it, not {parts.hostname}:{parts.port}")
-    executable = shutil.which(tool)
-    if executable is None:
-        pytest.skip(f"needs {tool} to stop the local server")
-    return executable
-
-
-async def run(*command: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> str:
-    """Run a command; its output. Fails the test on a non-zero exit (``check``) or a timeout."""
-    try:
-        code, text = await run_command(*command, timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(f"{' '.join(command)} did not finish within {timeout}s") from None
-    if check and code != 0:
-        raise AssertionError(f"{' '.join(command)} exited {code}: {text}")
-    return text
+#: Postgres faults hit only the connections of clients (the workers), never the server's own processes
+CLIENT_BACKENDS = (
+    "datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+)
 
 
 # -- RabbitMQ ----------------------------------------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
-async def rabbitmq_stopped(url: str) -> AsyncIterator[None]:
-    """``rabbitmqctl stop_app`` for the body of the block; ``start_app`` and ``await_startup`` after."""
-    ctl = _require_local(url, 5672, "rabbitmqctl")
-    await run(ctl, "stop_app")
+async def rabbitmq_stopped(broker: RabbitCluster) -> AsyncIterator[None]:
+    """The private one-node ``broker``'s app stopped (``rabbitmqctl stop_app``: every connection closed, the
+    listener gone) for the body of the block; ``start_app`` and ``await_startup`` after. Its vhosts and
+    durable queues survive, as on a restart."""
+    (node,) = broker.nodes
+    await asyncio.to_thread(broker.ctl, node, "stop_app")
     try:
         yield
     finally:
-        await run(ctl, "start_app")
-        await run(ctl, "await_startup")
+        await asyncio.to_thread(broker.ctl, node, "start_app")
+        await asyncio.to_thread(broker.await_startup, node)
 
 
 # -- Redis -------------------------------------------------------------------------------------------------
 
 
-async def restart_redis(url: str, *, down_for: float = 0.0, timeout: float = 30.0) -> None:
-    """``SHUTDOWN NOSAVE``, stay down ``down_for`` seconds, then start the local server and wait for PING."""
-    cli = _require_local(url, 6379, "redis-cli")
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("needs redis-server to start Redis again")
-    try:
-        # the server closes the connection as it goes down: a non-zero exit is expected
-        await run(cli, "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave", check=False)
+class PrivateRedis:
+    """A ``redis-server`` of the test's own on a free loopback port, without persistence (``--save ""
+    --appendonly no``), its files and log in ``directory``; :meth:`restart` is the outage, :meth:`close`
+    kills it."""
+
+    def __init__(self, executable: str, directory: Path) -> None:
+        self.executable = executable
+        self.dir = directory
+        self.port = free_port()
+        self.log = directory / "redis.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self, timeout: float = 30.0) -> PrivateRedis:
+        """Start the server (on the same port again after a restart) and wait until it answers PING."""
+        proc = await asyncio.to_thread(self._launch)
         deadline = time.monotonic() + timeout
-        while await _redis_answers(url):
+        while not await _redis_answers(self.url):
+            where = f"redis-server on port {self.port}"
+            if proc.poll() is not None:
+                raise AssertionError(f"{where} exited: {self.log.read_text()[-2000:]}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"Redis still answers {timeout}s after SHUTDOWN NOSAVE")
+                raise AssertionError(f"{where} did not answer PING within {timeout}s")
             await asyncio.sleep(0.05)
-        await asyncio.sleep(down_for)  # the outage itself
-    finally:
-        await ensure_redis(url, timeout)
+        return self
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    self.executable,
+                    "--port", str(self.port),
+                    "--bind", "127.0.0.1",
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--dir", str(self.dir),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        return self.proc
+
+    async def restart(self, *, down_for: float = 0.0) -> None:
+        """Shut the server down (SIGTERM: what ``SHUTDOWN NOSAVE`` does without persistence; every client
+        loses its connection), stay down ``down_for`` seconds, start it again and wait for PING."""
+        try:
+            await asyncio.to_thread(self.stop)
+            await asyncio.sleep(down_for)  # the outage itself
+        finally:
+            await self.start()
+
+    def stop(self) -> None:
+        """Stop the server and wait for it (SIGKILL when it takes longer than 30 s)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
 
 
-async def ensure_redis(url: str, timeout: float = 30.0) -> None:
-    """Start the local Redis unless it answers, and wait until it does."""
-    if await _redis_answers(url):
-        return
-    server = shutil.which("redis-server") or "redis-server"
-    await run(server, *REDIS_START)
-    deadline = time.monotonic() + timeout
-    while not await _redis_answers(url):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Redis did not answer PING within {timeout}s of starting it")
-        await asyncio.sleep(0.05)
+def find_redis_server() -> str:
+    """``redis-server``; the test is skipped without it (failed under CI, which installs it)."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        message = "redis-server is not installed: the test starts a Redis of its own"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (CI must install it)")
+        pytest.skip(message)
+    return executable
 
 
 async def _redis_answers(url: str) -> bool:
@@ -113,25 +160,23 @@ async def _redis_answers(url: str) -> bool:
 
 
 async def terminate_backends(conn: asyncpg.Connection) -> int:
-    """Terminate every other connection to ``conn``'s database (the workers'); how many there were."""
+    """Terminate every other client connection to ``conn``'s database (the workers'); how many there were."""
     terminated: int = await conn.fetchval(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        f" WHERE {CLIENT_BACKENDS}"
     )
     return terminated
 
 
 @contextlib.asynccontextmanager
 async def frozen_backends(conn: asyncpg.Connection, dsn: str) -> AsyncIterator[list[int]]:
-    """Every other backend on ``conn``'s database (at ``dsn``) stopped with SIGSTOP for the block: a
-    Postgres that neither answers nor hangs up. Continued (SIGCONT) on the way out, whatever happens."""
+    """Every other client backend on ``conn``'s database (at ``dsn``) stopped with SIGSTOP for the block: a
+    Postgres that neither answers nor hangs up. Continued (SIGCONT) on the way out, whatever happens. Only
+    client backends (no autovacuum or parallel worker, which could hold locks other databases wait on)."""
     if urlsplit(dsn).hostname not in LOCAL_HOSTS:
         pytest.skip("needs the local Postgres to freeze its backends")
     pids: list[int] = [
-        row["pid"]
-        for row in await conn.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
+        row["pid"] for row in await conn.fetch(f"SELECT pid FROM pg_stat_activity WHERE {CLIENT_BACKENDS}")
     ]
     assert pids, "no other backend on the test database to freeze"
     stopped: list[int] = []

@@ -2,7 +2,9 @@
 nothing is lost and nothing is saved twice.
 
 Processing is slowed down for real (a ``pg_sleep`` trigger on the event ledger) so the stream is still
-running when the fault hits.
+running when the fault hits. The faults hit servers of the test's own (tests/e2e/outages.py): the broker
+tests stop the app of the session's private RabbitMQ node, every test here gets a ``redis-server`` of its
+own, and only the test database's connections are cut. The machine's services are never touched.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.models import Status
+from tests.e2e.cluster import RabbitCluster
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard, invalidation_key
-from tests.e2e.outages import rabbitmq_stopped, restart_redis, slow_down, terminate_backends
+from tests.e2e.outages import PrivateRedis, rabbitmq_stopped, slow_down, terminate_backends
 from tests.e2e.workload import (
     Scope,
     Stream,
@@ -43,13 +46,22 @@ CLAIM_DELAY_S = 0.05
 SLOW = {"LTM_CONCURRENCY": "8", "LTM_PREFETCH": "16", **limit_env()}
 
 
+@pytest.fixture
+def redis_url(private_redis: PrivateRedis) -> str:
+    """This file's stacks use a Redis of the test's own: one test restarts it."""
+    return private_redis.url
+
+
 async def _slow_scopes(stack: Stack) -> tuple[list[Scope], list[Scope]]:
     scopes = await seed_scopes(stack.rows)
     await slow_down(stack.rows.conn, "ltm_processed_events", CLAIM_DELAY_S)
     return scopes
 
 
-async def test_rabbitmq_stopped_and_started_mid_stream(stack: Stack) -> None:
+async def test_rabbitmq_stopped_and_started_mid_stream(
+    private_broker: RabbitCluster, private_broker_stack: Stack
+) -> None:
+    stack = private_broker_stack
     stream = build_stream(EVENTS, *await _slow_scopes(stack), seed=21)
     worker = stack.worker(**SLOW)
     await worker.wait_for_log("consuming")
@@ -57,7 +69,7 @@ async def test_rabbitmq_stopped_and_started_mid_stream(stack: Stack) -> None:
     async with Shard(stack.rabbitmq_url) as shard:
         await shard.publish_many(stream.bodies)
         await wait_for_count(shard, EVENTS // 5, timeout=60)
-        async with rabbitmq_stopped(stack.rabbitmq_url):
+        async with rabbitmq_stopped(private_broker):
             await worker.wait_for_log("rabbitmq connection lost; reconnecting", timeout=30)
             answered_during = len(shard.received.results)
             await asyncio.sleep(3)  # the outage itself: the worker keeps trying meanwhile
@@ -77,12 +89,15 @@ def _logged_at(line: dict[str, object]) -> float:
     return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
-async def test_workers_reconnect_promptly_and_out_of_step_after_a_broker_restart(stack: Stack) -> None:
+async def test_workers_reconnect_promptly_and_out_of_step_after_a_broker_restart(
+    private_broker: RabbitCluster, private_broker_stack: Stack
+) -> None:
     """Two idle workers lose the broker for 6 s: each tries again within the backoff cap (3 s), at
     jittered moments, and consumes again soon after the broker is back. Prints the recovery times."""
+    stack = private_broker_stack
     workers = [stack.worker(), stack.worker()]
     await stack.workers_ready()
-    async with rabbitmq_stopped(stack.rabbitmq_url):
+    async with rabbitmq_stopped(private_broker):
         for worker in workers:
             await worker.wait_for_log("rabbitmq connection lost; reconnecting", timeout=30)
         await asyncio.sleep(6)
@@ -161,7 +176,7 @@ async def _listener_subscribed(redis_url: str, listener: InvalidationListener, t
         await client.aclose()
 
 
-async def test_redis_restarted_mid_stream(stack: Stack) -> None:
+async def test_redis_restarted_mid_stream(stack: Stack, private_redis: PrivateRedis) -> None:
     scopes = await _slow_scopes(stack)
     stream = build_stream(EVENTS, *scopes, seed=23)
     after = build_stream(100, *scopes, seed=24)
@@ -172,7 +187,7 @@ async def test_redis_restarted_mid_stream(stack: Stack) -> None:
         await shard.publish_many(stream.bodies)
         await wait_for_count(shard, EVENTS // 4, timeout=60)
         # down long enough to outlast the worker's in-place retries, well within its retry queues
-        await restart_redis(stack.redis_url, down_for=1.5)
+        await private_redis.restart(down_for=1.5)
         assert len(shard.received.results) < EVENTS, "the stream finished early; the test proves nothing"
         await _listener_subscribed(stack.redis_url, listener)
         # events published now are processed after the restart: each save's invalidation must arrive

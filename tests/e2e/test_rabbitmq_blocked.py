@@ -17,14 +17,14 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contracts.models import Status
-from tests.e2e.cluster import Node, RabbitCluster, private_rabbitmq, stack_on
+from tests.e2e.cluster import Node, RabbitCluster, stack_on
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard
 from tests.e2e.workload import Stream, build_stream, check_outcome, limit_env, seed_scopes, wait_for_results
@@ -42,11 +42,10 @@ SET_ALARM = "rabbit_alarm:set_alarm({{resource_limit, memory, node()}, []})."
 CLEAR_ALARM = "rabbit_alarm:clear_alarm({resource_limit, memory, node()})."
 
 
-@pytest.fixture(scope="module")
-def rabbit_node() -> Iterator[tuple[RabbitCluster, Node]]:
-    """A private one-node broker, stopped and removed after this file's test."""
-    with private_rabbitmq(1, why="the alarm test starts a private node from it") as cluster:
-        yield cluster, cluster.nodes[0]
+@pytest.fixture
+def rabbit_node(private_broker: RabbitCluster) -> tuple[RabbitCluster, Node]:
+    """The session's private one-node broker (tests/e2e/conftest.py), shared with the outage tests."""
+    return private_broker, private_broker.nodes[0]
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from contracts.models import Status
+from tests.e2e.cluster import RabbitCluster
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
 from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
@@ -162,14 +163,18 @@ async def test_grace_period_over_with_postgres_not_answering_still_exits(stack: 
     assert statuses[Status.SAVED] == EVENTS
 
 
-async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_exits(stack: Stack) -> None:
-    """The broker goes away while every in-flight event waits on a frozen Postgres: the worker abandons
-    them and keeps trying to reconnect. Told to stop then, it must not wait for those connections."""
+async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_exits(
+    private_broker: RabbitCluster, private_broker_stack: Stack
+) -> None:
+    """The broker (the session's private node) goes away while every in-flight event waits on a frozen
+    Postgres: the worker abandons them and keeps trying to reconnect. Told to stop then, it must not wait
+    for those connections."""
+    stack = private_broker_stack
     async with Shard(stack.rabbitmq_url) as shard:
         stream, gate, first = await _events_held_in_flight(stack, shard, grace_s=1)
         async with (
             frozen_backends(stack.rows.conn, stack.postgres_dsn),
-            rabbitmq_stopped(stack.rabbitmq_url),
+            rabbitmq_stopped(private_broker),
         ):
             await first.wait_for_log("rabbitmq unavailable", timeout=30)
             signalled = time.monotonic()
