@@ -5,11 +5,38 @@ Nothing here touches Docker or the network until a test requests one of these fi
 
 from __future__ import annotations
 
+import asyncio
+import os
+import warnings
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from tests.machine_guard import MachineGuard, MachineServicesDisturbed
 from tests.services import Services
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_services_left_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Warns (fails under CI) when this machine's RabbitMQ, Redis or Postgres restarted during the run
+    (tests/machine_guard.py): the suite stops only servers of its own. Only for a session that runs more
+    than unit tests, so those stay offline."""
+    if all(item.nodeid.startswith("tests/unit/") for item in request.session.items):
+        yield
+        return
+    loop = asyncio.new_event_loop()
+    guard = MachineGuard(dict(os.environ))
+    try:
+        loop.run_until_complete(guard.start())
+        yield
+        problems = loop.run_until_complete(guard.finish())
+    finally:
+        loop.close()
+    if problems:
+        message = "this machine's services were disturbed during the test run: " + "; ".join(problems)
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        warnings.warn(message, MachineServicesDisturbed, stacklevel=1)
 
 
 @pytest.fixture(scope="session")
