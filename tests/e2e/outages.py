@@ -48,15 +48,14 @@ CLIENT_BACKENDS = (
 @contextlib.asynccontextmanager
 async def rabbitmq_stopped(broker: RabbitCluster) -> AsyncIterator[None]:
     """The private one-node ``broker``'s app stopped (``rabbitmqctl stop_app``: every connection closed, the
-    listener gone) for the body of the block; ``start_app`` and ``await_startup`` after. Its vhosts and
-    durable queues survive, as on a restart."""
+    listener gone) for the body of the block; ``start_app`` after, which returns once the app has started
+    and listens again. Its vhosts and durable queues survive, as on a restart."""
     (node,) = broker.nodes
     await asyncio.to_thread(broker.ctl, node, "stop_app")
     try:
         yield
     finally:
         await asyncio.to_thread(broker.ctl, node, "start_app")
-        await asyncio.to_thread(broker.await_startup, node)
 
 
 # -- Redis -------------------------------------------------------------------------------------------------
