@@ -284,6 +284,9 @@ async def sigterm_with_events_in_flight(
             # nothing left in the work queue, ready or unacknowledged; then every answer has arrived
             await wait_until("an empty work queue", lambda: work_queue_messages(stack) == 0)
             await shard.settle(timeout=60)
+            # a container stopped with its own stop signal stays stopped (restart: unless-stopped)
+            after = await blocking(inspect, victim)
+            assert (after["State"]["Status"], after["RestartCount"]) == ("exited", 0), after["State"]
     finally:
         if not opened:
             await gate.open()
