@@ -493,7 +493,12 @@ async def bind_shard_queue(channel: AbstractChannel, kind: str, exchange: str) -
 
 
 def test_the_import_applies_the_work_queue_policy(deployed: Deployed) -> None:
+    # the management API lists a queue's policy from its statistics, refreshed every few seconds: wait for it
+    deadline = time.monotonic() + WAIT_SECONDS
     policies = deployed.admin.queue_policies(deployed.vhost)
+    while policies.get(TOPOLOGY.work_queue) != "ltm-work-queue-bounds" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        policies = deployed.admin.queue_policies(deployed.vhost)
     assert policies[TOPOLOGY.work_queue] == "ltm-work-queue-bounds"
     assert policies[TOPOLOGY.dead_letter_queue] == ""
 
