@@ -114,7 +114,7 @@ class Endpoint:
             source = f"from {self.spec.env_var}"
             advice = f"Check {self.spec.env_var}, or unset it to use a container or the local server."
         elif self.origin == "container":
-            source = f"testcontainers, image {self.spec.image.resolve()}"
+            source = f"testcontainers, image {self.spec.image.resolve()} ({self.spec.image.env_var})"
             advice = f"Set {self.spec.env_var} to a running server's URL instead."
         else:
             source = f"local default: {self.spec.env_var} is not set and no Docker engine answered"

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -339,15 +338,7 @@ class ManagementAdmin:
     api: ManagementApi
 
     def _call(self, method: str, path: str, body: object | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.api.base_url}{path}", data=data, method=method)
-        token = base64.b64encode(f"{self.api.user}:{self.api.password}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-        request.add_header("Content-Type", "application/json")
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=ADMIN_TIMEOUT) as response:
-            payload = response.read()
-        return json.loads(payload) if payload else None
+        return self.api.call(method, path.removeprefix("/api"), body, timeout=ADMIN_TIMEOUT)
 
     def import_definitions(self, definitions: dict[str, Any]) -> None:
         self._call("POST", "/api/definitions", definitions)

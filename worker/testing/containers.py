@@ -15,7 +15,8 @@ log.
 a killed test run. Where that image cannot be pulled or run (no registry, rootless or restricted CI), set
 `TESTCONTAINERS_RYUK_DISABLED=true`: everything here removes its own containers (named `ltm-testing-*`,
 labelled `org.tomoribot.ltm.testing`), except after a `kill -9` of the test run:
-`docker rm -f $(docker ps -aq --filter label=org.tomoribot.ltm.testing)` cleans up then.
+`docker rm -f $(docker ps -aq --filter label=org.tomoribot.ltm.testing --filter name=ltm-testing-)` cleans up
+then.
 """
 
 from __future__ import annotations

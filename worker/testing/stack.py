@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -177,11 +178,16 @@ class WorkerProcess:
         except OSError as error:
             return f"(no log: {error})"
 
-    def stop(self) -> int | None:
-        """SIGTERM (the worker finishes what it holds), then SIGKILL after 15 s; the exit code."""
+    def terminate(self) -> None:
+        """SIGTERM: the worker stops taking events and finishes the ones it holds."""
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 15 s; the exit code."""
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(STOP_SECONDS)
             except subprocess.TimeoutExpired:
@@ -385,13 +391,17 @@ class LtmStack:
         return "\n".join(parts)
 
     def close(self) -> None:
-        """Stop the workers (SIGTERM, as an orchestrator would), then remove the containers."""
+        """Stop the workers (SIGTERM to all, as an orchestrator would), then remove the containers."""
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                worker.terminate()
         for worker in self.workers:
             with contextlib.suppress(Exception):
                 worker.stop()
         for service in (self.redis, self.rabbitmq, self.postgres):
             with contextlib.suppress(Exception):
                 service.stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
         return self
