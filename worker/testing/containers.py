@@ -46,6 +46,7 @@ __all__ = [
     "PostgresServer",
     "RabbitmqServer",
     "RedisServer",
+    "StartAbandoned",
     "run_blocking",
     "start_postgres",
     "start_rabbitmq",
@@ -71,12 +72,25 @@ class ContainerError(Exception):
     """A container did not start or did not become ready; the message says which image and what to do."""
 
 
+class StartAbandoned(ContainerError):
+    """This start gave up because another part of the same start-up failed (`Deadline.abandon()`)."""
+
+
 class Deadline:
-    """One point in time that every wait of a start-up counts down to."""
+    """One point in time that every wait of a start-up counts down to; `abandon()` ends them all early."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.end = time.monotonic() + seconds
+        self._abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        """Another part of the start-up failed: every wait on this deadline gives up at its next look."""
+        self._abandoned.set()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
 
     def remaining(self) -> float:
         return max(0.0, self.end - time.monotonic())
@@ -177,6 +191,7 @@ def run_container(
     env: Mapping[str, str],
     environ: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    deadline: Deadline | None = None,
 ) -> Container:
     """Pull (when missing), create and start `image` with `ports` published, within `timeout` seconds.
 
@@ -212,7 +227,10 @@ def run_container(
             Container(image, reference, name, handle).stop()
 
     threading.Thread(target=start, name=f"start-{name}", daemon=True).start()
-    finished = done.wait(bound)
+    limit = time.monotonic() + bound
+    while not done.wait(max(0.0, min(POLL_SECONDS, limit - time.monotonic()))):
+        if time.monotonic() >= limit or (deadline is not None and deadline.abandoned):
+            break
     with lock:
         if not done.is_set():
             abandoned = True
@@ -220,7 +238,9 @@ def run_container(
         f"set {image.env_var} to an image the engine has or can pull (default {image.default}), "
         f"or raise {START_TIMEOUT_ENV} for a slow pull"
     )
-    if not finished and abandoned:
+    if abandoned and deadline is not None and deadline.abandoned:
+        raise StartAbandoned(f"{image.service}: start of {reference} abandoned (another service failed)")
+    if abandoned:
         raise ContainerError(
             f"{image.service}: the Docker engine did not start image {reference} within {bound:.0f} s "
             f"(pulling it from a registry that does not answer?); {advice}"
@@ -245,6 +265,8 @@ def wait_until_ready(container: Container, probe: Callable[[], object], deadline
     """Call `probe` until it returns without raising; fail at the deadline or when the container exits."""
     last: BaseException | None = None
     while True:
+        if deadline.abandoned:
+            raise StartAbandoned(f"{container.image.service}: abandoned before it was ready")
         status = container.status()
         if status not in {"created", "running", "restarting"}:
             raise container.failure(f"the container is {status} before it was ready")
@@ -269,7 +291,7 @@ def _started(
     ready: Callable[[Container], Callable[[], object]],
 ) -> Container:
     bound = min(start_timeout(environ), max(deadline.remaining(), 1.0))
-    container = run_container(image, ports=ports, env=env, environ=environ, timeout=bound)
+    container = run_container(image, ports=ports, env=env, environ=environ, timeout=bound, deadline=deadline)
     try:
         wait_until_ready(container, ready(container), deadline)
     except BaseException:

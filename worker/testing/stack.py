@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -47,6 +47,7 @@ from worker.testing.containers import (
     PostgresServer,
     RabbitmqServer,
     RedisServer,
+    StartAbandoned,
     start_postgres,
     start_rabbitmq,
     start_redis,
@@ -278,10 +279,16 @@ class LtmStack:
                 pool.submit(start_rabbitmq, deadline, environ=environ),
                 pool.submit(start_redis, deadline, environ=environ),
             ]
+            # the first failure ends the others' waits: a missing image fails the start at once
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            if any(future.exception() is not None for future in done):
+                deadline.abandon()
             errors: list[BaseException] = []
             for future in futures:
                 try:
                     containers.append(future.result())
+                except StartAbandoned:
+                    pass
                 except BaseException as error:
                     errors.append(error)
         if errors:
