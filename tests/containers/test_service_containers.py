@@ -127,3 +127,20 @@ def test_a_container_that_is_up_answers_and_is_removed_on_stop() -> None:
     finally:
         server.stop()
     assert server.container.name not in our_containers()
+
+
+def test_a_ryuk_that_cannot_start_is_named_with_its_opt_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TESTCONTAINERS_RYUK_DISABLED testcontainers starts Ryuk first; where its image cannot be had,
+    the error says so and how to opt out, not that the service's image is wrong."""
+    from testcontainers.core.config import testcontainers_config
+
+    monkeypatch.setattr(testcontainers_config, "ryuk_disabled", False)
+    monkeypatch.setattr(testcontainers_config, "ryuk_image", "does-not-exist/ryuk:1")
+    before = our_containers()
+    with pytest.raises(ContainerError) as raised:
+        start_redis(Deadline(60))
+    message = str(raised.value)
+    assert "Ryuk" in message
+    assert "TESTCONTAINERS_RYUK_DISABLED=true" in message
+    assert "LTM_REDIS_IMAGE" not in message
+    assert our_containers() <= before

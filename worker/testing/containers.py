@@ -62,10 +62,6 @@ PROBE_TIMEOUT = 5.0
 POLL_SECONDS = 0.2
 LOG_LINES = 40
 INSTALL_HINT = "pip install 'tomoribot-ltm-worker[testing]' (testcontainers)"
-RYUK_HINT = (
-    "testcontainers' Ryuk container could not start: set TESTCONTAINERS_RYUK_DISABLED=true "
-    "(these containers remove themselves)"
-)
 
 
 class ContainerError(Exception):
@@ -248,9 +244,14 @@ def run_container(
     if outcome:
         error = outcome[0]
         text = describe(error)
-        hint = f"; {RYUK_HINT}" if "ryuk" in text.lower() else ""
+        if "ryuk" in text.lower():
+            raise ContainerError(
+                f"{image.service}: testcontainers' Ryuk container, started before image {reference}, could "
+                f"not start: {text}; set TESTCONTAINERS_RYUK_DISABLED=true (these containers remove "
+                "themselves)"
+            ) from error
         raise ContainerError(
-            f"{image.service}: the Docker engine could not start image {reference}: {text}{hint}; {advice}"
+            f"{image.service}: the Docker engine could not start image {reference}: {text}; {advice}"
         ) from error
     container = Container(image, reference, name, handle)
     try:
