@@ -139,6 +139,11 @@ class Container:
             self._ports[internal] = int(self.handle.get_exposed_port(internal))
         return self._ports[internal]
 
+    def address(self, internal: int) -> str:
+        """`host:port` reaching `internal` from here (an IPv6 host in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port(internal)}"
+
     def status(self) -> str:
         """Docker's status of the container (`running`, `exited`, ...), `gone` when it is not there."""
         try:
@@ -336,7 +341,7 @@ def start_postgres(
 
         def probe() -> None:
             if not dsns:
-                address = f"{container.host}:{container.port(5432)}"
+                address = container.address(5432)
                 dsns.append(f"postgresql://postgres:{password}@{address}/{quote(database, safe='')}")
             run_blocking(query())
 
@@ -376,9 +381,9 @@ def start_rabbitmq(deadline: Deadline, *, environ: Mapping[str, str] | None = No
 
         def probe() -> None:
             if not found:
-                amqp = f"{container.host}:{container.port(5672)}"
+                amqp = container.address(5672)
                 url = f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{amqp}/"
-                api = ManagementApi(f"http://{container.host}:{container.port(15672)}", user, password)
+                api = ManagementApi(f"http://{container.address(15672)}", user, password)
                 found.append(RabbitmqServer(container, url, api, user, password))
             server = found[0]
             run_blocking(connect(server.url))
@@ -410,7 +415,7 @@ def start_redis(deadline: Deadline, *, environ: Mapping[str, str] | None = None)
     def ready(container: Container) -> Callable[[], object]:
         def probe() -> None:
             if not urls:
-                urls.append(f"redis://{container.host}:{container.port(6379)}/0")
+                urls.append(f"redis://{container.address(6379)}/0")
             client = redis.Redis.from_url(
                 urls[0], socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
             )

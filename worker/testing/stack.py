@@ -317,9 +317,7 @@ class LtmStack:
         api.set_permissions(VHOST, WORKER_USER, WORKER_PERMISSIONS)
         for grant in WORKER_TOPIC_PERMISSIONS:
             api.set_topic_permissions(VHOST, WORKER_USER, grant["exchange"], grant["write"], grant["read"])
-        host = self.rabbitmq.container.host
-        amqp_port = self.rabbitmq.container.port(5672)
-        self.worker_amqp_url = f"amqp://{WORKER_USER}:{password}@{host}:{amqp_port}/"
+        self.worker_amqp_url = f"amqp://{WORKER_USER}:{password}@{self.rabbitmq.container.address(5672)}/"
         env = {
             **os.environ,
             "LTM_POSTGRES_DSN": self.postgres.dsn,
@@ -434,8 +432,7 @@ class LtmStack:
         api.set_permissions(VHOST, user, shard_permissions(number))
         for grant in shard_topic_permissions(number):
             api.set_topic_permissions(VHOST, user, grant["exchange"], grant["write"], grant["read"])
-        host = self.rabbitmq.container.host
-        url = f"amqp://{quote(user, safe='')}:{password}@{host}:{self.rabbitmq.container.port(5672)}/"
+        url = f"amqp://{quote(user, safe='')}:{password}@{self.rabbitmq.container.address(5672)}/"
         return LtmShard(number, url, self.redis.url, self.postgres.dsn, user, password)
 
     def release(self, shard: LtmShard) -> None:
