@@ -97,6 +97,8 @@ class StartedService:
     url: str
     stop: Callable[[], None]
     management_url: str | None = None
+    #: the container's name, for `docker exec` (a broker's own rabbitmqctl)
+    container: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Endpoint:
     url: str
     origin: str
     management_url: str | None = None
+    container: str | None = None
 
     def unavailable(self, problem: object) -> ServiceUnavailable:
         """An error naming the service, the URL tried, why, and how to provide one."""
@@ -207,7 +210,12 @@ def start_rabbitmq_container() -> StartedService:
     """A RabbitMQ container (management image) for the session: its administrator's URL, and the management
     API that per-test vhosts are made through."""
     server = start_rabbitmq(Deadline(CONTAINER_READY_TIMEOUT))
-    return StartedService(url=server.url, stop=server.stop, management_url=server.management.base_url)
+    return StartedService(
+        url=server.url,
+        stop=server.stop,
+        management_url=server.management.base_url,
+        container=server.container.name,
+    )
 
 
 def start_redis_container() -> StartedService:
@@ -384,7 +392,9 @@ class Services:
             )
             raise self._errors[spec.name] from error
         self._started.append(started)
-        return Endpoint(spec, started.url, "container", management or started.management_url)
+        return Endpoint(
+            spec, started.url, "container", management or started.management_url, started.container
+        )
 
     async def _resolved(self, spec: ServiceSpec) -> Endpoint:
         try:

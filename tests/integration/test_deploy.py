@@ -1236,17 +1236,22 @@ async def test_the_printed_rabbitmqctl_commands_make_a_working_confined_shard_us
     test_services: Services,
 ) -> None:
     """`shard_users.py commands N` run by a shell as printed: shard N gets its result, and is refused another
-    shard's key. Needs rabbitmqctl on the broker's machine (what the commands are for)."""
+    shard's key. Needs rabbitmqctl on the broker's machine (what the commands are for): this machine's, or a
+    broker container's own shell (`docker exec`)."""
     with imported(test_services, with_topology=True) as deployed:
-        if not isinstance(deployed.admin, RabbitmqctlAdmin):
-            pytest.skip("the broker is administered through the management API here, not rabbitmqctl")
         shard_id = 1_000_000 + secrets.randbelow(9_000_000)  # a user name no one else on the broker has
         name, password = shard_users.user_name(shard_id), secrets.token_hex(12)
         script = "\n".join(shard_users.commands([shard_id], deployed.vhost))
+        shell = ["bash", "-euo", "pipefail", "-c", script]
+        container = test_services.resolve(RABBITMQ).container
+        if container is not None:  # the password passes through the environment, not the command line
+            shell = ["docker", "exec", "-e", f"SHARD_{shard_id}_PASSWORD", container, *shell]
+        elif not isinstance(deployed.admin, RabbitmqctlAdmin):
+            pytest.skip("the broker is administered through the management API here, not rabbitmqctl")
         try:
             done = await asyncio.to_thread(
                 subprocess.run,
-                ["bash", "-euo", "pipefail", "-c", script],
+                shell,
                 env=os.environ | {f"SHARD_{shard_id}_PASSWORD": password},
                 capture_output=True,
                 text=True,
