@@ -3,7 +3,9 @@
 Databases are created as ``ltm_bench_<hex>`` on the server the admin DSN points at and dropped after the
 run. The vhost is created with ``rabbitmqctl`` when the broker is on this machine (``ltm-bench-<hex>``)
 and deleted after; a remote broker needs ``--rabbitmq-url`` naming an existing vhost set aside for the
-bench. Either way the bench refuses a vhost whose work queue holds messages or has consumers it did not
+bench. With `LTM_BENCH_RABBITMQ_MANAGEMENT_URL` set (a broker in a container, whose port 15672 is published
+elsewhere), the vhost is made and deleted through that management API instead, as the URL's user. Either way
+the bench refuses a vhost whose work queue holds messages or has consumers it did not
 start, so it cannot steal production events. ``--keep`` leaves everything in place and says where.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import secrets
 import shutil
 import socket
@@ -22,8 +25,14 @@ import asyncpg
 
 from worker.broker.urls import vhost_of
 from worker.config import redact_url as redact
+from worker.testing.management import FULL_PERMISSIONS, ManagementApi
 
 RABBITMQCTL_TIMEOUT = 60.0
+MANAGEMENT_ENV_VAR = "LTM_BENCH_RABBITMQ_MANAGEMENT_URL"
+
+
+def management_url_from_env() -> str | None:
+    return os.environ.get(MANAGEMENT_ENV_VAR, "").strip() or None
 
 
 class SandboxError(RuntimeError):
@@ -55,7 +64,10 @@ class Sandbox:
     token: str = field(default_factory=lambda: secrets.token_hex(4))
     databases: list[str] = field(default_factory=list)
     vhost: str | None = None
+    #: the broker's management API (`LTM_BENCH_RABBITMQ_MANAGEMENT_URL`): vhosts through it, not rabbitmqctl
+    management_url: str | None = field(default_factory=management_url_from_env)
     _rabbitmqctl: str | None = None
+    _management: ManagementApi | None = None
 
     async def new_database(self, suffix: str = "") -> str:
         """Create an empty database ``ltm_bench_<hex><suffix>``; its DSN."""
@@ -77,7 +89,10 @@ class Sandbox:
         return with_path(self.admin_dsn, f"/{name}")
 
     async def new_vhost(self, base_url: str) -> str:
-        """Create ``ltm-bench-<hex>`` on the local broker of ``base_url`` with ``rabbitmqctl``; its URL."""
+        """Create ``ltm-bench-<hex>`` on the local broker of ``base_url`` with ``rabbitmqctl`` (or through
+        the management API of ``management_url``); its URL."""
+        if self.management_url:
+            return await self._new_vhost_through_api(base_url, self.management_url)
         executable = shutil.which("rabbitmqctl")
         if not is_local(base_url) or executable is None:
             raise SandboxError(
@@ -91,6 +106,22 @@ class Sandbox:
         await self._ctl("add_vhost", name)
         self.vhost = name
         await self._ctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
+        return with_path(base_url, "/" + quote(name, safe=""))
+
+    async def _new_vhost_through_api(self, base_url: str, management_url: str) -> str:
+        parts = urlsplit(base_url)
+        user = unquote(parts.username or "guest")
+        api = ManagementApi.from_url(management_url, user, unquote(parts.password or "guest"))
+        name = f"ltm-bench-{self.token}"
+        try:
+            await asyncio.to_thread(api.put_vhost, name)
+            self._management, self.vhost = api, name
+            await asyncio.to_thread(api.set_permissions, name, user, FULL_PERMISSIONS)
+        except Exception as exc:
+            raise SandboxError(
+                f"cannot create vhost {name} through the management API at {api.base_url} "
+                f"({MANAGEMENT_ENV_VAR}): {exc}"
+            ) from exc
         return with_path(base_url, "/" + quote(name, safe=""))
 
     async def _ctl(self, *args: str) -> None:
@@ -131,7 +162,12 @@ class Sandbox:
                     await admin.close()
             except Exception as exc:
                 problems.append(f"could not drop database {name}: {exc}")
-        if self.vhost:
+        if self.vhost and self._management is not None:
+            try:
+                await self._management.delete(self.vhost)
+            except Exception as exc:
+                problems.append(f"could not delete vhost {self.vhost}: {exc}")
+        elif self.vhost:
             try:
                 await self._ctl("delete_vhost", self.vhost)
             except SandboxError as exc:

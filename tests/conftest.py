@@ -15,7 +15,12 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from tests.machine_guard import MachineGuard, MachineServicesDisturbed
-from tests.services import Services
+from tests.services import Services, describe_sources
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Where Postgres, RabbitMQ and Redis come from this run (nothing is started to say it)."""
+    return [f"services: {line}" for line in describe_sources()]
 
 
 @pytest.fixture(scope="session", autouse=True)

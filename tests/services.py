@@ -3,8 +3,13 @@
 Each service is resolved on its own, the first time a test asks for it, in this order:
 
 1. a URL in the environment (`LTM_TEST_POSTGRES_DSN`, `LTM_TEST_RABBITMQ_URL`, `LTM_TEST_REDIS_URL`);
-2. a container started with testcontainers for the rest of the session, when a Docker engine answers;
+2. a container started with testcontainers for the rest of the session, when a Docker engine answers: the
+   image of worker/testing/images.py (`LTM_POSTGRES_IMAGE`, `LTM_RABBITMQ_IMAGE`, `LTM_REDIS_IMAGE` override
+   it), started by the shipped worker/testing/containers.py (a bounded start, readiness that means ready);
+   per-test vhosts go through the container's management API;
 3. the local default (the services this machine kind starts on 127.0.0.1).
+
+The pytest header says which of the three each service takes (`describe_sources`), without starting anything.
 
 Nothing here touches Docker or the network before a test asks for a service, so unit tests stay offline.
 A service that cannot be reached fails the test that needs it (never skips it), naming the service, the URL
@@ -14,18 +19,13 @@ tried and how to provide one.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import secrets
 import shutil
 import socket
-import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +36,13 @@ import aio_pika
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+
+from worker.testing import images
+from worker.testing.containers import Deadline, start_postgres, start_rabbitmq, start_redis
+from worker.testing.images import Image
+from worker.testing.management import ManagementApi
+
+__all__ = ["ManagementApi"]  # re-exported: tests/integration/test_deploy.py uses it through this module
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -53,7 +60,7 @@ class ServiceSpec:
     name: str
     env_var: str
     local_url: str
-    image: str
+    image: Image
     start_command: str
 
 
@@ -61,21 +68,21 @@ POSTGRES = ServiceSpec(
     name="Postgres",
     env_var="LTM_TEST_POSTGRES_DSN",
     local_url="postgresql://postgres@127.0.0.1:5432/postgres",
-    image="postgres:16-alpine",
+    image=images.POSTGRES,
     start_command="pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
 )
 RABBITMQ = ServiceSpec(
     name="RabbitMQ",
     env_var="LTM_TEST_RABBITMQ_URL",
     local_url="amqp://guest:guest@127.0.0.1:5672/",
-    image="rabbitmq:3.13-management",
+    image=images.RABBITMQ,
     start_command="rabbitmq-server -detached && rabbitmqctl await_startup",
 )
 REDIS = ServiceSpec(
     name="Redis",
     env_var="LTM_TEST_REDIS_URL",
     local_url="redis://127.0.0.1:6379/0",
-    image="redis:7-alpine",
+    image=images.REDIS,
     start_command='redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no',
 )
 RABBITMQ_MANAGEMENT_ENV_VAR = "LTM_TEST_RABBITMQ_MANAGEMENT_URL"
@@ -92,6 +99,8 @@ class StartedService:
     url: str
     stop: Callable[[], None]
     management_url: str | None = None
+    #: the container's name, for `docker exec` (a broker's own rabbitmqctl)
+    container: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class Endpoint:
     url: str
     origin: str
     management_url: str | None = None
+    container: str | None = None
 
     def unavailable(self, problem: object) -> ServiceUnavailable:
         """An error naming the service, the URL tried, why, and how to provide one."""
@@ -109,7 +119,7 @@ class Endpoint:
             source = f"from {self.spec.env_var}"
             advice = f"Check {self.spec.env_var}, or unset it to use a container or the local server."
         elif self.origin == "container":
-            source = f"testcontainers, image {self.spec.image}"
+            source = f"testcontainers, image {self.spec.image.resolve()} ({self.spec.image.env_var})"
             advice = f"Set {self.spec.env_var} to a running server's URL instead."
         else:
             source = f"local default: {self.spec.env_var} is not set and no Docker engine answered"
@@ -189,67 +199,31 @@ def failure(error: ServiceUnavailable) -> BaseException:
     return pytest.fail.Exception(str(error), pytrace=False)
 
 
-# --- containers ---------------------------------------------------------------------------------------
-
-
-def _wait_for_http_ok(url: str, user: str, password: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _http("GET", url, user, password)
-            return
-        except (OSError, urllib.error.URLError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+# --- containers (the shipped worker/testing/containers.py) ---------------------------------------------
 
 
 def start_postgres_container() -> StartedService:
-    """A Postgres container for the session; its URL points at a database the admin user owns."""
-    try:
-        from testcontainers.community.postgres import PostgresContainer
-    except ImportError:  # testcontainers before the community/ split
-        from testcontainers.postgres import PostgresContainer
-
-    container = PostgresContainer(POSTGRES.image, driver=None)
-    container.start()
-    return StartedService(url=container.get_connection_url(), stop=container.stop)
+    """A Postgres container for the session; its URL is the superuser's, on database `postgres`."""
+    server = start_postgres(Deadline(CONTAINER_READY_TIMEOUT))
+    return StartedService(url=server.dsn, stop=server.stop)
 
 
 def start_rabbitmq_container() -> StartedService:
-    """A RabbitMQ container (management image) for the session, with its management API exposed."""
-    try:
-        from testcontainers.community.rabbitmq import RabbitMqContainer
-    except ImportError:
-        from testcontainers.rabbitmq import RabbitMqContainer
-
-    container = RabbitMqContainer(RABBITMQ.image).with_exposed_ports(15672)
-    container.start()
-    try:
-        host = container.get_container_host_ip()
-        amqp = host_port(host, int(container.get_exposed_port(container.port)))
-        management = f"http://{host_port(host, int(container.get_exposed_port(15672)))}"
-        user, password = container.username, container.password
-        # The AMQP listener comes up before the management plugin; vhosts are made through the latter.
-        _wait_for_http_ok(f"{management}/api/overview", user, password, CONTAINER_READY_TIMEOUT)
-    except BaseException:
-        container.stop()
-        raise
-    url = f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{amqp}/"
-    return StartedService(url=url, stop=container.stop, management_url=management)
+    """A RabbitMQ container (management image) for the session: its administrator's URL, and the management
+    API that per-test vhosts are made through."""
+    server = start_rabbitmq(Deadline(CONTAINER_READY_TIMEOUT))
+    return StartedService(
+        url=server.url,
+        stop=server.stop,
+        management_url=server.management.base_url,
+        container=server.container.name,
+    )
 
 
 def start_redis_container() -> StartedService:
     """A Redis container for the session."""
-    try:
-        from testcontainers.community.redis import RedisContainer
-    except ImportError:
-        from testcontainers.redis import RedisContainer
-
-    container = RedisContainer(REDIS.image)
-    container.start()
-    address = host_port(container.get_container_host_ip(), int(container.get_exposed_port(container.port)))
-    return StartedService(url=f"redis://{address}/0", stop=container.stop)
+    server = start_redis(Deadline(CONTAINER_READY_TIMEOUT))
+    return StartedService(url=server.url, stop=server.stop)
 
 
 CONTAINER_STARTERS: Mapping[str, Callable[[], StartedService]] = {
@@ -270,73 +244,6 @@ class VhostAdmin(Protocol):
 
     async def delete(self, vhost: str) -> None:
         """Delete `vhost` (and everything in it); a missing vhost is fine."""
-
-
-# Management APIs of test brokers are local or in containers: never send them through an HTTP proxy.
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _http(method: str, url: str, user: str, password: str, body: object | None = None) -> int:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    request.add_header("Authorization", f"Basic {token}")
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    with _NO_PROXY.open(request, timeout=CONNECT_TIMEOUT) as response:
-        return int(response.status)
-
-
-@dataclass(frozen=True)
-class ManagementApi:
-    """Vhosts through the RabbitMQ management HTTP API (standard library only)."""
-
-    base_url: str
-    user: str
-    password: str
-
-    @classmethod
-    def from_url(cls, url: str, default_user: str, default_password: str) -> ManagementApi:
-        """Credentials in the URL win over the AMQP user's."""
-        parts = urlsplit(url)
-        user = unquote(parts.username) if parts.username else default_user
-        password = unquote(parts.password) if parts.password is not None else default_password
-        base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
-        return cls(base, user, password)
-
-    def answers(self) -> bool:
-        """Whether the API is there at all (any HTTP answer counts; errors show up when it is used)."""
-        try:
-            _http("GET", f"{self.base_url}/api/overview", self.user, self.password)
-        except urllib.error.HTTPError:
-            return True
-        except (OSError, urllib.error.URLError):
-            return False
-        return True
-
-    async def create(self, vhost: str, user: str) -> None:
-        """PUT the vhost, then PUT full permissions for `user`."""
-        name = quote(vhost, safe="")
-        await asyncio.to_thread(
-            _http, "PUT", f"{self.base_url}/api/vhosts/{name}", self.user, self.password, {}
-        )
-        await asyncio.to_thread(
-            _http,
-            "PUT",
-            f"{self.base_url}/api/permissions/{name}/{quote(user, safe='')}",
-            self.user,
-            self.password,
-            {"configure": ".*", "write": ".*", "read": ".*"},
-        )
-
-    async def delete(self, vhost: str) -> None:
-        """DELETE the vhost; 404 means it is already gone."""
-        url = f"{self.base_url}/api/vhosts/{quote(vhost, safe='')}"
-        try:
-            await asyncio.to_thread(_http, "DELETE", url, self.user, self.password)
-        except urllib.error.HTTPError as error:
-            if error.code != 404:
-                raise
 
 
 async def run_command(*command: str, timeout: float) -> tuple[int, str]:
@@ -400,6 +307,40 @@ def amqp_credentials(url: str) -> tuple[str, str]:
     return user, password
 
 
+# --- where each service comes from, for the pytest header ------------------------------------------------
+
+
+def describe_sources(
+    environ: Mapping[str, str] | None = None, docker_reachable: Callable[[], bool] = docker_engine_reachable
+) -> list[str]:
+    """One line per service saying where it will come from: the environment's URL (password hidden), a
+    container of which image, or the local default. Starts nothing; pings Docker only when a service has
+    no URL in the environment."""
+    env = os.environ if environ is None else environ
+    specs = (POSTGRES, RABBITMQ, REDIS)
+    docker: bool | None = None
+    lines = []
+    for spec in specs:
+        url = env.get(spec.env_var, "").strip()
+        if url:
+            lines.append(f"{spec.name}: {redact(url)} (from {spec.env_var})")
+            continue
+        if docker is None:
+            docker = docker_reachable()
+        if docker:
+            image = spec.image
+            lines.append(
+                f"{spec.name}: container, image {image.resolve(env)} "
+                f"({image.env_var} overrides it; {spec.env_var} not set)"
+            )
+        else:
+            lines.append(
+                f"{spec.name}: local default {spec.local_url} "
+                f"({spec.env_var} not set, no Docker engine answers)"
+            )
+    return lines
+
+
 # --- the session's services -----------------------------------------------------------------------------
 
 
@@ -446,13 +387,16 @@ class Services:
         try:
             started = self.starters[spec.name]()
         except Exception as error:
+            # ContainerError names the image and the LTM_*_IMAGE variable that overrides it
             self._errors[spec.name] = ServiceUnavailable(
-                f"{spec.name}: a Docker engine answered but the {spec.image} container did not start: "
-                f"{describe(error)}. Set {spec.env_var} to a running server's URL instead."
+                f"{spec.name}: a Docker engine answered but the container did not start: "
+                f"{describe(error)}. Or set {spec.env_var} to a running server's URL instead."
             )
             raise self._errors[spec.name] from error
         self._started.append(started)
-        return Endpoint(spec, started.url, "container", management or started.management_url)
+        return Endpoint(
+            spec, started.url, "container", management or started.management_url, started.container
+        )
 
     async def _resolved(self, spec: ServiceSpec) -> Endpoint:
         try:
@@ -489,6 +433,11 @@ class Services:
             raise failure(error) from None
         async with _fresh_vhost(endpoint, admin) as url:
             yield url
+
+    def broker_admin(self) -> VhostAdmin:
+        """How this session administers its broker: the management API (`ManagementApi`, also users and
+        permissions), else `Rabbitmqctl` on the broker's own machine. Resolves RabbitMQ (blocking)."""
+        return self._admin_for(self.resolve(RABBITMQ))
 
     def _admin_for(self, endpoint: Endpoint) -> VhostAdmin:
         if self._vhost_admin is not None:

@@ -17,9 +17,11 @@ from bench.batches import measure
 from bench.latency import KIT_DIST
 from bench.options import BenchOptions
 from bench.run import bench_settings, run_bench
+from bench.sandbox import MANAGEMENT_ENV_VAR
 from bench.shards import ClosedLoop, Progress, Shards
 from bench.workload import build_workload, by_shard
 from bench.world import build_world
+from tests.services import RABBITMQ, Services
 from worker.config import Limits, Topology
 
 pytestmark = pytest.mark.integration
@@ -190,10 +192,13 @@ async def test_bench_json_prints_one_json_object(
 
 
 async def test_bench_latency_prints_a_row_per_rate_and_path(
-    postgres_dsn: str, rabbitmq_url: str, redis_url: str
+    postgres_dsn: str, rabbitmq_url: str, redis_url: str, test_services: Services
 ) -> None:
     """``python -m bench latency`` end to end on a few calls: every path answers, every call is counted, and
     the database and vhost are gone after (correctness only; the figures are the command's to print)."""
+    # the bench makes its own vhost: with rabbitmqctl on this machine, or through a broker's management API
+    management = test_services.resolve(RABBITMQ).management_url
+    extra = {MANAGEMENT_ENV_VAR: management} if management else {}
     paths = "echo,python,kit" if shutil.which("node") and KIT_DIST.exists() else "echo,python"
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench", "latency", "--json", "--rates=10,40", "--seconds=0.5",
@@ -201,7 +206,7 @@ async def test_bench_latency_prints_a_row_per_rate_and_path(
         f"--postgres-dsn={postgres_dsn}",
         f"--redis-url={redis_url}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url},
+        env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url, **extra},
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), timeout=300)
     assert process.returncode == 0, err.decode(errors="replace")[-3000:]

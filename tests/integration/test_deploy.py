@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -339,15 +338,7 @@ class ManagementAdmin:
     api: ManagementApi
 
     def _call(self, method: str, path: str, body: object | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.api.base_url}{path}", data=data, method=method)
-        token = base64.b64encode(f"{self.api.user}:{self.api.password}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-        request.add_header("Content-Type", "application/json")
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=ADMIN_TIMEOUT) as response:
-            payload = response.read()
-        return json.loads(payload) if payload else None
+        return self.api.call(method, path.removeprefix("/api"), body, timeout=ADMIN_TIMEOUT)
 
     def import_definitions(self, definitions: dict[str, Any]) -> None:
         self._call("POST", "/api/definitions", definitions)
@@ -493,7 +484,12 @@ async def bind_shard_queue(channel: AbstractChannel, kind: str, exchange: str) -
 
 
 def test_the_import_applies_the_work_queue_policy(deployed: Deployed) -> None:
+    # the management API lists a queue's policy from its statistics, refreshed every few seconds: wait for it
+    deadline = time.monotonic() + WAIT_SECONDS
     policies = deployed.admin.queue_policies(deployed.vhost)
+    while policies.get(TOPOLOGY.work_queue) != "ltm-work-queue-bounds" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        policies = deployed.admin.queue_policies(deployed.vhost)
     assert policies[TOPOLOGY.work_queue] == "ltm-work-queue-bounds"
     assert policies[TOPOLOGY.dead_letter_queue] == ""
 
@@ -1240,17 +1236,22 @@ async def test_the_printed_rabbitmqctl_commands_make_a_working_confined_shard_us
     test_services: Services,
 ) -> None:
     """`shard_users.py commands N` run by a shell as printed: shard N gets its result, and is refused another
-    shard's key. Needs rabbitmqctl on the broker's machine (what the commands are for)."""
+    shard's key. Needs rabbitmqctl on the broker's machine (what the commands are for): this machine's, or a
+    broker container's own shell (`docker exec`)."""
     with imported(test_services, with_topology=True) as deployed:
-        if not isinstance(deployed.admin, RabbitmqctlAdmin):
-            pytest.skip("the broker is administered through the management API here, not rabbitmqctl")
         shard_id = 1_000_000 + secrets.randbelow(9_000_000)  # a user name no one else on the broker has
         name, password = shard_users.user_name(shard_id), secrets.token_hex(12)
         script = "\n".join(shard_users.commands([shard_id], deployed.vhost))
+        shell = ["bash", "-euo", "pipefail", "-c", script]
+        container = test_services.resolve(RABBITMQ).container
+        if container is not None:  # the password passes through the environment, not the command line
+            shell = ["docker", "exec", "-e", f"SHARD_{shard_id}_PASSWORD", container, *shell]
+        elif not isinstance(deployed.admin, RabbitmqctlAdmin):
+            pytest.skip("the broker is administered through the management API here, not rabbitmqctl")
         try:
             done = await asyncio.to_thread(
                 subprocess.run,
-                ["bash", "-euo", "pipefail", "-c", script],
+                shell,
                 env=os.environ | {f"SHARD_{shard_id}_PASSWORD": password},
                 capture_output=True,
                 text=True,

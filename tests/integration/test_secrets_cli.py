@@ -16,12 +16,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pytest
 
 from tests.e2e.harness import REPO, WorkerProcess, free_port
 from tests.integration.test_cli import cli_env, json_lines, worker
+from tests.services import Services
+from worker.testing.management import FULL_PERMISSIONS, ManagementApi
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +61,8 @@ def test_check_shows_no_password_of_working_urls_in_every_form(
     migrated_dsn: str, rabbitmq_url: str, redis_url: str
 ) -> None:
     """Trust auth on the shared Postgres and no requirepass on the shared Redis: the URLs work whatever the
-    password, so the report is all ``ok`` and each target shows ``***`` where the password was."""
+    password, so the report is all ``ok`` and each target shows ``***`` where the password was. A Postgres
+    that checks passwords (a container) gets its real one in the userinfo form, which must not show either."""
     services = {
         "LTM_POSTGRES_DSN": f"{migrated_dsn}?password={SECRET}",
         "LTM_RABBITMQ_URL": rabbitmq_url,
@@ -75,9 +78,10 @@ def test_check_shows_no_password_of_working_urls_in_every_form(
     assert report["dependencies"]["postgres"]["target"].endswith("?password=***")
     assert report["dependencies"]["redis"]["target"].endswith("password=***")
 
-    userinfo_dsn = userinfo(migrated_dsn, SECRET)
-    done = worker("check", **{**services, "LTM_POSTGRES_DSN": userinfo_dsn})
+    password = urlsplit(migrated_dsn).password or SECRET
+    done = worker("check", **{**services, "LTM_POSTGRES_DSN": userinfo(migrated_dsn, password)})
     assert_no_secret(done)
+    assert password not in done.stdout + done.stderr
     assert done.returncode == 0, done.stdout
     assert ":***@" in done.stdout
 
@@ -207,11 +211,22 @@ async def test_run_logs_no_password_at_debug(
 
 
 @pytest.fixture
-def special_user(rabbitmq_url: str) -> Iterator[tuple[str, str]]:
-    """A RabbitMQ user of the test's vhost whose password holds ``/ ? # @ : ,``; deleted after."""
+def special_user(rabbitmq_url: str, test_services: Services) -> Iterator[tuple[str, str]]:
+    """A RabbitMQ user of the test's vhost whose password holds ``/ ? # @ : ,``; deleted after. Made through
+    the management API when the broker has one (a container), else with ``rabbitmqctl`` on this machine."""
     user = f"ltm_secret_{uuid.uuid4().hex[:10]}"
     password = f"S3cQ/?#@:,x9{SECRET}"
-    vhost = urlsplit(rabbitmq_url).path[1:]
+    vhost = unquote(urlsplit(rabbitmq_url).path[1:])
+    admin = test_services.broker_admin()
+
+    if isinstance(admin, ManagementApi):
+        admin.put_user(user, password)
+        try:
+            admin.set_permissions(vhost, user, FULL_PERMISSIONS)
+            yield user, password
+        finally:
+            admin.delete_user(user)
+        return
 
     def ctl(*args: str) -> None:
         subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
@@ -228,23 +243,20 @@ def test_a_percent_encoded_password_with_every_special_character_works(
     rabbitmq_url: str, special_user: tuple[str, str]
 ) -> None:
     user, password = special_user
-    encoded = with_netloc(
-        rabbitmq_url, f"{user}:{quote(password, safe='')}@127.0.0.1:{urlsplit(rabbitmq_url).port}"
-    )
+    address = urlsplit(rabbitmq_url).netloc.rpartition("@")[2]
+    encoded = with_netloc(rabbitmq_url, f"{user}:{quote(password, safe='')}@{address}")
 
     done = worker("check", "--json", LTM_RABBITMQ_URL=encoded)
     assert_no_secret(done)
     rabbitmq = json.loads(done.stdout)["dependencies"]["rabbitmq"]
     assert rabbitmq["ok"] is True, rabbitmq
-    assert rabbitmq["target"].startswith(f"amqp://{user}:***@127.0.0.1:")
+    assert rabbitmq["target"].startswith(f"amqp://{user}:***@{address}")
 
     listed = worker("dlq", "list", LTM_RABBITMQ_URL=encoded)
     assert_no_secret(listed)
     assert listed.returncode == 4, listed.stderr  # reached the vhost: its DLQ is not declared yet
 
-    wrong = with_netloc(
-        rabbitmq_url, f"{user}:{quote(password[::-1], safe='')}@127.0.0.1:{urlsplit(rabbitmq_url).port}"
-    )
+    wrong = with_netloc(rabbitmq_url, f"{user}:{quote(password[::-1], safe='')}@{address}")
     refused = worker("dlq", "list", LTM_RABBITMQ_URL=wrong)
     assert_no_secret(refused)
     assert refused.returncode == 3

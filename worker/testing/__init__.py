@@ -1,1 +1,11 @@
-"""What a bot team's own integration tests need to run the worker for real (containers, fixtures)."""
+"""What a bot team's own integration tests need to run the worker for real (containers, fixtures).
+
+- `worker.testing.images`: the services' images, pinned, each overridable from `LTM_*_IMAGE`;
+- `worker.testing.containers`: Postgres, RabbitMQ and Redis containers with a bounded start and readiness
+  that means ready (testcontainers, imported only when a container starts: the `testing` extra);
+- `worker.testing.management`: the RabbitMQ management API (vhosts, users, permissions), standard library;
+- `worker.testing.stack`: `LtmStack`, the services plus `worker migrate` and `worker run` processes, and a
+  confined shard user per test;
+- `worker.testing.seed`: bot rows for a try-out and events that name them;
+- `worker.testing.pytest_plugin`: the `ltm_stack` and `ltm_shard` fixtures (README "Testing your shard").
+"""

@@ -1,0 +1,108 @@
+"""worker.testing without an engine: it imports without testcontainers, its grants are the deploy file's, the
+events it builds are the contract's, and the pytest header says where each service comes from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from contracts.models import ToolCallEvent
+from tests.services import describe_sources
+from worker.testing import containers, stack
+from worker.testing.seed import TryOut, discord_id
+
+REPO = Path(__file__).resolve().parents[2]
+DEFINITIONS = REPO / "deploy" / "rabbitmq" / "definitions.json"
+
+
+def test_the_plugin_and_the_stack_import_without_testcontainers_or_docker() -> None:
+    code = (
+        "import sys\n"
+        "import worker.testing.pytest_plugin, worker.testing.stack, worker.testing.containers\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in {'testcontainers', 'docker'})\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def _grants(user: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    definitions = json.loads(DEFINITIONS.read_text())
+    (permission,) = [p for p in definitions["permissions"] if p["user"] == user]
+    topics = [t for t in definitions["topic_permissions"] if t["user"] == user]
+    strip = ("user", "vhost")
+    return (
+        {k: v for k, v in permission.items() if k not in strip},
+        [{k: v for k, v in t.items() if k not in strip} for t in topics],
+    )
+
+
+def test_the_stack_grants_the_users_of_the_deploy_definitions() -> None:
+    permissions, topics = _grants("worker")
+    assert permissions == stack.WORKER_PERMISSIONS
+    assert topics == list(stack.WORKER_TOPIC_PERMISSIONS)
+    for shard_id in (0, 1):
+        permissions, topics = _grants(f"shard-{shard_id}")
+        assert permissions == stack.shard_permissions(shard_id)
+        assert topics == stack.shard_topic_permissions(shard_id)
+
+
+def test_the_stack_waits_for_the_contract_exchanges() -> None:
+    definitions = json.loads(DEFINITIONS.read_text())
+    assert set(stack.EXCHANGES) == {e["name"] for e in definitions["exchanges"]}
+
+
+def test_a_try_out_event_is_a_contract_event() -> None:
+    try_out = TryOut(1, discord_id(), 2, 3, 4, discord_id(), discord_id(), discord_id())
+    body = try_out.event({"memory_content": "{user} likes dogs", "memory_scope": "server_wide"}, shard_id=7)
+    parsed = ToolCallEvent.model_validate_json(json.dumps(body))
+    assert parsed.shard_id == 7
+    assert parsed.context.guild_disc_id == try_out.guild_disc_id
+    assert parsed.context.persona_id == 2
+    assert len({discord_id() for _ in range(50)}) == 50
+    assert all(len(discord_id()) == 19 for _ in range(50))
+
+
+def test_a_container_start_is_bounded_under_a_minute_by_default() -> None:
+    assert containers.start_timeout({}) == containers.DEFAULT_START_TIMEOUT < 60
+    assert containers.start_timeout({containers.START_TIMEOUT_ENV: "7.5"}) == 7.5
+    assert (
+        containers.start_timeout({containers.START_TIMEOUT_ENV: "soon"}) == containers.DEFAULT_START_TIMEOUT
+    )
+    assert stack.stack_timeout({stack.TIMEOUT_ENV: "30"}) == 30.0
+
+
+def test_the_header_says_where_each_service_comes_from_without_starting_anything() -> None:
+    pings: list[bool] = []
+
+    def engine() -> bool:
+        pings.append(True)
+        return True
+
+    environ = {
+        "LTM_TEST_POSTGRES_DSN": "postgresql://postgres:s3cret@db:5432/postgres",
+        "LTM_RABBITMQ_IMAGE": "mirror.example/rabbitmq:3.13.7-management",
+    }
+    lines = describe_sources(environ, engine)
+    assert lines[0] == "Postgres: postgresql://postgres:***@db:5432/postgres (from LTM_TEST_POSTGRES_DSN)"
+    assert lines[1].startswith("RabbitMQ: container, image mirror.example/rabbitmq:3.13.7-management ")
+    assert "LTM_RABBITMQ_IMAGE overrides it" in lines[1]
+    assert lines[2].startswith("Redis: container, image redis:7.4.1 ")
+    assert pings == [True]  # asked once, and only because a service had no URL
+
+    every_url = {
+        "LTM_TEST_POSTGRES_DSN": "postgresql://db/postgres",
+        "LTM_TEST_RABBITMQ_URL": "amqp://mq/",
+        "LTM_TEST_REDIS_URL": "redis://cache/0",
+    }
+    assert len(describe_sources(every_url, engine)) == 3
+    assert pings == [True]
+
+    local = describe_sources({}, lambda: False)
+    assert local[2] == (
+        "Redis: local default redis://127.0.0.1:6379/0 (LTM_TEST_REDIS_URL not set, no Docker engine answers)"
+    )

@@ -1,0 +1,431 @@
+"""Postgres, RabbitMQ and Redis in containers (testcontainers), with a bounded start and readiness that means
+ready: a query answered, an AMQP connection and the management API, PING.
+
+Images come from worker/testing/images.py (official, pinned; `LTM_*_IMAGE` overrides each). testcontainers is
+imported only when a container is started, so this module imports without it (install the `testing` extra).
+
+**Bounds.** Pulling, creating and starting a container is bounded by `LTM_CONTAINER_START_TIMEOUT` (45 s by
+default): an engine that answers but cannot start an image (a missing image, a registry that does not answer
+or hangs) fails within that bound with an error naming the image and the variable that overrides it. A
+testcontainers call that hangs is abandoned (the container it may still create is removed when the call
+returns). Readiness is bounded by the caller's deadline, and a container that exits fails at once, with its
+log.
+
+**Ryuk.** testcontainers starts its Ryuk container (`testcontainers/ryuk`) to remove containers left behind by
+a killed test run. Where that image cannot be pulled or run (no registry, rootless or restricted CI), set
+`TESTCONTAINERS_RYUK_DISABLED=true`: everything here removes its own containers (named `ltm-testing-*`,
+labelled `org.tomoribot.ltm.testing`), except after a `kill -9` of the test run:
+`docker rm -f $(docker ps -aq --filter label=org.tomoribot.ltm.testing --filter name=ltm-testing-)` cleans up
+then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from worker.testing.images import POSTGRES, RABBITMQ, REDIS, Image
+from worker.testing.management import ManagementApi
+
+__all__ = [
+    "DEFAULT_START_TIMEOUT",
+    "LABEL",
+    "START_TIMEOUT_ENV",
+    "Container",
+    "ContainerError",
+    "Deadline",
+    "PostgresServer",
+    "RabbitmqServer",
+    "RedisServer",
+    "StartAbandoned",
+    "run_blocking",
+    "start_postgres",
+    "start_rabbitmq",
+    "start_redis",
+]
+
+T = TypeVar("T")
+
+START_TIMEOUT_ENV = "LTM_CONTAINER_START_TIMEOUT"
+DEFAULT_START_TIMEOUT = 45.0
+LABEL = "org.tomoribot.ltm.testing"
+PROBE_TIMEOUT = 5.0
+POLL_SECONDS = 0.2
+LOG_LINES = 40
+INSTALL_HINT = "pip install 'tomoribot-ltm-worker[testing]' (testcontainers)"
+
+
+class ContainerError(Exception):
+    """A container did not start or did not become ready; the message says which image and what to do."""
+
+
+class StartAbandoned(ContainerError):
+    """This start gave up because another part of the same start-up failed (`Deadline.abandon()`)."""
+
+
+class Deadline:
+    """One point in time that every wait of a start-up counts down to; `abandon()` ends them all early."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self._abandoned = threading.Event()
+
+    def abandon(self) -> None:
+        """Another part of the start-up failed: every wait on this deadline gives up at its next look."""
+        self._abandoned.set()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+def start_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """`LTM_CONTAINER_START_TIMEOUT` in seconds (a positive number), else the default."""
+    raw = (os.environ if environ is None else environ).get(START_TIMEOUT_ENV, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_START_TIMEOUT
+    return value if value > 0 else DEFAULT_START_TIMEOUT
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from blocking code, also when this thread runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltm-testing") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def describe(error: BaseException) -> str:
+    """`Type: message`, on one line."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+@dataclass
+class Container:
+    """A started container: its image, name, the host that reaches its published ports, and its log."""
+
+    image: Image
+    reference: str
+    name: str
+    handle: Any  # testcontainers.core.container.DockerContainer
+    host: str = ""
+    _ports: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def port(self, internal: int) -> int:
+        """The host port published for `internal` (asked of the engine once)."""
+        if internal not in self._ports:
+            self._ports[internal] = int(self.handle.get_exposed_port(internal))
+        return self._ports[internal]
+
+    def address(self, internal: int) -> str:
+        """`host:port` reaching `internal` from here (an IPv6 host in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port(internal)}"
+
+    def status(self) -> str:
+        """Docker's status of the container (`running`, `exited`, ...), `gone` when it is not there."""
+        try:
+            wrapped = self.handle.get_wrapped_container()
+            wrapped.reload()
+            return str(wrapped.status)
+        except Exception:
+            return "gone"
+
+    def logs(self, lines: int = LOG_LINES) -> str:
+        """The last `lines` lines of its output (stdout and stderr)."""
+        try:
+            raw = self.handle.get_wrapped_container().logs(tail=lines)
+        except Exception as error:
+            return f"(no log: {describe(error)})"
+        return bytes(raw).decode(errors="replace").rstrip()
+
+    def stop(self) -> None:
+        """Remove the container (and its anonymous volumes)."""
+        try:
+            self.handle.stop()
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.handle.get_docker_client().client.api.remove_container(self.name, force=True, v=True)
+
+    def failure(self, problem: str) -> ContainerError:
+        """An error naming the service, image and override, with the container's log."""
+        return ContainerError(
+            f"{self.image.service} container {self.name} (image {self.reference}; {self.image.env_var} "
+            f"overrides it): {problem}\n--- last lines of its log ---\n{self.logs()}"
+        )
+
+
+def _docker_container_class() -> Any:
+    try:
+        from testcontainers.core.container import DockerContainer
+    except ImportError as error:
+        raise ContainerError(f"starting containers needs testcontainers: {INSTALL_HINT}") from error
+    return DockerContainer
+
+
+def run_container(
+    image: Image,
+    *,
+    ports: tuple[int, ...],
+    env: Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    deadline: Deadline | None = None,
+) -> Container:
+    """Pull (when missing), create and start `image` with `ports` published, within `timeout` seconds.
+
+    The start runs in a thread: testcontainers and docker-py wait as long as the engine does (a pull from a
+    registry that hangs never returns), so after the bound the start is abandoned and an error raised; the
+    thread removes the container if the engine creates it later.
+    """
+    reference = image.resolve(environ)
+    bound = start_timeout(environ) if timeout is None else timeout
+    docker_container = _docker_container_class()
+    name = f"ltm-testing-{image.service.lower()}-{secrets.token_hex(4)}"
+    handle = (
+        docker_container(reference)
+        .with_name(name)
+        .with_envs(**env)
+        .with_exposed_ports(*ports)
+        .with_kwargs(labels={LABEL: image.service.lower()})
+    )
+    lock = threading.Lock()
+    done = threading.Event()
+    abandoned = False
+    outcome: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            handle.start()
+        except BaseException as error:
+            outcome.append(error)
+        with lock:
+            done.set()
+            late = abandoned
+        if late or outcome:
+            Container(image, reference, name, handle).stop()
+
+    threading.Thread(target=start, name=f"start-{name}", daemon=True).start()
+    limit = time.monotonic() + bound
+    while not done.wait(max(0.0, min(POLL_SECONDS, limit - time.monotonic()))):
+        if time.monotonic() >= limit or (deadline is not None and deadline.abandoned):
+            break
+    with lock:
+        if not done.is_set():
+            abandoned = True
+    advice = (
+        f"set {image.env_var} to an image the engine has or can pull (default {image.default}), "
+        f"or raise {START_TIMEOUT_ENV} for a slow pull"
+    )
+    if abandoned and deadline is not None and deadline.abandoned:
+        raise StartAbandoned(f"{image.service}: start of {reference} abandoned (another service failed)")
+    if abandoned:
+        raise ContainerError(
+            f"{image.service}: the Docker engine did not start image {reference} within {bound:.0f} s "
+            f"(pulling it from a registry that does not answer?); {advice}"
+        )
+    if outcome:
+        error = outcome[0]
+        text = describe(error)
+        if "ryuk" in text.lower():
+            raise ContainerError(
+                f"{image.service}: testcontainers' Ryuk container, started before image {reference}, could "
+                f"not start: {text}; set TESTCONTAINERS_RYUK_DISABLED=true (these containers remove "
+                "themselves)"
+            ) from error
+        raise ContainerError(
+            f"{image.service}: the Docker engine could not start image {reference}: {text}; {advice}"
+        ) from error
+    container = Container(image, reference, name, handle)
+    try:
+        container.host = str(handle.get_container_host_ip())
+    except BaseException:
+        container.stop()
+        raise
+    return container
+
+
+def wait_until_ready(container: Container, probe: Callable[[], object], deadline: Deadline) -> None:
+    """Call `probe` until it returns without raising; fail at the deadline or when the container exits."""
+    last: BaseException | None = None
+    while True:
+        if deadline.abandoned:
+            raise StartAbandoned(f"{container.image.service}: abandoned before it was ready")
+        status = container.status()
+        if status not in {"created", "running", "restarting"}:
+            raise container.failure(f"the container is {status} before it was ready")
+        if status == "running":
+            try:
+                probe()
+                return
+            except Exception as error:
+                last = error
+        if deadline.expired:
+            why = describe(last) if last else f"status {status}"
+            raise container.failure(f"not ready within {deadline.seconds:.0f} s (last probe: {why})")
+        time.sleep(min(POLL_SECONDS, deadline.remaining()))
+
+
+def _started(
+    image: Image,
+    ports: tuple[int, ...],
+    env: Mapping[str, str],
+    deadline: Deadline,
+    environ: Mapping[str, str] | None,
+    ready: Callable[[Container], Callable[[], object]],
+) -> Container:
+    bound = min(start_timeout(environ), max(deadline.remaining(), 1.0))
+    container = run_container(image, ports=ports, env=env, environ=environ, timeout=bound, deadline=deadline)
+    try:
+        wait_until_ready(container, ready(container), deadline)
+    except BaseException:
+        container.stop()
+        raise
+    return container
+
+
+# --- the three services ------------------------------------------------------------------------------------
+
+
+@dataclass
+class PostgresServer:
+    """A Postgres container; `dsn` is its superuser's, on `database`."""
+
+    container: Container
+    dsn: str
+
+    def stop(self) -> None:
+        self.container.stop()
+
+
+def start_postgres(
+    deadline: Deadline, *, database: str = "postgres", environ: Mapping[str, str] | None = None
+) -> PostgresServer:
+    """Postgres, ready once a query over TCP is answered (the official image's first-start initialisation
+    runs a server without TCP, and logs "ready to accept connections" for it too)."""
+    import asyncpg
+
+    password = secrets.token_hex(12)
+    env = {"POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": password, "POSTGRES_DB": database}
+    dsns: list[str] = []
+
+    def ready(container: Container) -> Callable[[], object]:
+        async def query() -> None:
+            connection = await asyncpg.connect(dsns[0], timeout=PROBE_TIMEOUT)
+            try:
+                await connection.fetchval("SELECT 1")
+            finally:
+                await connection.close()
+
+        def probe() -> None:
+            if not dsns:
+                address = container.address(5432)
+                dsns.append(f"postgresql://postgres:{password}@{address}/{quote(database, safe='')}")
+            run_blocking(query())
+
+        return probe
+
+    container = _started(POSTGRES, (5432,), env, deadline, environ, ready)
+    return PostgresServer(container, dsns[0])
+
+
+@dataclass
+class RabbitmqServer:
+    """A RabbitMQ container: the administrator's AMQP URL (vhost `/`) and its management API."""
+
+    container: Container
+    url: str
+    management: ManagementApi
+    user: str = field(default="")
+    password: str = field(default="", repr=False)
+
+    def stop(self) -> None:
+        self.container.stop()
+
+
+def start_rabbitmq(deadline: Deadline, *, environ: Mapping[str, str] | None = None) -> RabbitmqServer:
+    """RabbitMQ with its management plugin (15672), ready once an AMQP connection opens and the management
+    API answers (the plugin starts after the AMQP listener)."""
+    import aio_pika
+
+    user, password = "ltm-admin", secrets.token_hex(12)
+    env = {"RABBITMQ_DEFAULT_USER": user, "RABBITMQ_DEFAULT_PASS": password}
+    found: list[RabbitmqServer] = []
+
+    def ready(container: Container) -> Callable[[], object]:
+        async def connect(url: str) -> None:
+            connection = await aio_pika.connect(url, timeout=PROBE_TIMEOUT)
+            await connection.close()
+
+        def probe() -> None:
+            if not found:
+                amqp = container.address(5672)
+                url = f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{amqp}/"
+                api = ManagementApi(f"http://{container.address(15672)}", user, password)
+                found.append(RabbitmqServer(container, url, api, user, password))
+            server = found[0]
+            run_blocking(connect(server.url))
+            server.management.call("GET", "/overview", timeout=PROBE_TIMEOUT)
+
+        return probe
+
+    _started(RABBITMQ, (5672, 15672), env, deadline, environ, ready)
+    return found[0]
+
+
+@dataclass
+class RedisServer:
+    """A Redis container and its URL (database 0)."""
+
+    container: Container
+    url: str
+
+    def stop(self) -> None:
+        self.container.stop()
+
+
+def start_redis(deadline: Deadline, *, environ: Mapping[str, str] | None = None) -> RedisServer:
+    """Redis, ready once it answers PING."""
+    import redis
+
+    urls: list[str] = []
+
+    def ready(container: Container) -> Callable[[], object]:
+        def probe() -> None:
+            if not urls:
+                urls.append(f"redis://{container.address(6379)}/0")
+            client = redis.Redis.from_url(
+                urls[0], socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
+            )
+            try:
+                if not client.ping():
+                    raise ConnectionError("PING was not answered with PONG")
+            finally:
+                client.close()
+
+        return probe
+
+    container = _started(REDIS, (6379,), {}, deadline, environ, ready)
+    return RedisServer(container, urls[0])

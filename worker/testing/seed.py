@@ -1,0 +1,102 @@
+"""Bot rows for a try-out: a server (guild), a persona and a user, as the bot itself would have created them,
+and tool-call events that name them (CONTRACT.md section 3).
+
+Each call makes a new guild and user with random Discord ids, so tests sharing one database never meet.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["TryOut", "discord_id", "seed_try_out"]
+
+
+def discord_id() -> str:
+    """A random 19-digit Discord id (snowflake-shaped)."""
+    return str(10**18 + secrets.randbelow(9 * 10**18))
+
+
+@dataclass(frozen=True)
+class TryOut:
+    """The seeded rows and the ids an event names."""
+
+    server_id: int
+    guild_disc_id: str
+    persona_id: int
+    persona_lineage_id: int
+    user_id: int
+    user_disc_id: str
+    channel_disc_id: str
+    bot_user_disc_id: str
+
+    def event(
+        self,
+        arguments: Any,
+        *,
+        shard_id: int,
+        tool_name: str = "create_long_term_memory",
+        event_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A tool-call event body (version 1) from this guild's user to this persona, answered to `shard_id`.
+
+        `arguments` is what the model wrote, e.g. `{"memory_content": "{user} likes dogs",
+        "memory_scope": "server_wide"}`.
+        """
+        return {
+            "schema_version": 1,
+            "event_id": event_id or str(uuid.uuid4()),
+            "tool_call_id": f"call_{secrets.token_hex(6)}",
+            "tool_name": tool_name,
+            "issued_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            "shard_id": shard_id,
+            "arguments": arguments,
+            "context": {
+                "guild_disc_id": self.guild_disc_id,
+                "channel_disc_id": self.channel_disc_id,
+                "thread_id": None,
+                "triggering_user_disc_id": self.user_disc_id,
+                "bot_user_disc_id": self.bot_user_disc_id,
+                "persona_id": self.persona_id,
+                "reply_via": None,
+                "participants": [],
+                "guild_members": [],
+            },
+        }
+
+
+async def seed_try_out(postgres_dsn: str, *, persona_nickname: str = "Tomori") -> TryOut:
+    """Insert a server, a persona of it and a user into the migrated database at `postgres_dsn`."""
+    import asyncpg
+
+    guild, user_disc_id = discord_id(), discord_id()
+    connection = await asyncpg.connect(postgres_dsn, timeout=10)
+    try:
+        async with connection.transaction():
+            server_id = await connection.fetchval(
+                "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id", guild
+            )
+            persona = await connection.fetchrow(
+                "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, $2)"
+                " RETURNING persona_id, persona_lineage_id",
+                server_id,
+                persona_nickname,
+            )
+            user_id = await connection.fetchval(
+                "INSERT INTO users (user_disc_id) VALUES ($1) RETURNING user_id", user_disc_id
+            )
+    finally:
+        await connection.close()
+    return TryOut(
+        server_id=int(server_id),
+        guild_disc_id=guild,
+        persona_id=int(persona["persona_id"]),
+        persona_lineage_id=int(persona["persona_lineage_id"]),
+        user_id=int(user_id),
+        user_disc_id=user_disc_id,
+        channel_disc_id=discord_id(),
+        bot_user_disc_id=discord_id(),
+    )

@@ -1,0 +1,443 @@
+"""The worker and its three services, started for a bot team's own integration tests.
+
+`LtmStack.start()` starts, against one deadline:
+
+1. Postgres, RabbitMQ (management image) and Redis in containers, concurrently (worker/testing/containers.py);
+2. the `worker` RabbitMQ user with the permissions of deploy/rabbitmq/definitions.json;
+3. `worker migrate` on the database `ltm`;
+4. one or more `worker run` processes of the installed package (`python -m worker run`), as that user.
+
+It is ready when every worker's `/readyz` says ready (consuming, Postgres and Redis answering) and the
+broker shows the contract's topology: the four exchanges, and `ltm.create_memory` with one consumer per
+worker. A start that does not get there in time raises `StackError` with the containers' and the workers'
+logs.
+
+`stack.shard()` then makes a shard's RabbitMQ user `shard-<n>` with CONTRACT.md's permissions (its own two
+queues and routing key only) and returns what the shard needs: its AMQP URL, the Redis URL, the Postgres DSN,
+and `seed()` for a try-out's bot rows. Each call gets a new shard id, so tests sharing a stack never see each
+other's results or notices. `close()` stops the workers (SIGTERM) and removes the containers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+from worker.testing.containers import (
+    Container,
+    ContainerError,
+    Deadline,
+    PostgresServer,
+    RabbitmqServer,
+    RedisServer,
+    StartAbandoned,
+    start_postgres,
+    start_rabbitmq,
+    start_redis,
+)
+from worker.testing.seed import TryOut, seed_try_out
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "EXCHANGES",
+    "TIMEOUT_ENV",
+    "WORKER_PERMISSIONS",
+    "WORKER_TOPIC_PERMISSIONS",
+    "LtmShard",
+    "LtmStack",
+    "StackError",
+    "shard_permissions",
+    "shard_topic_permissions",
+]
+
+TIMEOUT_ENV = "LTM_STACK_TIMEOUT"
+DEFAULT_TIMEOUT = 120.0
+VHOST = "/"
+DATABASE = "ltm"
+WORKER_USER = "worker"
+WORK_QUEUE = "ltm.create_memory"
+EXCHANGES = ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications", "tomori.dead_letter")
+STOP_SECONDS = 15.0
+LOG_TAIL = 40
+
+# The worker's grants in deploy/rabbitmq/definitions.json (tests/unit keeps the two in step).
+WORKER_PERMISSIONS = {
+    "configure": r"^(tomori\.(tool_calls|tool_results|notifications|dead_letter)"
+    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+)?)$",
+    "write": r"^(tomori\.(tool_results|notifications|dead_letter)|amq\.default|ltm\.create_memory(\.dlq)?)$",
+    "read": r"^(tomori\.(tool_calls|dead_letter)|ltm\.create_memory(\.dlq|\.retry\.[0-9]+)?)$",
+}
+WORKER_TOPIC_PERMISSIONS = (
+    {
+        "exchange": "tomori.tool_calls",
+        "write": "^$",
+        "read": r"^tool\.(create_long_term_memory|remember_this_fact)$",
+    },
+    {"exchange": "tomori.tool_results", "write": r"^shard\.[0-9]+$", "read": "^$"},
+    {"exchange": "tomori.notifications", "write": r"^shard\.[0-9]+$", "read": "^$"},
+)
+
+
+def shard_permissions(shard_id: int) -> dict[str, str]:
+    """What user `shard-<n>` may configure, write and read (CONTRACT.md section 2)."""
+    own = rf"tomori\.shard\.{shard_id}\.(results|notifications)"
+    return {
+        "configure": rf"^{own}$",
+        "write": rf"^(tomori\.tool_calls|{own})$",
+        "read": rf"^(tomori\.(tool_results|notifications)|{own})$",
+    }
+
+
+def shard_topic_permissions(shard_id: int) -> list[dict[str, str]]:
+    """The routing keys `shard-<n>` may publish and bind: `tool.<name>` out, `shard.<n>` in."""
+    own = rf"^shard\.{shard_id}$"
+    return [
+        {"exchange": "tomori.tool_calls", "write": r"^tool\.[A-Za-z0-9_]+$", "read": "^$"},
+        {"exchange": "tomori.tool_results", "write": "^$", "read": own},
+        {"exchange": "tomori.notifications", "write": "^$", "read": own},
+    ]
+
+
+class StackError(Exception):
+    """The stack did not become ready in time (or a part of it failed); the message carries the logs."""
+
+
+def stack_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """`LTM_STACK_TIMEOUT` in seconds (a positive number), else 120."""
+    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(text: str, lines: int = LOG_TAIL) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@dataclass
+class WorkerProcess:
+    """One `worker run` of the installed package, its log in a file and its probe port."""
+
+    index: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    http_port: int
+
+    @classmethod
+    def spawn(cls, index: int, env: Mapping[str, str], log_dir: Path) -> WorkerProcess:
+        port = _free_port()
+        log_path = log_dir / f"worker-{index}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "worker", "run"],
+                env={**env, "LTM_HTTP_PORT": str(port), "LTM_HTTP_HOST": "127.0.0.1"},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return cls(index, process, log_path, port)
+
+    def ready(self) -> bool:
+        """Whether `/readyz` answers 200 (consuming, Postgres and Redis answering)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/readyz")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=2) as response:
+                return int(response.status) == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def log(self, lines: int = LOG_TAIL) -> str:
+        try:
+            return _tail(self.log_path.read_text(errors="replace"), lines)
+        except OSError as error:
+            return f"(no log: {error})"
+
+    def terminate(self) -> None:
+        """SIGTERM: the worker stops taking events and finishes the ones it holds."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 15 s; the exit code."""
+        if self.process.poll() is None:
+            self.terminate()
+            try:
+                self.process.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@dataclass(frozen=True)
+class LtmShard:
+    """What one shard of the bot needs to talk to the stack: its own RabbitMQ user and queues' names, the
+    Redis URL (cache invalidations) and the Postgres DSN (the bot tables)."""
+
+    shard_id: int
+    amqp_url: str
+    redis_url: str
+    postgres_dsn: str
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def results_queue(self) -> str:
+        return f"tomori.shard.{self.shard_id}.results"
+
+    @property
+    def notifications_queue(self) -> str:
+        return f"tomori.shard.{self.shard_id}.notifications"
+
+    async def seed(self) -> TryOut:
+        """A new guild with a persona and a user in the bot tables; `.event(...)` builds events that name
+        them."""
+        return await seed_try_out(self.postgres_dsn)
+
+
+@dataclass
+class LtmStack:
+    """Postgres (migrated), RabbitMQ (the contract's topology and users), Redis and `worker run` processes."""
+
+    postgres: PostgresServer
+    rabbitmq: RabbitmqServer
+    redis: RedisServer
+    workers: list[WorkerProcess]
+    worker_amqp_url: str
+    log_dir: Path
+    start_seconds: float = 0.0
+    #: seconds of each start-up phase: `containers` (the three, concurrently), `migrate`, `workers` (to ready)
+    timings: dict[str, float] = field(default_factory=dict)
+    _shard_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), repr=False)
+
+    @property
+    def postgres_dsn(self) -> str:
+        """The migrated database's DSN (its superuser: seed and inspect freely)."""
+        return self.postgres.dsn
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
+
+    @property
+    def management(self) -> Any:
+        """The broker's management API (worker.testing.management.ManagementApi), as its administrator."""
+        return self.rabbitmq.management
+
+    # start and stop
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        workers: int = 1,
+        timeout: float | None = None,
+        worker_env: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> LtmStack:
+        """Start everything within `timeout` seconds (`LTM_STACK_TIMEOUT`, default 120) or raise StackError.
+
+        `worker_env` adds `LTM_*` settings for the workers (e.g. `{"LTM_LOG_LEVEL": "debug"}`); `environ` is
+        where image overrides (`LTM_*_IMAGE`) and timeouts are read (default: os.environ).
+        """
+        if workers < 1:
+            raise ValueError("a stack runs at least one worker")
+        began = time.monotonic()
+        deadline = Deadline(stack_timeout(environ) if timeout is None else timeout)
+        containers: list[Any] = []
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ltm-stack") as pool:
+            futures: list[Future[Any]] = [
+                pool.submit(start_postgres, deadline, database=DATABASE, environ=environ),
+                pool.submit(start_rabbitmq, deadline, environ=environ),
+                pool.submit(start_redis, deadline, environ=environ),
+            ]
+            # the first failure ends the others' waits: a missing image fails the start at once
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            if any(future.exception() is not None for future in done):
+                deadline.abandon()
+            errors: list[BaseException] = []
+            for future in futures:
+                try:
+                    containers.append(future.result())
+                except StartAbandoned:
+                    pass
+                except BaseException as error:
+                    errors.append(error)
+        if errors:
+            for started in containers:
+                started.stop()
+            text = "\n\n".join(str(error) for error in errors)
+            raise StackError(f"the LTM test stack did not start:\n{text}") from errors[0]
+        postgres, rabbitmq, redis = containers
+        stack = cls(postgres, rabbitmq, redis, [], "", Path(tempfile.mkdtemp(prefix="ltm-stack-")))
+        stack.timings["containers"] = time.monotonic() - began
+        try:
+            stack._start_workers(workers, deadline, dict(worker_env or {}))
+        except BaseException as error:
+            logs = stack.logs()
+            stack.close()
+            if isinstance(error, StackError | ContainerError):
+                raise StackError(f"{error}\n\n{logs}") from error
+            raise
+        stack.start_seconds = time.monotonic() - began
+        return stack
+
+    def _start_workers(self, count: int, deadline: Deadline, extra: dict[str, str]) -> None:
+        api = self.rabbitmq.management
+        password = os.urandom(12).hex()
+        api.put_user(WORKER_USER, password)
+        api.set_permissions(VHOST, WORKER_USER, WORKER_PERMISSIONS)
+        for grant in WORKER_TOPIC_PERMISSIONS:
+            api.set_topic_permissions(VHOST, WORKER_USER, grant["exchange"], grant["write"], grant["read"])
+        self.worker_amqp_url = f"amqp://{WORKER_USER}:{password}@{self.rabbitmq.container.address(5672)}/"
+        env = {
+            **os.environ,
+            "LTM_POSTGRES_DSN": self.postgres.dsn,
+            "LTM_RABBITMQ_URL": self.worker_amqp_url,
+            "LTM_REDIS_URL": self.redis.url,
+            **extra,
+        }
+        for name in ("LTM_POSTGRES_DSN_FILE", "LTM_RABBITMQ_URL_FILE", "LTM_REDIS_URL_FILE"):
+            env.pop(name, None)
+        began = time.monotonic()
+        self._migrate(env, deadline)
+        self.timings["migrate"] = time.monotonic() - began
+        began = time.monotonic()
+        self.workers = [WorkerProcess.spawn(index, env, self.log_dir) for index in range(count)]
+        self._wait_ready(deadline)
+        self.timings["workers"] = time.monotonic() - began
+
+    def _migrate(self, env: Mapping[str, str], deadline: Deadline) -> None:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "worker", "migrate"],
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=max(deadline.remaining(), 1.0),
+                check=False,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise StackError(f"`worker migrate` did not finish within {deadline.seconds:.0f} s") from error
+        if done.returncode != 0:
+            raise StackError(
+                f"`worker migrate` exited {done.returncode}:\n{_tail(done.stdout + done.stderr)}"
+            )
+
+    def _wait_ready(self, deadline: Deadline) -> None:
+        while True:
+            exited = [w for w in self.workers if w.process.poll() is not None]
+            if exited:
+                codes = ", ".join(f"worker {w.index} exited {w.process.returncode}" for w in exited)
+                raise StackError(f"a worker stopped before the stack was ready: {codes}")
+            problem = self._readiness_problem()
+            if problem is None:
+                return
+            if deadline.expired:
+                raise StackError(
+                    f"the LTM test stack was not ready within {deadline.seconds:.0f} s: {problem}"
+                )
+            time.sleep(min(0.2, deadline.remaining()))
+
+    def _readiness_problem(self) -> str | None:
+        waiting = [str(w.index) for w in self.workers if not w.ready()]
+        if waiting:
+            return f"/readyz of worker {', '.join(waiting)} does not say ready"
+        api = self.rabbitmq.management
+        try:
+            missing = set(EXCHANGES) - api.exchanges(VHOST)
+            queue = api.queue(VHOST, WORK_QUEUE)
+        except (OSError, urllib.error.URLError) as error:
+            return f"the management API did not answer: {error}"
+        if missing:
+            return f"exchanges not declared yet: {', '.join(sorted(missing))}"
+        consumers = int((queue or {}).get("consumers") or 0)
+        if consumers < len(self.workers):
+            return f"{WORK_QUEUE} has {consumers} consumer(s), {len(self.workers)} expected"
+        return None
+
+    def logs(self) -> str:
+        """The last lines of every container's and worker's log, for error messages."""
+        parts: list[str] = []
+        services: list[Container] = [self.postgres.container, self.rabbitmq.container, self.redis.container]
+        for container in services:
+            parts.append(f"--- {container.image.service} ({container.reference}) ---\n{container.logs()}")
+        for worker in self.workers:
+            parts.append(f"--- worker {worker.index} ({worker.log_path}) ---\n{worker.log()}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Stop the workers (SIGTERM to all, as an orchestrator would), then remove the containers."""
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                worker.terminate()
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                worker.stop()
+        for service in (self.redis, self.rabbitmq, self.postgres):
+            with contextlib.suppress(Exception):
+                service.stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # shards
+
+    def shard(self, shard_id: int | None = None) -> LtmShard:
+        """User `shard-<n>` with the contract's permissions (a new `n` unless given), its AMQP URL and the
+        rest.
+
+        Its queues are the shard's to declare (CONTRACT.md section 2). `release(shard)` deletes the user and
+        the queues again.
+        """
+        number = next(self._shard_ids) if shard_id is None else shard_id
+        user, password = f"shard-{number}", os.urandom(12).hex()
+        api = self.rabbitmq.management
+        api.put_user(user, password)
+        api.set_permissions(VHOST, user, shard_permissions(number))
+        for grant in shard_topic_permissions(number):
+            api.set_topic_permissions(VHOST, user, grant["exchange"], grant["write"], grant["read"])
+        url = f"amqp://{quote(user, safe='')}:{password}@{self.rabbitmq.container.address(5672)}/"
+        return LtmShard(number, url, self.redis.url, self.postgres.dsn, user, password)
+
+    def release(self, shard: LtmShard) -> None:
+        """Delete the shard's user and its two queues."""
+        api = self.rabbitmq.management
+        api.delete_user(shard.user)
+        for queue in (shard.results_queue, shard.notifications_queue):
+            api.delete_queue(VHOST, queue)
