@@ -16,8 +16,8 @@ import type { EventContext } from "../generated/index.js";
 import { RABBITMQ_DEFINITIONS } from "../generated/rabbitmq_definitions.js";
 import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, WORKER_IMAGE, resolveImage, type ServiceImage } from "./images.js";
 
-/** The label every container of a stack carries (its value: the stack's id), to find leftovers. */
-export const STACK_LABEL = "org.tomoribot.ltm-stack";
+/** The label every container of a stack carries (its value: the stack's id; the Python stack uses the same key), to find leftovers. */
+export const STACK_LABEL = "org.tomoribot.ltm.testing";
 
 /** How long the whole start may take by default (images present it takes a few seconds; see README). */
 export const DEFAULT_START_TIMEOUT_MS = 120_000;
@@ -65,7 +65,7 @@ export interface SeededWorld {
 
 /** A started stack: what a shard's test needs. */
 export interface LtmStack {
-  /** the stack's id (the value of the containers' `org.tomoribot.ltm-stack` label) */
+  /** the stack's id (the value of the containers' `org.tomoribot.ltm.testing` label) */
   readonly id: string;
   /** shard 0's URL, user `shard-0` of deploy/rabbitmq/definitions.json */
   readonly amqpUrl: string;
@@ -430,7 +430,7 @@ class RunningStack implements LtmStack {
       try {
         execFileSync("docker", ["rm", "-f", "-v", ...ids], { stdio: "ignore", timeout: 20_000 });
       } catch {
-        // no docker CLI: `docker ps --filter label=org.tomoribot.ltm-stack` finds what is left
+        // no docker CLI: `docker ps --filter label=org.tomoribot.ltm.testing` finds what is left
       }
     }
     if (this.dir !== null) rmSync(this.dir, { recursive: true, force: true });
