@@ -4,6 +4,7 @@ export {
   DEFAULT_START_TIMEOUT_MS,
   LtmStackStartError,
   STACK_LABEL,
+  attachLtmStack,
   containerEngineProblem,
   getLtmStack,
   startLtmStack,

@@ -84,6 +84,10 @@ export interface LtmStack {
   seed(): Promise<SeededWorld>;
   /** Every container's and worker's log so far (the tail of each). */
   logs(): string;
+  /** What another process needs to use this stack: JSON for LTM_STACK (attachLtmStack). Holds credentials. */
+  describe(): string;
+  /** false for a stack attached from LTM_STACK: its stop() leaves it to the process that started it */
+  readonly owned: boolean;
   /** Stop the workers (SIGTERM), remove the containers (and the network). Safe to call twice. */
   stop(): Promise<void>;
 }
@@ -304,8 +308,20 @@ class WorkerContainer implements StackWorker {
 
 // ---------------------------------------------------------------------------------------------------------
 
+/** What describe() writes and attachLtmStack() reads. */
+interface StackDescription {
+  id: string;
+  host: string;
+  amqpPort: number;
+  managementPort: number;
+  rabbitAdmin: { user: string; password: string };
+  postgresDsn: string;
+  redisUrl: string;
+}
+
 class RunningStack implements LtmStack {
-  readonly id = `ltm-${randomBytes(4).toString("hex")}`;
+  id = `ltm-${randomBytes(4).toString("hex")}`;
+  owned = true;
   readonly timings: Record<string, number> = {};
   readonly book = new LogBook();
   readonly containers: StartedTestContainer[] = [];
@@ -406,12 +422,18 @@ class RunningStack implements LtmStack {
   }
 
   logs(): string {
-    return this.book.render();
+    return this.owned ? this.book.render() : `(stack ${this.id} was started by another process: its logs are there)`;
+  }
+
+  describe(): string {
+    const { id, host, amqpPort, managementPort, rabbitAdmin, postgresDsn, redisUrl } = this;
+    return JSON.stringify({ id, host, amqpPort, managementPort, rabbitAdmin, postgresDsn, redisUrl } satisfies StackDescription);
   }
 
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    if (!this.owned) return;
     await Promise.all(this.workers.map((w) => w.stop()));
     // throwaway servers: killed and removed with their volumes, no graceful shutdown to wait for
     await Promise.all(this.containers.map((c) => c.stop({ remove: true, removeVolumes: true, timeout: 0 }).catch(() => {})));
@@ -691,13 +713,32 @@ async function migrate(stack: RunningStack, options: LtmStackOptions, workerImag
 let shared: Promise<LtmStack> | null = null;
 
 /**
+ * Use a stack another process started (its describe(), e.g. from LTM_STACK): newShard(), seed() and the URLs
+ * work; stop() leaves the stack running for its owner. Checks that the broker and Postgres answer.
+ */
+export async function attachLtmStack(description: string): Promise<LtmStack> {
+  const parsed = JSON.parse(description) as StackDescription;
+  const stack = new RunningStack();
+  Object.assign(stack, parsed, { owned: false });
+  stack.pg = (await optionalPeer<{ default: Pg }>("pg")).default;
+  const overview = await stack.management("GET", "/api/overview").catch((error: Error) => error);
+  if (overview instanceof Error || !overview.ok) {
+    const why = overview instanceof Error ? overview.message : `HTTP ${overview.status}`;
+    throw new Error(`the stack ${parsed.id} of LTM_STACK does not answer (${why}): has its owner stopped it?`);
+  }
+  return stack;
+}
+
+/**
  * One stack per test process, started by the first call and reused by every later one (the options of the
  * first call count). It stops by itself when the process has nothing left to do (`beforeExit`), or call
- * stopLtmStack() in an `after` hook.
+ * stopLtmStack() in an `after` hook. With LTM_STACK set (`ltm-stack -- node --test`, a global setup), every
+ * process attaches to that one stack instead.
  */
 export function getLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
   if (shared === null) {
-    shared = startLtmStack(options);
+    const description = process.env.LTM_STACK?.trim();
+    shared = description ? attachLtmStack(description) : startLtmStack(options);
     shared.catch(() => {
       shared = null;
     });
