@@ -27,6 +27,7 @@ import {
   startLtmStack,
   stopLtmStack,
   type LtmStack,
+  WORKER_IMAGE,
 } from "../src/testing/index.js";
 import { Inbox, workerBin } from "./harness.js";
 import { callId } from "./kit.js";
@@ -188,4 +189,47 @@ test("an image that cannot start: the error names the image and its variable", {
   assert.ok(error instanceof LtmStackStartError, String(error));
   assert.match(error.message, /Redis from image ltm-ts-test\/no-such-image:0 did not start \(set LTM_REDIS_IMAGE/);
   assert.deepEqual(containersOf(error.stackId), [], "the failed start left containers behind");
+});
+
+/** The worker image workerImage: true runs, when the engine has it (built by `docker compose ... build`). */
+function workerImagePresent(): string | null {
+  const image = process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE;
+  try {
+    execFileSync("docker", ["image", "inspect", image], { stdio: "ignore" });
+    return image;
+  } catch {
+    return null;
+  }
+}
+
+const workerImage = problem === null ? workerImagePresent() : null;
+const imageSkip =
+  skip ||
+  (problem === null && workerImage === null
+    ? `no worker image ${process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE} on this engine (docker compose -f deploy/compose.yaml build, or LTM_WORKER_IMAGE)`
+    : false);
+
+test("workerImage: two worker containers on the stack's network, a save answered", { skip: imageSkip }, async (t) => {
+  engineOrFail();
+  const own = await startLtmStack({ workerImage: true, workers: 2, startTimeoutMs: 180_000 });
+  try {
+    t.diagnostic(`stack with worker image ${String(workerImage)} started: ${JSON.stringify(own.timings)}`);
+    const shard = await own.newShard();
+    const world = await own.seed();
+    const client = await LtmClient.connect({ url: shard.amqpUrl, shardId: shard.shardId, timeoutMs: 60_000 });
+    try {
+      const result = await client.createMemory({
+        toolCallId: callId(),
+        arguments: { memory_content: "{user} likes images", memory_scope: "server_wide" },
+        context: world.context(),
+      });
+      assert.equal(result.status, "memory_saved_successfully");
+    } finally {
+      await client.close();
+    }
+    assert.match(own.logs(), /worker-1 \(/);
+  } finally {
+    await own.stop();
+  }
+  assert.deepEqual(containersOf(own.id), [], "stop() left containers behind");
 });

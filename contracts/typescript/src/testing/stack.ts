@@ -220,6 +220,11 @@ function urlWithCredentials(host: string, port: number, user: string, password: 
 }
 
 type Testcontainers = typeof import("testcontainers");
+/** The part of dockerode (testcontainers' Docker client) the sweep uses. */
+interface DockerodeLike {
+  listContainers(options: { all: boolean; filters: { label: string[] } }): Promise<Array<{ Id: string }>>;
+  getContainer(id: string): { remove(options: { force: boolean; v: boolean }): Promise<unknown> };
+}
 type Pg = typeof import("pg");
 
 async function optionalPeer<T>(name: string): Promise<T> {
@@ -336,6 +341,7 @@ class RunningStack implements LtmStack {
   postgresDsn = "";
   redisUrl = "";
   pg: Pg | null = null;
+  tc: Testcontainers | null = null;
   private stopped = false;
 
   get shardId(): number {
@@ -437,9 +443,24 @@ class RunningStack implements LtmStack {
     await Promise.all(this.workers.map((w) => w.stop()));
     // throwaway servers: killed and removed with their volumes, no graceful shutdown to wait for
     await Promise.all(this.containers.map((c) => c.stop({ remove: true, removeVolumes: true, timeout: 0 }).catch(() => {})));
+    await this.sweep();
     await this.network?.stop().catch(() => {});
     if (this.dir !== null) rmSync(this.dir, { recursive: true, force: true });
     process.removeListener("exit", this.exitHook);
+  }
+
+  /** Remove whatever still carries this stack's label (a container whose start failed half-way). */
+  private async sweep(): Promise<void> {
+    if (this.tc === null) return;
+    try {
+      const client = await this.tc.getContainerRuntimeClient();
+      const docker = (client.container as unknown as { dockerode?: DockerodeLike }).dockerode;
+      if (docker === undefined) return;
+      const left = await docker.listContainers({ all: true, filters: { label: [`${STACK_LABEL}=${this.id}`] } });
+      await Promise.all(left.map((info) => docker.getContainer(info.Id).remove({ force: true, v: true }).catch(() => {})));
+    } catch {
+      // the engine is gone: nothing can be removed
+    }
   }
 
   /** At process exit without stop(): kill the workers, remove the containers (Ryuk may be off) - synchronously. */
@@ -481,6 +502,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
   };
   try {
     const tc = await optionalPeer<Testcontainers>("testcontainers");
+    stack.tc = tc;
     const pgModule = await optionalPeer<{ default: Pg }>("pg");
     stack.pg = pgModule.default;
     const workerImage = options.workerImage === true ? process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE : options.workerImage || null;
@@ -688,8 +710,8 @@ async function migrate(stack: RunningStack, options: LtmStackOptions, workerImag
       .withLogConsumer(stack.book.consumer(`worker migrate (${workerImage})`))
       .withWaitStrategy(tc.Wait.forOneShotStartup())
       .withStartupTimeout(Math.max(1_000, deadline.left()))
-      .withAutoRemove(true)
-      .start();
+      .start()
+      .then((done) => done.stop({ remove: true, removeVolumes: true }));
     return;
   }
   const bin = workerBinOf(options);
