@@ -467,13 +467,15 @@ class RunningStack implements LtmStack {
   readonly exitHook = (): void => {
     if (this.stopped) return;
     for (const worker of this.workers) worker.killNow();
-    const ids = this.containers.map((c) => c.getId());
-    if (this.workers.some((w) => w instanceof WorkerContainer)) ids.push(...this.workers.map((w) => (w as WorkerContainer).container.getId()));
-    if (ids.length > 0) {
+    if (this.owned && this.tc !== null) {
       try {
-        execFileSync("docker", ["rm", "-f", "-v", ...ids], { stdio: "ignore", timeout: 20_000 });
+        const ids = execFileSync("docker", ["ps", "-a", "-q", "--filter", `label=${STACK_LABEL}=${this.id}`], { encoding: "utf8", timeout: 20_000 })
+          .split("\n")
+          .filter((id) => id !== "");
+        if (ids.length > 0) execFileSync("docker", ["rm", "-f", "-v", ...ids], { stdio: "ignore", timeout: 20_000 });
+        if (this.network !== null) execFileSync("docker", ["network", "rm", this.network.getName()], { stdio: "ignore", timeout: 20_000 });
       } catch {
-        // no docker CLI: `docker ps --filter label=org.tomoribot.ltm.testing` finds what is left
+        // no docker CLI: `docker ps -a --filter label=org.tomoribot.ltm.testing` finds what is left
       }
     }
     if (this.dir !== null) rmSync(this.dir, { recursive: true, force: true });
@@ -493,12 +495,18 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
   process.on("exit", stack.exitHook);
   let step = "loading testcontainers and pg";
   const started = Date.now();
+  let failedStep: string | null = null; // the first step that failed (the three services' steps run at once)
   const timed = async <T>(name: string, body: () => Promise<T>): Promise<T> => {
     step = name;
     const t0 = Date.now();
-    const value = await body();
-    stack.timings[name] = Date.now() - t0;
-    return value;
+    try {
+      const value = await body();
+      stack.timings[name] = Date.now() - t0;
+      return value;
+    } catch (error) {
+      failedStep ??= name;
+      throw error;
+    }
   };
   try {
     const tc = await optionalPeer<Testcontainers>("testcontainers");
@@ -604,7 +612,6 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
             await db.end().catch(() => {});
           }
         });
-        step = "worker migrate";
         await migrate(stack, options, workerImage, tc, deadline);
       }),
       timed("Redis: PING", async () => {
@@ -667,6 +674,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
     return stack;
   } catch (error) {
     const reason = error instanceof Error ? error.message : String(error);
+    step = failedStep ?? step;
     const logs = stack.logs();
     await stack.stop();
     throw new LtmStackStartError(
