@@ -1,0 +1,811 @@
+// startLtmStack(): RabbitMQ with the contract's topology and users, Postgres migrated, Redis (containers, through
+// testcontainers) and `worker run` processes, for a shard's own integration tests. See README.md "Testing".
+import { spawn, execFileSync, type ChildProcess } from "node:child_process";
+import { createHash, randomBytes, randomInt } from "node:crypto";
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Readable } from "node:stream";
+
+import * as amqp from "amqplib";
+import { Redis } from "ioredis";
+import type { StartedNetwork, StartedTestContainer } from "testcontainers";
+
+import { buildContext, type ContextInput } from "../builders.js";
+import type { EventContext } from "../generated/index.js";
+import { RABBITMQ_DEFINITIONS } from "../generated/rabbitmq_definitions.js";
+import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, WORKER_IMAGE, resolveImage, type ServiceImage } from "./images.js";
+
+/** The label every container of a stack carries (its value: the stack's id; the Python stack uses the same key), to find leftovers. */
+export const STACK_LABEL = "org.tomoribot.ltm.testing";
+
+/** How long the whole start may take by default (images present it takes a few seconds; see README). */
+export const DEFAULT_START_TIMEOUT_MS = 120_000;
+
+export interface LtmStackOptions {
+  /** `worker run` processes to start (default 1) */
+  workers?: number;
+  /** the `worker` executable; default LTM_WORKER_BIN, else `worker` on PATH */
+  workerBin?: string;
+  /**
+   * Run the worker from its image instead of the installed package (`true`: LTM_WORKER_IMAGE, else `tomoribot-ltm-worker:dev`, what
+   * `docker compose -f deploy/compose.yaml build` tags); the services then share a Docker network with it.
+   */
+  workerImage?: string | boolean;
+  /** more environment for every worker (LTM_* settings such as LTM_RETRY_BASE_DELAY_MS) */
+  workerEnv?: Record<string, string>;
+  /** images, else LTM_POSTGRES_IMAGE / LTM_RABBITMQ_IMAGE / LTM_REDIS_IMAGE, else the pinned official ones */
+  images?: { postgres?: string; rabbitmq?: string; redis?: string };
+  /** the one deadline of the whole start (default 120 s); its error carries every container's and worker's log */
+  startTimeoutMs?: number;
+}
+
+/** A shard's own RabbitMQ user `shard-<id>`, with the permissions CONTRACT.md gives a shard. */
+export interface StackShard {
+  shardId: number;
+  /** amqp://shard-<id>:shard-<id>-dev-password@host:port/ */
+  amqpUrl: string;
+}
+
+/** The bot rows of a try-out, with Discord ids of its own (no other test's save touches them). */
+export interface SeededWorld {
+  guildId: string;
+  channelId: string;
+  /** the triggering user */
+  userId: string;
+  botUserId: string;
+  /** `servers.server_id` and `personas.persona_id` of the guild */
+  serverId: number;
+  personaId: number;
+  /** a second member, a participant of the conversation, for personal memories ("target_user") */
+  member: { userId: string; username: string; globalName: string; label: string };
+  /** the event's `context` for this world (buildContext), with the member as participant and member */
+  context(extra?: Partial<ContextInput>): EventContext;
+}
+
+/** A started stack: what a shard's test needs. */
+export interface LtmStack {
+  /** the stack's id (the value of the containers' `org.tomoribot.ltm.testing` label) */
+  readonly id: string;
+  /** shard 0's URL, user `shard-0` of deploy/rabbitmq/definitions.json */
+  readonly amqpUrl: string;
+  readonly shardId: number;
+  readonly redisUrl: string;
+  /** the migrated database, as its owner (for a test's own queries) */
+  readonly postgresDsn: string;
+  /** an administrator's URL of the broker (for a test that looks at the wire; a shard never has this) */
+  readonly adminAmqpUrl: string;
+  readonly managementUrl: string;
+  /** what each step of the start took, in ms */
+  readonly timings: Readonly<Record<string, number>>;
+  /** A shard id of its own (random unless given) and its user: results and notices no other test reads. */
+  newShard(shardId?: number): Promise<StackShard>;
+  /** Insert a server, its persona and two users with fresh Discord ids (the bot's tables). */
+  seed(): Promise<SeededWorld>;
+  /** Every container's and worker's log so far (the tail of each). */
+  logs(): string;
+  /** What another process needs to use this stack: JSON for LTM_STACK (attachLtmStack). Holds credentials. */
+  describe(): string;
+  /** false for a stack attached from LTM_STACK: its stop() leaves it to the process that started it */
+  readonly owned: boolean;
+  /** Stop the workers (SIGTERM), remove the containers (and the network). Safe to call twice. */
+  stop(): Promise<void>;
+}
+
+/** The start did not finish: which step, why, and the logs. */
+export class LtmStackStartError extends Error {
+  constructor(
+    message: string,
+    readonly step: string,
+    readonly logs: string,
+    /** the failed stack's id: the value of its containers' label (all removed by now) */
+    readonly stackId: string,
+  ) {
+    super(message);
+    this.name = "LtmStackStartError";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+const SHARD_PASSWORD = (id: number): string => `shard-${id}-dev-password`;
+const WORKER_USER = { name: "worker", password: "worker-dev-password" }; // deploy/README.md's development password
+const DATABASE = "tomoribot";
+const LOG_TAIL = 4_000;
+
+/** The tail of each source's output, kept for the error of a failed start and `logs()`. */
+class LogBook {
+  private readonly sources = new Map<string, string>();
+  private readonly files = new Map<string, string>();
+
+  add(source: string, text: string): void {
+    const all = (this.sources.get(source) ?? "") + text;
+    this.sources.set(source, all.length > 4 * LOG_TAIL ? all.slice(-2 * LOG_TAIL) : all);
+  }
+
+  file(source: string, path: string): void {
+    this.files.set(source, path);
+  }
+
+  text(source: string): string {
+    const path = this.files.get(source);
+    if (path !== undefined) return existsSync(path) ? readFileSync(path, "utf8") : "";
+    return this.sources.get(source) ?? "";
+  }
+
+  render(): string {
+    const names = [...new Set([...this.sources.keys(), ...this.files.keys()])];
+    return names
+      .map((name) => {
+        const text = this.text(name).slice(-LOG_TAIL).trimEnd();
+        return `----- ${name} (last ${LOG_TAIL} characters) -----\n${text === "" ? "(nothing)" : text}`;
+      })
+      .join("\n");
+  }
+
+  consumer(source: string): (stream: Readable) => void {
+    return (stream) => {
+      stream.on("data", (chunk: Buffer | string) => this.add(source, chunk.toString()));
+      stream.on("error", () => {});
+    };
+  }
+}
+
+class Deadline {
+  private readonly end: number;
+  constructor(readonly ms: number) {
+    this.end = Date.now() + ms;
+  }
+  left(): number {
+    return Math.max(0, this.end - Date.now());
+  }
+  passed(): boolean {
+    return Date.now() >= this.end;
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((done) => setTimeout(done, ms));
+}
+
+/** Thrown inside `until` to stop waiting at once (a worker that exited will not become ready). */
+class StopWaiting extends Error {}
+
+/** Retry `attempt` until it returns true (a thrown error counts as "not yet"); the last error in the failure. */
+async function until(what: string, deadline: Deadline, attempt: () => Promise<boolean>): Promise<void> {
+  let last = "";
+  for (;;) {
+    try {
+      if (await attempt()) return;
+    } catch (error) {
+      if (error instanceof StopWaiting) throw error;
+      last = error instanceof Error ? error.message : String(error);
+    }
+    if (deadline.passed()) throw new Error(`${what}: not within the deadline (${deadline.ms} ms)${last ? `; last error: ${last}` : ""}`);
+    await sleep(100);
+  }
+}
+
+/** RabbitMQ's rabbit_password_hashing_sha256: base64 of a 4-byte salt and sha256(salt + password). */
+function passwordHash(password: string): string {
+  const salt = randomBytes(4);
+  const digest = createHash("sha256").update(Buffer.concat([salt, Buffer.from(password, "utf8")])).digest();
+  return Buffer.concat([salt, digest]).toString("base64");
+}
+
+/** The user, permissions and topic permissions of `shard-<id>`: shard-0's of the definitions, renumbered. */
+function shardDefinitions(id: number): Record<string, unknown> {
+  const renumber = (text: string): string => text.replaceAll("shard\\.0", `shard\\.${id}`);
+  const name = `shard-${id}`;
+  const template = RABBITMQ_DEFINITIONS.users.find((u) => u.name === "shard-0");
+  if (template === undefined) throw new Error("deploy/rabbitmq/definitions.json has no shard-0 user to copy");
+  return {
+    users: [{ ...template, name, password_hash: passwordHash(SHARD_PASSWORD(id)), hashing_algorithm: "rabbit_password_hashing_sha256" }],
+    permissions: RABBITMQ_DEFINITIONS.permissions
+      .filter((p) => p.user === "shard-0")
+      .map((p) => ({ ...p, user: name, configure: renumber(p.configure), write: renumber(p.write), read: renumber(p.read) })),
+    topic_permissions: RABBITMQ_DEFINITIONS.topic_permissions
+      .filter((p) => p.user === "shard-0")
+      .map((p) => ({ ...p, user: name, write: renumber(p.write), read: renumber(p.read) })),
+  };
+}
+
+/** A fresh Discord id (19 digits). */
+function snowflake(): string {
+  return `1${String(randomInt(1, 10 ** 9)).padStart(9, "0")}${String(randomInt(0, 10 ** 9)).padStart(9, "0")}`;
+}
+
+function urlWithCredentials(host: string, port: number, user: string, password: string, scheme = "amqp"): string {
+  return `${scheme}://${encodeURIComponent(user)}:${encodeURIComponent(password)}@${host}:${port}/`;
+}
+
+type Testcontainers = typeof import("testcontainers");
+/** The part of dockerode (testcontainers' Docker client) the sweep uses. */
+interface DockerodeLike {
+  listContainers(options: { all: boolean; filters: { label: string[] } }): Promise<Array<{ Id: string }>>;
+  getContainer(id: string): { remove(options: { force: boolean; v: boolean }): Promise<unknown> };
+}
+type Pg = typeof import("pg");
+
+async function optionalPeer<T>(name: string): Promise<T> {
+  try {
+    return (await import(name)) as T;
+  } catch (error) {
+    throw new Error(
+      `@tomoribot/ltm-client/testing needs the package "${name}" (an optional peer dependency): ` +
+        `npm install --save-dev testcontainers pg (${error instanceof Error ? error.message : String(error)})`,
+    );
+  }
+}
+
+/** `worker run` as a process (or a container) with its log in the log book. */
+interface StackWorker {
+  readonly name: string;
+  /** its name in the log book */
+  readonly logSource: string;
+  alive(): boolean;
+  stop(): Promise<void>;
+  killNow(): void;
+}
+
+class WorkerProcess implements StackWorker {
+  private exitCode: number | null = null;
+  private readonly child: ChildProcess;
+
+  constructor(
+    readonly name: string,
+    readonly logSource: string,
+    bin: string,
+    env: NodeJS.ProcessEnv,
+    logPath: string,
+  ) {
+    const fd = openSync(logPath, "a");
+    // its own process group, so stop() and the exit hook reach the worker and nothing else
+    this.child = spawn(bin, ["run", "--log-format", "json"], { env, stdio: ["ignore", fd, fd], detached: true });
+    closeSync(fd);
+    this.child.on("error", () => {
+      this.exitCode = this.exitCode ?? 127;
+    });
+    this.child.on("exit", (code, signal) => {
+      this.exitCode = code ?? (signal === null ? -1 : 128);
+    });
+    this.child.unref(); // a test process ends when its tests do; the exit hook stops the worker
+  }
+
+  alive(): boolean {
+    return this.exitCode === null && this.child.pid !== undefined;
+  }
+
+  async stop(): Promise<void> {
+    if (!this.alive()) return;
+    this.child.kill("SIGTERM");
+    const end = Date.now() + 30_000;
+    while (this.alive() && Date.now() < end) await sleep(50);
+    this.killNow();
+  }
+
+  killNow(): void {
+    const pid = this.child.pid;
+    if (pid !== undefined && this.exitCode === null) {
+      try {
+        process.kill(-pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
+
+class WorkerContainer implements StackWorker {
+  constructor(
+    readonly name: string,
+    readonly logSource: string,
+    readonly container: StartedTestContainer,
+  ) {}
+  alive(): boolean {
+    return true;
+  }
+  async stop(): Promise<void> {
+    await this.container.stop({ timeout: 30_000 }).catch(() => {});
+  }
+  killNow(): void {}
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+/** What describe() writes and attachLtmStack() reads. */
+interface StackDescription {
+  id: string;
+  host: string;
+  amqpPort: number;
+  managementPort: number;
+  rabbitAdmin: { user: string; password: string };
+  postgresDsn: string;
+  redisUrl: string;
+}
+
+class RunningStack implements LtmStack {
+  id = `ltm-${randomBytes(4).toString("hex")}`;
+  owned = true;
+  readonly timings: Record<string, number> = {};
+  readonly book = new LogBook();
+  readonly containers: StartedTestContainer[] = [];
+  readonly workers: StackWorker[] = [];
+  network: StartedNetwork | null = null;
+  dir: string | null = null;
+  host = "127.0.0.1";
+  amqpPort = 0;
+  managementPort = 0;
+  postgresPassword = randomBytes(12).toString("hex");
+  rabbitAdmin = { user: "ltm-admin", password: randomBytes(12).toString("hex") };
+  postgresDsn = "";
+  redisUrl = "";
+  pg: Pg | null = null;
+  tc: Testcontainers | null = null;
+  private stopped = false;
+
+  get shardId(): number {
+    return 0;
+  }
+  get amqpUrl(): string {
+    return urlWithCredentials(this.host, this.amqpPort, "shard-0", SHARD_PASSWORD(0));
+  }
+  get adminAmqpUrl(): string {
+    return urlWithCredentials(this.host, this.amqpPort, this.rabbitAdmin.user, this.rabbitAdmin.password);
+  }
+  get managementUrl(): string {
+    return `http://${this.host}:${this.managementPort}`;
+  }
+
+  /** A call of RabbitMQ's HTTP API as the stack's administrator. */
+  async management(method: string, path: string, body?: unknown): Promise<Response> {
+    const auth = Buffer.from(`${this.rabbitAdmin.user}:${this.rabbitAdmin.password}`).toString("base64");
+    return fetch(`${this.managementUrl}${path}`, {
+      method,
+      headers: { authorization: `Basic ${auth}`, "content-type": "application/json" },
+      body: body === undefined ? null : JSON.stringify(body),
+      signal: AbortSignal.timeout(10_000),
+    });
+  }
+
+  async importDefinitions(definitions: unknown): Promise<void> {
+    const response = await this.management("POST", "/api/definitions", definitions);
+    if (!response.ok) throw new Error(`importing definitions: HTTP ${response.status} ${await response.text()}`);
+  }
+
+  async newShard(shardId?: number): Promise<StackShard> {
+    const id = shardId ?? randomInt(1_000, 2_000_000_000);
+    if (!Number.isInteger(id) || id < 0 || id > 2_147_483_647) throw new RangeError(`shard id ${id}: an integer 0..2147483647`);
+    await this.importDefinitions(shardDefinitions(id));
+    return { shardId: id, amqpUrl: urlWithCredentials(this.host, this.amqpPort, `shard-${id}`, SHARD_PASSWORD(id)) };
+  }
+
+  async seed(): Promise<SeededWorld> {
+    if (this.pg === null) throw new Error("the stack is not started");
+    const db = new this.pg.Client({ connectionString: this.postgresDsn });
+    await db.connect();
+    const guildId = snowflake();
+    const userId = snowflake();
+    const memberId = snowflake();
+    try {
+      const server = await db.query<{ server_id: number }>(
+        "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id",
+        [guildId],
+      );
+      const serverId = server.rows[0]?.server_id ?? 0;
+      const persona = await db.query<{ persona_id: number }>(
+        "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori') RETURNING persona_id",
+        [serverId],
+      );
+      const personaId = persona.rows[0]?.persona_id ?? 0;
+      await db.query("INSERT INTO users (user_disc_id) VALUES ($1), ($2)", [userId, memberId]);
+      const world = {
+        guildId,
+        channelId: snowflake(),
+        userId,
+        botUserId: snowflake(),
+        serverId,
+        personaId,
+        member: { userId: memberId, username: "sparrow_ow", globalName: "Sparrow", label: "Sparrow" },
+      };
+      return {
+        ...world,
+        context: (extra: Partial<ContextInput> = {}) =>
+          buildContext({
+            guildId: world.guildId,
+            channelId: world.channelId,
+            userId: world.userId,
+            botUserId: world.botUserId,
+            personaId: world.personaId,
+            participants: [{ targetId: memberId, displayLabel: "Sparrow", aliases: ["Sparrow", "sparrow_ow"] }],
+            members: [{ userId: memberId, username: "sparrow_ow", globalName: "Sparrow" }],
+            ...extra,
+          }),
+      };
+    } finally {
+      await db.end();
+    }
+  }
+
+  logs(): string {
+    return this.owned ? this.book.render() : `(stack ${this.id} was started by another process: its logs are there)`;
+  }
+
+  describe(): string {
+    const { id, host, amqpPort, managementPort, rabbitAdmin, postgresDsn, redisUrl } = this;
+    return JSON.stringify({ id, host, amqpPort, managementPort, rabbitAdmin, postgresDsn, redisUrl } satisfies StackDescription);
+  }
+
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    if (!this.owned) return;
+    await Promise.all(this.workers.map((w) => w.stop()));
+    // throwaway servers: killed and removed with their volumes, no graceful shutdown to wait for
+    await Promise.all(this.containers.map((c) => c.stop({ remove: true, removeVolumes: true, timeout: 0 }).catch(() => {})));
+    await this.sweep();
+    await this.network?.stop().catch(() => {});
+    if (this.dir !== null) rmSync(this.dir, { recursive: true, force: true });
+    process.removeListener("exit", this.exitHook);
+  }
+
+  /** Remove whatever still carries this stack's label (a container whose start failed half-way). */
+  private async sweep(): Promise<void> {
+    if (this.tc === null) return;
+    try {
+      const client = await this.tc.getContainerRuntimeClient();
+      const docker = (client.container as unknown as { dockerode?: DockerodeLike }).dockerode;
+      if (docker === undefined) return;
+      const left = await docker.listContainers({ all: true, filters: { label: [`${STACK_LABEL}=${this.id}`] } });
+      await Promise.all(left.map((info) => docker.getContainer(info.Id).remove({ force: true, v: true }).catch(() => {})));
+    } catch {
+      // the engine is gone: nothing can be removed
+    }
+  }
+
+  /** At process exit without stop(): kill the workers, remove the containers (Ryuk may be off) - synchronously. */
+  readonly exitHook = (): void => {
+    if (this.stopped) return;
+    for (const worker of this.workers) worker.killNow();
+    if (this.owned && this.tc !== null) {
+      try {
+        const ids = execFileSync("docker", ["ps", "-a", "-q", "--filter", `label=${STACK_LABEL}=${this.id}`], { encoding: "utf8", timeout: 20_000 })
+          .split("\n")
+          .filter((id) => id !== "");
+        if (ids.length > 0) execFileSync("docker", ["rm", "-f", "-v", ...ids], { stdio: "ignore", timeout: 20_000 });
+        if (this.network !== null) execFileSync("docker", ["network", "rm", this.network.getName()], { stdio: "ignore", timeout: 20_000 });
+      } catch {
+        // no docker CLI: `docker ps -a --filter label=org.tomoribot.ltm.testing` finds what is left
+      }
+    }
+    if (this.dir !== null) rmSync(this.dir, { recursive: true, force: true });
+  };
+}
+
+/**
+ * Start the stack: RabbitMQ with deploy/rabbitmq/definitions.json (the contract's topology and users), Postgres
+ * migrated with `worker migrate`, Redis, and `options.workers` `worker run` consuming. Resolves once each is ready
+ * (an AMQP connection as shard-0 finds the exchanges, a query is answered, PING, the workers consume the events
+ * queue); rejects with LtmStackStartError (with every log) when that takes longer than `startTimeoutMs`, after
+ * removing what it started.
+ */
+export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
+  const deadline = new Deadline(options.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS);
+  const stack = new RunningStack();
+  process.on("exit", stack.exitHook);
+  let step = "loading testcontainers and pg";
+  const started = Date.now();
+  let failedStep: string | null = null; // the first step that failed (the three services' steps run at once)
+  const timed = async <T>(name: string, body: () => Promise<T>): Promise<T> => {
+    step = name;
+    const t0 = Date.now();
+    try {
+      const value = await body();
+      stack.timings[name] = Date.now() - t0;
+      return value;
+    } catch (error) {
+      failedStep ??= name;
+      throw error;
+    }
+  };
+  try {
+    const tc = await optionalPeer<Testcontainers>("testcontainers");
+    stack.tc = tc;
+    const pgModule = await optionalPeer<{ default: Pg }>("pg");
+    stack.pg = pgModule.default;
+    const workerImage = options.workerImage === true ? process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE : options.workerImage || null;
+    if (workerImage !== null) stack.network = await new tc.Network().start();
+
+    const images = {
+      rabbitmq: options.images?.rabbitmq ?? resolveImage(RABBITMQ_IMAGE),
+      postgres: options.images?.postgres ?? resolveImage(POSTGRES_IMAGE),
+      redis: options.images?.redis ?? resolveImage(REDIS_IMAGE),
+    };
+    const container = (which: ServiceImage, image: string, alias: string) => {
+      let c = new tc.GenericContainer(image)
+        .withName(`${stack.id}-${alias}`)
+        .withLabels({ [STACK_LABEL]: stack.id })
+        .withLogConsumer(stack.book.consumer(`${which.service} (${image})`))
+        .withStartupTimeout(Math.max(1_000, deadline.left()));
+      if (stack.network !== null) c = c.withNetwork(stack.network).withNetworkAliases(alias);
+      return c;
+    };
+    const startOne = async (which: ServiceImage, image: string, c: ReturnType<typeof container>) => {
+      try {
+        const s = await c.start();
+        stack.containers.push(s);
+        return s;
+      } catch (error) {
+        const reason = error instanceof Error ? error.message : String(error);
+        throw new Error(`${which.service} from image ${image} did not start (set ${which.envVar} to use another image): ${reason}`);
+      }
+    };
+
+    const [rabbit, postgres, redis] = await timed("containers started", async () => {
+      const results = await Promise.allSettled([
+        startOne(
+          RABBITMQ_IMAGE,
+          images.rabbitmq,
+          container(RABBITMQ_IMAGE, images.rabbitmq, "rabbitmq")
+            .withEnvironment({ RABBITMQ_DEFAULT_USER: stack.rabbitAdmin.user, RABBITMQ_DEFAULT_PASS: stack.rabbitAdmin.password })
+            .withExposedPorts(5672, 15672)
+            .withWaitStrategy(tc.Wait.forLogMessage(/Server startup complete/)),
+        ),
+        startOne(
+          POSTGRES_IMAGE,
+          images.postgres,
+          container(POSTGRES_IMAGE, images.postgres, "postgres")
+            .withEnvironment({ POSTGRES_PASSWORD: stack.postgresPassword, POSTGRES_DB: DATABASE })
+            .withExposedPorts(5432)
+            .withWaitStrategy(tc.Wait.forLogMessage(/ready to accept connections/)),
+        ),
+        startOne(
+          REDIS_IMAGE,
+          images.redis,
+          container(REDIS_IMAGE, images.redis, "redis")
+            .withExposedPorts(6379)
+            .withWaitStrategy(tc.Wait.forLogMessage(/Ready to accept connections/)),
+        ),
+      ]);
+      const failed = results.filter((r): r is PromiseRejectedResult => r.status === "rejected");
+      if (failed.length > 0) throw new Error(failed.map((r) => (r.reason as Error).message).join("\n"));
+      return results.map((r) => (r as PromiseFulfilledResult<StartedTestContainer>).value) as [
+        StartedTestContainer,
+        StartedTestContainer,
+        StartedTestContainer,
+      ];
+    });
+
+    // ports are published on the engine's host; "localhost" may resolve to ::1 where they are bound to 127.0.0.1
+    const host = rabbit.getHost();
+    stack.host = host === "localhost" ? "127.0.0.1" : host;
+    stack.amqpPort = rabbit.getMappedPort(5672);
+    stack.managementPort = rabbit.getMappedPort(15672);
+    stack.postgresDsn = `postgresql://postgres:${stack.postgresPassword}@${stack.host}:${postgres.getMappedPort(5432)}/${DATABASE}`;
+    stack.redisUrl = `redis://${stack.host}:${redis.getMappedPort(6379)}/0`;
+
+    await Promise.all([
+      timed("RabbitMQ: definitions imported, topology seen as shard-0", async () => {
+        await until("RabbitMQ's management API", deadline, async () => (await stack.management("GET", "/api/overview")).ok);
+        await stack.importDefinitions(RABBITMQ_DEFINITIONS);
+        await until("the contract's exchanges, as shard-0 over AMQP", deadline, async () => {
+          const connection = await amqp.connect(stack.amqpUrl, { timeout: 5_000 });
+          try {
+            const channel = await connection.createChannel();
+            for (const exchange of ["tomori.tool_calls", "tomori.tool_results", "tomori.notifications"]) {
+              await channel.checkExchange(exchange);
+            }
+            return true;
+          } finally {
+            await connection.close().catch(() => {});
+          }
+        });
+      }),
+      timed("Postgres: a query answered, `worker migrate`", async () => {
+        await until("a query answered by Postgres", deadline, async () => {
+          const db = new stack.pg!.Client({ connectionString: stack.postgresDsn, connectionTimeoutMillis: 5_000 });
+          try {
+            await db.connect();
+            await db.query("SELECT 1");
+            return true;
+          } finally {
+            await db.end().catch(() => {});
+          }
+        });
+        await migrate(stack, options, workerImage, tc, deadline);
+      }),
+      timed("Redis: PING", async () => {
+        await until("PONG from Redis", deadline, async () => {
+          const client = new Redis(stack.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 5_000 });
+          client.on("error", () => {});
+          try {
+            await client.connect();
+            return (await client.ping()) === "PONG";
+          } finally {
+            client.disconnect();
+          }
+        });
+      }),
+    ]);
+
+    const count = options.workers ?? 1;
+    await timed(`${count} worker(s) consuming`, async () => {
+      stack.dir = mkdtempSync(join(tmpdir(), "ltm-stack-"));
+      for (let i = 0; i < count; i += 1) {
+        const name = `worker-${i}`;
+        if (workerImage === null) {
+          const logPath = join(stack.dir, `${name}.log`);
+          const source = `${name} (worker run)`;
+          stack.book.file(source, logPath);
+          stack.workers.push(new WorkerProcess(name, source, workerBinOf(options), workerEnv(stack, options, false), logPath));
+        } else {
+          const source = `${name} (${workerImage})`;
+          const c = await new tc.GenericContainer(workerImage)
+            .withName(`${stack.id}-${name}`)
+            .withLabels({ [STACK_LABEL]: stack.id })
+            .withNetwork(stack.network!)
+            .withEnvironment(workerEnv(stack, options, true) as Record<string, string>)
+            .withLogConsumer(stack.book.consumer(source))
+            .withWaitStrategy(tc.Wait.forLogMessage(/"event": ?"consuming"/))
+            .withStartupTimeout(Math.max(1_000, deadline.left()))
+            .start();
+          stack.workers.push(new WorkerContainer(name, source, c));
+        }
+      }
+      // ready = each worker logged "consuming", and the broker counts that many consumers on the events queue
+      await until(`${count} worker(s) logging "consuming"`, deadline, async () => {
+        const dead = stack.workers.find((w) => !w.alive());
+        if (dead !== undefined) throw new StopWaiting(`${dead.name} exited`);
+        const logged = stack.workers.filter((w) => /"event": ?"consuming"/.test(stack.book.text(w.logSource)));
+        return logged.length === count;
+      });
+      // the broker's own count, at once (the management API's queue statistics lag by up to 5 s)
+      await until(`${count} consumer(s) on ltm.create_memory`, deadline, async () => {
+        const connection = await amqp.connect(stack.adminAmqpUrl, { timeout: 5_000 });
+        try {
+          const channel = await connection.createChannel();
+          return (await channel.checkQueue("ltm.create_memory")).consumerCount >= count;
+        } finally {
+          await connection.close().catch(() => {});
+        }
+      });
+    });
+    stack.timings.total = Date.now() - started;
+    return stack;
+  } catch (error) {
+    const reason = error instanceof Error ? error.message : String(error);
+    step = failedStep ?? step;
+    const logs = stack.logs();
+    await stack.stop();
+    throw new LtmStackStartError(
+      `the LTM stack did not start (step: ${step}, ${Date.now() - started} ms of ${deadline.ms}): ${reason}\n${logs}`,
+      step,
+      logs,
+      stack.id,
+    );
+  }
+}
+
+function workerBinOf(options: LtmStackOptions): string {
+  return options.workerBin ?? process.env.LTM_WORKER_BIN ?? "worker";
+}
+
+/** The environment of `worker run`/`migrate`: the stack's services (by alias inside the network). */
+function workerEnv(stack: RunningStack, options: LtmStackOptions, inNetwork: boolean): NodeJS.ProcessEnv {
+  const services = inNetwork
+    ? {
+        LTM_POSTGRES_DSN: `postgresql://postgres:${stack.postgresPassword}@postgres:5432/${DATABASE}`,
+        LTM_RABBITMQ_URL: `amqp://${WORKER_USER.name}:${WORKER_USER.password}@rabbitmq:5672/`,
+        LTM_REDIS_URL: "redis://redis:6379/0",
+      }
+    : {
+        LTM_POSTGRES_DSN: stack.postgresDsn,
+        LTM_RABBITMQ_URL: urlWithCredentials(stack.host, stack.amqpPort, WORKER_USER.name, WORKER_USER.password),
+        LTM_REDIS_URL: stack.redisUrl,
+      };
+  const base: NodeJS.ProcessEnv = inNetwork ? {} : { PATH: process.env.PATH, HOME: process.env.HOME };
+  return { ...base, ...services, LTM_LOG_FORMAT: "json", ...options.workerEnv };
+}
+
+async function migrate(stack: RunningStack, options: LtmStackOptions, workerImage: string | null, tc: Testcontainers, deadline: Deadline): Promise<void> {
+  if (workerImage !== null) {
+    await new tc.GenericContainer(workerImage)
+      .withName(`${stack.id}-migrate`)
+      .withLabels({ [STACK_LABEL]: stack.id })
+      .withNetwork(stack.network!)
+      .withEnvironment(workerEnv(stack, options, true) as Record<string, string>)
+      .withCommand(["migrate"])
+      .withLogConsumer(stack.book.consumer(`worker migrate (${workerImage})`))
+      .withWaitStrategy(tc.Wait.forOneShotStartup())
+      .withStartupTimeout(Math.max(1_000, deadline.left()))
+      .start()
+      .then((done) => done.stop({ remove: true, removeVolumes: true }));
+    return;
+  }
+  const bin = workerBinOf(options);
+  await new Promise<void>((done, fail) => {
+    const child = spawn(bin, ["migrate"], { env: workerEnv(stack, options, false), stdio: ["ignore", "pipe", "pipe"] });
+    const timer = setTimeout(() => child.kill("SIGKILL"), Math.max(1_000, deadline.left()));
+    child.stdout.on("data", (d: Buffer) => stack.book.add("worker migrate", d.toString()));
+    child.stderr.on("data", (d: Buffer) => stack.book.add("worker migrate", d.toString()));
+    child.on("error", (error) => {
+      clearTimeout(timer);
+      fail(new Error(`cannot run ${bin} (set LTM_WORKER_BIN or the workerBin option): ${error.message}`));
+    });
+    child.on("exit", (code, signal) => {
+      clearTimeout(timer);
+      if (code === 0) done();
+      else fail(new Error(`${bin} migrate exited with ${code ?? signal}`));
+    });
+  });
+}
+
+let shared: Promise<LtmStack> | null = null;
+
+/**
+ * Use a stack another process started (its describe(), e.g. from LTM_STACK): newShard(), seed() and the URLs
+ * work; stop() leaves the stack running for its owner. Checks that the broker and Postgres answer.
+ */
+export async function attachLtmStack(description: string): Promise<LtmStack> {
+  const parsed = JSON.parse(description) as StackDescription;
+  const stack = new RunningStack();
+  Object.assign(stack, parsed, { owned: false });
+  stack.pg = (await optionalPeer<{ default: Pg }>("pg")).default;
+  const overview = await stack.management("GET", "/api/overview").catch((error: Error) => error);
+  if (overview instanceof Error || !overview.ok) {
+    const why = overview instanceof Error ? overview.message : `HTTP ${overview.status}`;
+    throw new Error(`the stack ${parsed.id} of LTM_STACK does not answer (${why}): has its owner stopped it?`);
+  }
+  return stack;
+}
+
+/**
+ * One stack per test process, started by the first call and reused by every later one (the options of the
+ * first call count). It stops by itself when the process has nothing left to do (`beforeExit`), or call
+ * stopLtmStack() in an `after` hook. With LTM_STACK set (`ltm-stack -- node --test`, a global setup), every
+ * process attaches to that one stack instead.
+ */
+export function getLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
+  if (shared === null) {
+    const description = process.env.LTM_STACK?.trim();
+    shared = description ? attachLtmStack(description) : startLtmStack(options);
+    shared.catch(() => {
+      shared = null;
+    });
+    process.once("beforeExit", () => {
+      void stopLtmStack();
+    });
+  }
+  return shared;
+}
+
+/** Stop the stack of getLtmStack(), if one was started. */
+export async function stopLtmStack(): Promise<void> {
+  const current = shared;
+  shared = null;
+  if (current === null) return;
+  const stack = await current.catch(() => null);
+  await stack?.stop();
+}
+
+/**
+ * Why no container engine can be used here (testcontainers finds none, or testcontainers is not installed), or
+ * null when one answers: for a test that skips without Docker, e.g. `test("...", { skip: await
+ * containerEngineProblem() ?? false }, ...)`.
+ */
+export async function containerEngineProblem(timeoutMs = 20_000): Promise<string | null> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    const tc = await optionalPeer<Testcontainers>("testcontainers");
+    const timeout = new Promise<never>((_, fail) => {
+      timer = setTimeout(() => fail(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+      timer.unref();
+    });
+    await Promise.race([tc.getContainerRuntimeClient(), timeout]);
+    return null;
+  } catch (error) {
+    return error instanceof Error ? error.message : String(error);
+  } finally {
+    clearTimeout(timer);
+  }
+}

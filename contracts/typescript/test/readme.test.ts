@@ -1,0 +1,62 @@
+// README.md "Testing your shard" / "### TypeScript": its code block, as written, type-checked against the built
+// package and run with `node --test` (it starts its own stack). Skipped without a Docker engine, unless
+// LTM_REQUIRE_DOCKER=1 (CI), which makes that a failure.
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import { promisify } from "node:util";
+
+import { containerEngineProblem } from "../src/testing/index.js";
+import { PACKAGE_ROOT, REPO_ROOT, workerBin } from "./harness.js";
+
+const run = promisify(execFile);
+
+/** The first ```ts block of README.md's "### TypeScript" under "## Testing your shard". */
+export function readmeExample(readme: string): string {
+  const section = readme.split(/^## /m).find((part) => part.startsWith("Testing your shard\n"));
+  assert.ok(section, 'README.md has no "## Testing your shard"');
+  const typescript = section.split(/^### /m).find((part) => part.startsWith("TypeScript\n"));
+  assert.ok(typescript, 'README.md\'s "Testing your shard" has no "### TypeScript"');
+  const block = /^```ts\n([\s\S]*?)^```$/m.exec(typescript);
+  assert.ok(block?.[1], 'no ```ts block in "### TypeScript"');
+  return block[1];
+}
+
+const problem = await containerEngineProblem();
+const required = process.env.LTM_REQUIRE_DOCKER === "1";
+const skip = problem !== null && !required ? `no Docker engine answers (${problem}); LTM_REQUIRE_DOCKER=1 makes this a failure` : false;
+
+test("README's TypeScript example of 'Testing your shard' type-checks and passes as written", { skip }, async (t) => {
+  if (problem !== null) throw new Error(`LTM_REQUIRE_DOCKER=1, but no Docker engine answers: ${problem}`);
+  const example = readmeExample(readFileSync(join(REPO_ROOT, "README.md"), "utf8"));
+  // inside the package, so "@tomoribot/ltm-client" and ".../testing" resolve to it through its exports (dist/)
+  mkdirSync(join(PACKAGE_ROOT, "build"), { recursive: true });
+  const dir = mkdtempSync(join(PACKAGE_ROOT, "build", "readme-"));
+  try {
+    const source = join(dir, "shard.test.ts");
+    writeFileSync(source, example);
+    const tsc = join(PACKAGE_ROOT, "node_modules/typescript/bin/tsc");
+    const flags = ["--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022", "--strict", "--types", "node", "--skipLibCheck"];
+    await run(process.execPath, [tsc, ...flags, "--rootDir", dir, "--outDir", dir, source], { cwd: PACKAGE_ROOT }).catch((error: { stdout?: string; message: string }) => {
+      throw new Error(`the README example does not type-check: ${error.stdout ?? error.message}`);
+    });
+    const started = Date.now();
+    // as a shard's own run: not a child of this test runner (NODE_TEST_CONTEXT would make it report to us)
+    const env: NodeJS.ProcessEnv = { ...process.env, LTM_WORKER_BIN: workerBin() };
+    delete env.NODE_TEST_CONTEXT;
+    const { stdout } = await run(process.execPath, ["--test", "--test-reporter=tap", join(dir, "shard.test.js")], {
+      cwd: PACKAGE_ROOT,
+      env,
+      timeout: 300_000,
+    }).catch((error: { stdout?: string; stderr?: string; message: string }) => {
+      throw new Error(`the README example failed: ${error.message}\n${error.stdout ?? ""}${error.stderr ?? ""}`);
+    });
+    t.diagnostic(`the README example ran in ${Date.now() - started} ms (its stack's start included)`);
+    assert.match(stdout, /^# pass 1$/m, stdout);
+    assert.match(stdout, /^# fail 0$/m, stdout);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

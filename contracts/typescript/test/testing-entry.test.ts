@@ -1,0 +1,70 @@
+// @tomoribot/ltm-client/testing without containers: its image defaults are the worker's (worker/testing/images.py),
+// the environment overrides them, and the package's main entry loads neither testcontainers nor pg.
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
+import { test } from "node:test";
+
+import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, SERVICE_IMAGES, resolveImage } from "../src/testing/images.js";
+import { PACKAGE_ROOT, REPO_ROOT } from "./harness.js";
+
+interface PythonImage {
+  service: string;
+  default: string;
+  env_var: string;
+}
+
+/** worker/testing/images.py's IMAGES, read by Python itself (the module imports nothing of the worker). */
+function pythonImages(): PythonImage[] {
+  const script = [
+    "import json, runpy, sys",
+    "module = runpy.run_path(sys.argv[1])",
+    "print(json.dumps([{'service': i.service, 'default': i.default, 'env_var': i.env_var} for i in module['IMAGES']]))",
+  ].join("\n");
+  const output = execFileSync(process.env.PYTHON ?? "python3", ["-c", script, join(REPO_ROOT, "worker/testing/images.py")], {
+    encoding: "utf8",
+  });
+  return JSON.parse(output) as PythonImage[];
+}
+
+test("the kit's image defaults and variables are those of worker/testing/images.py", () => {
+  const python = pythonImages();
+  for (const image of SERVICE_IMAGES) {
+    const same = python.find((p) => p.service === image.service);
+    assert.ok(same, `worker/testing/images.py has no ${image.service} image`);
+    assert.equal(image.default, same.default, `${image.service}'s default`);
+    assert.equal(image.envVar, same.env_var, `${image.service}'s variable`);
+  }
+  // every service image of the worker is in the kit (the Python image is the worker image's base: not a service)
+  const services = python.filter((p) => p.service !== "Python").map((p) => p.service).sort();
+  assert.deepEqual(services, SERVICE_IMAGES.map((i) => i.service).sort());
+});
+
+test("an image variable overrides its default; unset or blank, the pinned default", () => {
+  assert.equal(resolveImage(RABBITMQ_IMAGE, { LTM_RABBITMQ_IMAGE: "mirror.example/rabbitmq:3.13.7-management" }), "mirror.example/rabbitmq:3.13.7-management");
+  assert.equal(resolveImage(POSTGRES_IMAGE, { LTM_POSTGRES_IMAGE: "  " }), POSTGRES_IMAGE.default);
+  assert.equal(resolveImage(REDIS_IMAGE, {}), "redis:7.4.1");
+});
+
+test("the main entry loads neither testcontainers nor pg; the testing entry resolves through the package's exports", () => {
+  // run from the package directory, so "@tomoribot/ltm-client" resolves to the package itself (its exports map)
+  const script = `
+    import { createRequire } from "node:module";
+    const require = createRequire(import.meta.url);
+    const loaded = (name) => Object.keys(require.cache).some((path) => path.includes("/node_modules/" + name + "/"));
+    const main = await import("@tomoribot/ltm-client");
+    const before = { testcontainers: loaded("testcontainers"), pg: loaded("pg"), client: typeof main.LtmClient };
+    const testing = await import("@tomoribot/ltm-client/testing");
+    await testing.containerEngineProblem(1);
+    const after = { testcontainers: loaded("testcontainers"), startLtmStack: typeof testing.startLtmStack };
+    console.log(JSON.stringify({ before, after }));
+  `;
+  const output = execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: PACKAGE_ROOT, encoding: "utf8" });
+  const { before, after } = JSON.parse(output) as {
+    before: { testcontainers: boolean; pg: boolean; client: string };
+    after: { testcontainers: boolean; startLtmStack: string };
+  };
+  assert.deepEqual(before, { testcontainers: false, pg: false, client: "function" });
+  // the check can see testcontainers once something loads it
+  assert.deepEqual(after, { testcontainers: true, startLtmStack: "function" });
+});
