@@ -36,11 +36,13 @@ from contracts.models import (
     RESULT_DATA,
     SAVED_MESSAGE,
     CacheInvalidation,
+    CreateMemoryArguments,
     DeadLetterHeaders,
     Notification,
     Status,
     ToolCallEvent,
     ToolResult,
+    tool_declaration,
 )
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -104,6 +106,14 @@ _SOURCES = (
         "CacheInvalidation",
         "Redis pub/sub message on `tomori:cache-invalidation`, published after a successful save: "
         "`tomori_state` after a server-wide save, `user` after a personal save (one branch per `kind`).",
+    ),
+    _SchemaSource(
+        "create_memory_arguments.v1",
+        TypeAdapter(CreateMemoryArguments),
+        "validation",
+        CreateMemoryArguments.__name__,
+        inspect.cleandoc(CreateMemoryArguments.__doc__ or ""),
+        closed=False,
     ),
     _SchemaSource(
         "dead_letter_headers.v1",
@@ -265,9 +275,14 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     return schemas
 
 
+#: the model's tool declaration (not a message: no `.v1`, so the kit makes no type of it but a constant)
+TOOL_DECLARATION_FILE = "create_long_term_memory.tool.json"
+
+
 def contract_files() -> dict[str, dict[str, Any]]:
-    """Every generated file: the JSON Schemas and the AsyncAPI document that points at them."""
-    return {**json_schemas(), ASYNCAPI_FILE: asyncapi_document()}
+    """Every generated file: the JSON Schemas, the AsyncAPI document that points at them, and the model's
+    tool declaration."""
+    return {**json_schemas(), ASYNCAPI_FILE: asyncapi_document(), TOOL_DECLARATION_FILE: tool_declaration()}
 
 
 def render(schema: dict[str, Any]) -> str:

@@ -25,23 +25,38 @@ from worker.config import (
 from worker.logs import configure_logging, log_fallbacks
 
 
-def _environment_help() -> str:
-    """The epilog of every command: each variable and its default, from the settings' declaration."""
-    settings = declared()
+def _environment_help(*fields: str) -> str:
+    """The epilog of a command: each variable it reads (every one when no ``fields`` are named) and its
+    default, from the settings' declaration."""
+    settings = tuple(s for s in declared() if not fields or s.path[-1] in fields)
     width = max(len(s.var) for s in settings) + 2
-    lines = ["configuration comes from the environment (see the README for the full table):"]
+    lines = [
+        "configuration comes from the environment (see the README for the full table)"
+        + (", this command reads:" if fields else ":")
+    ]
     lines += [f"  {s.var:<{width}}default {s.shown_default}" for s in settings]
     files = [s for s in settings if s.env.file]
     lines += [
         "command-line options override the environment; a value a setting does not take falls back to its",
         "default with a warning (`worker check` lists them).",
-        f"{', '.join(s.var for s in files)} may be given as <VARIABLE>_FILE instead: the path",
-        "of a file holding the value (a mounted secret; its trailing line break dropped); both is an error.",
     ]
+    if files:
+        lines += [
+            f"{', '.join(s.var for s in files)} may be given as <VARIABLE>_FILE instead: the path",
+            "of a file holding the value (a mounted secret; its trailing line break dropped); both is an "
+            "error.",
+        ]
     return "\n" + "\n".join(lines) + "\n"
 
 
 ENVIRONMENT_HELP = _environment_help()
+#: what the commands that read a few settings list (the log settings: every command logs)
+_LOGS = ("log_format", "log_level")
+MIGRATE_HELP = _environment_help("postgres_dsn", *_LOGS)
+DLQ_HELP = _environment_help("rabbitmq_url", *_LOGS)
+DEMO_HELP = _environment_help(
+    "postgres_dsn", "rabbitmq_url", "retry_max_attempts", "retry_base_delay_ms", "retry_max_delay_ms"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         help="create or upgrade the database schema (safe to run concurrently and repeatedly)",
         description="Apply the numbered SQL migrations the database has not seen yet. Creates the bot tables "
         "the worker uses when they are missing (never alters an existing one) and the worker's own tables.",
-        epilog=ENVIRONMENT_HELP,
+        epilog=MIGRATE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_setting_options(migrate, "postgres_dsn")
@@ -105,7 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     from worker.dlq.commands import add_dlq_parser
 
-    add_dlq_parser(commands, ENVIRONMENT_HELP)
+    add_dlq_parser(commands, DLQ_HELP)
+    from worker.demo import add_demo_parser
+
+    add_demo_parser(commands, DEMO_HELP, add_setting_options)
     _add_bench_parser(commands)
     return parser
 
@@ -172,7 +190,7 @@ def settings_for(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
 
 #: the exit code of a command whose settings cannot be read or whose connection URL can never work: `dlq`'s
 #: "bad options", the others' "failed"
-_SETTINGS_EXIT = {"dlq": 2}
+_SETTINGS_EXIT = {"dlq": 2, "demo": 2}
 
 
 def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> int:
@@ -230,6 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             return _settings_refused("dlq", problem)
         return run_dlq(args, settings)
+    if args.command == "demo":
+        from worker.demo import run_demo
+
+        problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
+        if problems:
+            return _settings_refused("demo", "; ".join(problems.values()))
+        return run_demo(args, settings)
     if args.command == "bench":
         if getattr(args, "bench_missing", False):
             print(f"worker bench: {BENCH_MISSING}", end="", file=sys.stderr)

@@ -622,7 +622,8 @@ def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
         if isinstance(rule, Choice):
             kwargs["choices"] = rule.choices
         elif isinstance(rule, (PositiveInt, NonNegativeInt, Port)):
-            kwargs["type"] = int
+            # read as text, by the variable's rule: `--concurrency abc` falls back like LTM_CONCURRENCY=abc
+            kwargs["metavar"] = "N"
         parser.add_argument(option, **kwargs)
 
 

@@ -8,6 +8,7 @@ publish the broker did not confirm. Anything else is a bug (``internal``) and is
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 
 import aio_pika.exceptions
@@ -88,6 +89,19 @@ def certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | No
         if isinstance(current, ssl.SSLCertVerificationError):
             return current
     return None
+
+
+def is_name_resolution_failure(exc: BaseException) -> bool:
+    """True when ``exc`` or an exception behind it is a failed host name lookup (``socket.gaierror``): a
+    configuration problem (a misspelt host) more often than an outage."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, socket.gaierror):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def is_certificate_problem(problem: str) -> bool:

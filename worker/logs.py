@@ -46,11 +46,14 @@ class ExpectedDisconnects(logging.Filter):
     A routine broker restart makes aiormq log an ERROR for the broker's close and one per refused
     reconnect, so an alert on ERROR would fire for a planned restart. The worker's own log already says
     what happened, at WARNING (``rabbitmq connection lost; reconnecting``, ``rabbitmq unavailable``). Only
-    these records change, and only when their exception is a connection loss (:func:`is_connection_loss`):
+    these records change, and (but for the first) only when their exception is a connection loss
+    (:func:`is_connection_loss`):
 
+    - aiormq ``error when creating transport``, whatever the cause: DEBUG. Every caller says it in a line of
+      its own naming the node (``rabbitmq unavailable``, at ERROR for a TLS or name-resolution failure;
+      ``worker check``; ``worker dlq``'s ``cannot reach RabbitMQ``), so one failed connect is one line;
     - aiormq ``Unexpected connection close from remote`` with reply code 320: WARNING (it carries the
       broker's reason, which the worker's line does not);
-    - aiormq ``error when creating transport``: DEBUG (the worker's ``rabbitmq unavailable`` repeats it);
     - aiormq ``Cancelling cause reader exited abnormally`` (a WARNING with the reader task's traceback):
       DEBUG (the worker's ``rabbitmq connection lost`` says it; the traceback is always the same frames);
     - aio-pika ``Reconnect attempt failed`` (robust connections): WARNING.
@@ -80,7 +83,9 @@ class ExpectedDisconnects(logging.Filter):
         if template.startswith("Unexpected connection close from remote"):
             return logging.WARNING if args[1:2] == (CONNECTION_FORCED,) else None
         if template.startswith("error when creating transport"):
-            return logging.DEBUG if args and is_connection_loss(args[0]) else None
+            # a failed connect, whatever the cause: the caller's own line says it once, naming the node
+            # (`rabbitmq unavailable`, `worker check`'s FAIL, `worker dlq`'s `cannot reach RabbitMQ`)
+            return logging.DEBUG
         if template.startswith("Cancelling cause reader exited abnormally"):
             exc = record.exc_info[1] if record.exc_info else None
             return logging.DEBUG if is_connection_loss(exc) else None

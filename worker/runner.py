@@ -16,10 +16,11 @@ import structlog
 from worker import heap
 from worker.backoff import Backoff
 from worker.bootstrap import open_services
-from worker.config import Settings
+from worker.config import Settings, redact_url
 from worker.consumer import Consumer
-from worker.faults import describe, is_certificate_problem
+from worker.faults import describe, is_certificate_problem, is_name_resolution_failure
 from worker.logs import log_fallbacks
+from worker.metrics import build_versions
 from worker.probes import InvalidSetting
 from worker.settle import Slots
 
@@ -43,11 +44,27 @@ class Worker:
         """Run until stopped; the exit code (0 after a graceful stop)."""
         self._install_signal_handlers()
         log_fallbacks(self.settings.fallbacks)
+        self._log_targets()
         try:
             return await self._run()
         except InvalidSetting as exc:
             log.error("cannot start", error=str(exc))
             return 1
+
+    def _log_targets(self) -> None:
+        """One line with what this worker is and where it writes, every password masked."""
+        s = self.settings
+        log.info(
+            "starting",
+            version=build_versions()["version"],
+            postgres=redact_url(s.postgres_dsn),
+            rabbitmq=redact_url(s.rabbitmq_url),
+            redis=redact_url(s.redis_url),
+            http=f"{s.http_host}:{s.http_port}" if s.http_port else "off",
+            tracing=s.tracing,
+            concurrency=s.concurrency,
+            prefetch=s.prefetch,
+        )
 
     async def _run(self) -> int:
         async with open_services(self.settings, self._stopping) as services:
@@ -59,20 +76,31 @@ class Worker:
             while not self._stopping.is_set():
                 started = time.monotonic()
                 failure: str | None = None
+                unresolved = False
                 self._consumer = Consumer(services, self._slots, self._stopping)
                 try:
                     await self._consumer.run()
                 except Exception as exc:  # connection refused, declare failed, channel died mid-start
                     failure = describe(exc)
+                    unresolved = is_name_resolution_failure(exc)
                 if self._stopping.is_set():
                     break
                 if time.monotonic() - started > RECONNECT_RESET_SECONDS:
                     backoff.reset()
                 delay = backoff.next()
                 if failure is not None:
-                    # a refused certificate is an error (it needs a person) but is retried all the same
-                    report = log.error if is_certificate_problem(failure) else log.warning
-                    report("rabbitmq unavailable", error=failure, retry_in_s=round(delay, 2))
+                    # a refused certificate or a host name that does not resolve is an error (it needs a
+                    # person) but is retried all the same; aiormq's own record of it is lowered to DEBUG
+                    # (worker/logs.py), so each attempt is this one line, naming the node(s)
+                    needs_a_person = unresolved or is_certificate_problem(failure)
+                    report = log.error if needs_a_person else log.warning
+                    urls = services.nodes.urls
+                    where = (
+                        {"node": redact_url(urls[0])}
+                        if len(urls) == 1
+                        else {"nodes": redact_url(",".join(urls))}
+                    )
+                    report("rabbitmq unavailable", **where, error=failure, retry_in_s=round(delay, 2))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
         return 0

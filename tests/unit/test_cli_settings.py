@@ -73,3 +73,21 @@ def test_an_option_overrides_the_file_variable_too(tmp_path: Path) -> None:
     )
     assert (overridden.redis_url, overridden.from_files) == ("redis://other:6379/1", ())
     assert "LTM_REDIS_URL may be given as <VARIABLE>_FILE instead" in ENVIRONMENT_HELP
+
+
+def test_an_integer_option_that_is_no_integer_falls_back_like_its_variable() -> None:
+    by_option = settings_for(_parser().parse_args(["run", "--concurrency", "abc"]), {})
+    by_variable = settings_for(_parser().parse_args(["run"]), {"LTM_CONCURRENCY": "abc"})
+
+    assert by_option.concurrency == by_variable.concurrency == 32
+    assert by_option.fallbacks == by_variable.fallbacks == (("LTM_CONCURRENCY", "abc", 32),)
+
+
+def test_migrate_and_dlq_help_list_only_the_settings_they_read() -> None:
+    def listed(name: str) -> set[str]:
+        epilog = subcommand(name).epilog or ""
+        return {line.split()[0] for line in epilog.splitlines() if line.startswith(("  LTM_", "  MAX_"))}
+
+    assert listed("migrate") == {"LTM_POSTGRES_DSN", "LTM_LOG_FORMAT", "LTM_LOG_LEVEL"}
+    assert listed("dlq") == {"LTM_RABBITMQ_URL", "LTM_LOG_FORMAT", "LTM_LOG_LEVEL"}
+    assert "MAX_SERVER_MEMORIES" in (subcommand("run").epilog or "")

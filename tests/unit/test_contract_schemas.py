@@ -129,6 +129,7 @@ def test_every_contract_message_has_a_schema_with_id_title_and_description() -> 
         "notification.v1.json",
         "cache_invalidation.v1.json",
         "dead_letter_headers.v1.json",
+        "create_memory_arguments.v1.json",
     }
     for name, schema in schemas.items():
         assert schema["$id"].endswith(name.removesuffix(".json")), name

@@ -111,6 +111,22 @@ EOF_CLOSE = caused(
         ),
         (record("aiormq.connection", TRANSPORT, (REFUSED,)), logging.DEBUG),
         (record("aiormq.connection", TRANSPORT, (ConnectionRefusedError(111),)), logging.DEBUG),
+        # a TLS or name-resolution failure is a configuration problem, but the caller's own line says it
+        # (the worker's `rabbitmq unavailable` at ERROR): one line per attempt, not two
+        (
+            record(
+                "aiormq.connection",
+                TRANSPORT,
+                (
+                    caused(
+                        aiormq.exceptions.AMQPConnectionError("bad certificate"),
+                        ssl.SSLError(1, "bad certificate"),
+                    ),
+                ),
+            ),
+            logging.DEBUG,
+        ),
+        (record("aiormq.connection", TRANSPORT, (OSError(-2, "Name or service not known"),)), logging.DEBUG),
         (record("aiormq.connection", READER, level=logging.WARNING, exc=EOF_CLOSE), logging.DEBUG),
         (
             record(
@@ -140,18 +156,6 @@ def test_a_routine_connection_loss_is_lowered(given: logging.LogRecord, level: i
         # the broker refusing the vhost or the user is a problem, not a restart
         record("aiormq.connection", CLOSE, ("amqp://x", 530, "NOT_ALLOWED - vhost not found")),
         record("aiormq.connection", CLOSE, ("amqp://x", 541, "INTERNAL_ERROR")),
-        # a TLS or name-resolution failure is a configuration problem
-        record(
-            "aiormq.connection",
-            TRANSPORT,
-            (
-                caused(
-                    aiormq.exceptions.AMQPConnectionError("bad certificate"),
-                    ssl.SSLError(1, "bad certificate"),
-                ),
-            ),
-        ),
-        record("aiormq.connection", TRANSPORT, (OSError(-2, "Name or service not known"),)),
         # a malformed frame is what aiormq's reader warning is there for
         record(
             "aiormq.connection",

@@ -157,6 +157,28 @@ def decide(event: ToolCallEvent, state: LoadedState, limits: Limits) -> Outcome 
     )
 
 
+def missing_state(event: ToolCallEvent, state: LoadedState) -> list[str]:
+    """What step 3 found missing, in words for the operator's log (the model is told only the original's
+    sentence, ``outcome.CRITICAL_STATE_MISSING``); empty when nothing is."""
+    ctx = event.context
+    missing: list[str] = []
+    if state.server is None:
+        if ctx.guild_disc_id:
+            missing.append(f"no servers row for guild {ctx.guild_disc_id}")
+        elif ctx.triggering_user_disc_id:
+            missing.append(f"no servers row for the DM of user {ctx.triggering_user_disc_id}")
+        else:
+            missing.append("no server: a DM event without triggering_user_disc_id")
+    if state.persona is None:
+        missing.append(f"no personas row with persona_id {ctx.persona_id} on that server")
+    trigger_id = ctx.triggering_user_disc_id
+    if not trigger_id:
+        missing.append("no author: the event's triggering_user_disc_id is null")
+    elif trigger_id not in state.users:
+        missing.append(f"no users row for the author {trigger_id}")
+    return missing
+
+
 def _server_plan(
     event: ToolCallEvent,
     content: str,

@@ -22,15 +22,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import structlog
 
 from contracts.models import Status, ToolCallEvent, ToolResult
 from worker.config import Limits
 from worker.pipeline import outcome
 from worker.pipeline.notice import mentioned_user_ids
 from worker.pipeline.outcome import EventIds, Outcome
-from worker.pipeline.steps import SavePlan, decide, limit_reached, max_for, saved
+from worker.pipeline.state import LoadedState
+from worker.pipeline.steps import SavePlan, decide, limit_reached, max_for, missing_state, saved
 from worker.service.digest import event_digest, same_event
 from worker.store import repository as repo
+
+log = structlog.get_logger("worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,8 @@ async def process_batch(
             if isinstance(decision, SavePlan):
                 writes.append(_save(k, event, decision, limits, attempts, processed_at, digests[k]))
             else:
+                if decision.error == outcome.CRITICAL_STATE_MISSING:
+                    _say_what_is_missing(event, got.state)
                 writes.append(_record(k, event, decision, attempts, processed_at, digests[k]))
         duplicates, full = await _write(conn, writes, answers)
         limit_writes = [
@@ -136,6 +142,18 @@ async def process_batch(
                 answers[k] = _stored_answer(row, jobs[k][0], digests[k], processed_at)
     assert all(a is not None for a in answers)
     return answers  # type: ignore[return-value]
+
+
+def _say_what_is_missing(event: ToolCallEvent, state: LoadedState) -> None:
+    """The WARNING behind an ``internal_error`` for missing bot rows: which ones (the model is told only the
+    original's sentence). The ids are explicit: a batch may run under another event's bound context."""
+    log.warning(
+        "critical state missing",
+        missing=missing_state(event, state),
+        event_id=str(event.event_id),
+        tool_call_id=event.tool_call_id,
+        shard_id=event.shard_id,
+    )
 
 
 def _request(event: ToolCallEvent) -> repo.LoadRequest:

@@ -43,7 +43,7 @@ export async function createLongTermMemory(toolCallId: string, args: unknown, me
     userId: message.authorId,
     botUserId: message.botId,
     personaId: message.personaId,
-    members: message.members, // cut to 1,000 for you, participants and the author first
+    members: message.members, // with the author in it: the notice names people from here
   });
   try {
     return await ltm.createMemory({ toolCallId, arguments: args, context });

@@ -62,6 +62,17 @@ async function render() {
     const own = [...names].filter(([, mods]) => mods.length === 1 && mods[0] === module).map(([n]) => n);
     if (own.length) lines.push(`export type { ${own.sort().join(", ")} } from "./${module}.js";`);
   }
+  // the model's tool declaration (not a message, so no type of it): a constant a shard hands to its LLM API
+  const toolFile = "create_long_term_memory.tool.json";
+  const tool = JSON.parse(await readFile(join(schemasDir, toolFile), "utf8"));
+  out.set(
+    "tool_declaration.ts",
+    banner(toolFile) +
+      "\n/** The model's tool declaration, the original bot's: name, description and the JSON Schema of its\n" +
+      " * parameters (the shape function-calling APIs take). The arguments the model writes: `CreateMemoryArguments`. */\n" +
+      `export const createLongTermMemoryTool = ${JSON.stringify(tool, null, 2)} as const;\n`,
+  );
+  lines.push(`export { createLongTermMemoryTool } from "./tool_declaration.js";`);
   out.set("index.ts", lines.join("\n") + "\n");
   out.set("rabbitmq_definitions.ts", await renderDefinitions());
   return out;

@@ -3,6 +3,7 @@ import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 
 import {
+  LtmClientError,
   LtmClosedError,
   LtmEventTooLargeError,
   LtmPublishRejectedError,
@@ -189,12 +190,22 @@ export class LtmClient {
       client.unblocked("connection lost");
       client.logger.warn("RabbitMQ connection lost; reconnecting", { error: error.message });
     });
-    connection.on("connect-failed", (error: Error) =>
-      client.logger.warn("RabbitMQ connection attempt failed", { error: error.message }),
-    );
+    // a refused login or vhost at start-up will not fix itself by retrying: fail at once, in plain words
+    let starting = true;
+    let refuse: (error: Error) => void = () => {};
+    const refused = new Promise<never>((_, reject) => {
+      refuse = reject;
+    });
+    refused.catch(() => {});
+    connection.on("connect-failed", (error: Error) => {
+      const plain = starting ? refusalOf(error, options.url) : null;
+      if (plain !== null) refuse(new LtmClientError(plain));
+      else client.logger.warn("RabbitMQ connection attempt failed", { error: error.message });
+    });
     connection.on("error", (error: Error) => client.logger.debug("RabbitMQ error", { error: error.message }));
     try {
-      await connection.waitForConnect();
+      await Promise.race([connection.waitForConnect(), refused]);
+      starting = false;
     } catch (error) {
       client.closed = true;
       await connection.close().catch(() => {});
@@ -537,4 +548,32 @@ export class LtmClient {
     this.notices.set(notification.event_id, true);
     await this.options.onNotice?.(notification);
   }
+}
+
+/**
+ * The plain sentence for a connection RabbitMQ refused during the handshake (a login it does not accept, a
+ * vhost that does not exist or that the user has no permission on), or null for any other failure. amqplib
+ * reports the first as `Handshake terminated by server: 403 (ACCESS-REFUSED) ...` and the second as
+ * `Expected ConnectionOpenOk; got <ConnectionClose ...>`.
+ */
+export function refusalOf(error: Error, url: string): string | null {
+  let user = "?";
+  let vhost = "/";
+  try {
+    const parsed = new URL(url);
+    user = decodeURIComponent(parsed.username) || "guest";
+    vhost = decodeURIComponent(parsed.pathname.slice(1)) || "/";
+  } catch {
+    // amqplib read the URL, so this is not reached; keep the defaults
+  }
+  if (/\b403\b|ACCESS[-_]REFUSED/.test(error.message)) {
+    return `RabbitMQ refused the login of user "${user}" (ACCESS_REFUSED): check the user and password in the URL (${error.message})`;
+  }
+  if (/^Expected ConnectionOpenOk; got <ConnectionClose/.test(error.message)) {
+    return (
+      `RabbitMQ refused vhost "${vhost}" to user "${user}": the vhost does not exist or the user has no ` +
+      `permissions on it (rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions ${user})`
+    );
+  }
+  return null;
 }

@@ -10,10 +10,12 @@ import { Parser, DiagnosticSeverity } from "@asyncapi/parser";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import addFormatsModule from "ajv-formats";
 
+import { createLongTermMemoryTool, type CreateMemoryArguments } from "../src/index.js";
 import { PACKAGE_ROOT } from "./harness.js";
 
 const SCHEMAS = join(PACKAGE_ROOT, "../schemas");
-const schemaFiles = readdirSync(SCHEMAS).filter((f) => f.endsWith(".json") && !f.startsWith("asyncapi"));
+// the message schemas (`*.v1.json`); the model's tool declaration (`*.tool.json`) has its own test below
+const schemaFiles = readdirSync(SCHEMAS).filter((f) => /\.v\d+\.json$/.test(f) && !f.startsWith("asyncapi"));
 // ajv-formats is CommonJS with a default export
 const addFormats = addFormatsModule as unknown as (ajv: Ajv2020) => Ajv2020;
 
@@ -76,4 +78,31 @@ test("asyncapi.v3.json parses with @asyncapi/parser without error diagnostics", 
   );
   assert.ok(document, "the parser returned a document");
   assert.ok(document.channels().length >= 4, "channels of the contract");
+});
+
+test("the model's tool declaration: its parameters compile under Ajv 2020 strict and take the arguments a shard sends", () => {
+  const declared = load("create_long_term_memory.tool.json") as {
+    name: string;
+    parameters: Record<string, unknown>;
+  };
+  assert.equal(declared.name, createLongTermMemoryTool.name);
+  assert.deepEqual(createLongTermMemoryTool, declared); // the kit's constant is the generated file
+  const parameters = strictAjv().compile(declared.parameters);
+  const argumentsSchema = strictAjv().compile(load("create_memory_arguments.v1.json"));
+  const serverWide: CreateMemoryArguments = { memory_content: "{user} likes dogs", memory_scope: "server_wide" };
+  const personal: CreateMemoryArguments = {
+    memory_content: "{user} prefers tea",
+    memory_scope: "target_user",
+    target_user: "Sparrow",
+  };
+  for (const args of [serverWide, personal]) {
+    assert.ok(parameters(args), JSON.stringify(parameters.errors));
+    assert.ok(argumentsSchema(args), JSON.stringify(argumentsSchema.errors));
+  }
+  assert.equal(parameters({ memory_content: "x", memory_scope: "everywhere" }), false);
+  assert.equal(argumentsSchema({ memory_scope: "server_wide" }), false);
+  // every parameter the model is shown is a key of the arguments type, with the same description
+  const argProps = (load("create_memory_arguments.v1.json").properties ?? {}) as Record<string, { description: string }>;
+  const toolProps = (declared.parameters.properties ?? {}) as Record<string, { description: string }>;
+  for (const [key, prop] of Object.entries(toolProps)) assert.equal(argProps[key]?.description, prop.description, key);
 });

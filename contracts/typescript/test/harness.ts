@@ -182,7 +182,20 @@ export async function createVhost(): Promise<{ url: string; delete: () => Promis
   return {
     url: withVhost(RABBITMQ_URL, vhost),
     delete: async () => {
-      await rabbitmqctl(["delete_vhost", vhost]).catch(() => {});
+      // a vhost whose deletion failed would be left on the machine's broker unnoticed: try again, then say so
+      for (let attempt = 1; ; attempt += 1) {
+        try {
+          await rabbitmqctl(["delete_vhost", vhost]);
+          return;
+        } catch (error) {
+          if (/no_such_vhost|does not exist/.test(String(error))) return; // gone already
+          if (attempt >= 3) {
+            console.error(`could not delete vhost ${vhost} (left behind: rabbitmqctl delete_vhost ${vhost}):`, error);
+            return;
+          }
+          await sleep(1000 * attempt);
+        }
+      }
     },
   };
 }

@@ -3,7 +3,9 @@
 // Run `npm run generate` after changing the schemas.
 
 export type { CacheInvalidation, ServerStateInvalidation, UserInvalidation } from "./cache_invalidation.v1.js";
+export type { CreateMemoryArguments } from "./create_memory_arguments.v1.js";
 export type { DeadLetterHeaders } from "./dead_letter_headers.v1.js";
 export type { Notice, Notification } from "./notification.v1.js";
 export type { EventContext, GuildMember, Participant, ReplyVia, ToolCallEvent } from "./tool_call_event.v1.js";
 export type { AmbiguousUserData, AmbiguousUserResult, DbErrorData, DbErrorResult, DisabledData, DisabledResult, InternalErrorData, InternalErrorResult, InvalidArgsData, InvalidArgsResult, InvalidContentData, InvalidContentResult, LimitExceededResult, PersonalLimitExceededData, PrivacyRestrictedData, PrivacyRestrictedResult, SavedResult, SavedServerWideData, SavedTargetUserData, ServerLimitExceededData, ToolResult, UserNotFoundData, UserNotFoundResult } from "./tool_result.v1.js";
+export { createLongTermMemoryTool } from "./tool_declaration.js";
