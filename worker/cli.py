@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     from worker.dlq.commands import add_dlq_parser
 
-    add_dlq_parser(commands, ENVIRONMENT_HELP)
+    add_dlq_parser(commands)
     _add_bench_parser(commands)
     return parser
 
