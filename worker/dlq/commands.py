@@ -48,7 +48,7 @@ exit codes:
   0  done, also when nothing matched (list prints no lines; replay and purge move or delete 0)
   1  show: no such dead letter; replay: some dead letters could not be republished (they stay in the DLQ);
      purge: not confirmed
-  2  bad options; purge without --yes when stdin is not a terminal; LTM_RABBITMQ_URL can never work
+  2  bad options; purge without --yes when stdin is not a terminal; a connection URL can never work
   3  RabbitMQ cannot be reached (or the connection was lost; nothing is lost with it)
   4  the DLQ (replay: or the work exchange) does not exist on the vhost
   5  replay, purge: the audit record cannot be written to Postgres (nothing taken off the queue without it;
