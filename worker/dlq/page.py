@@ -457,7 +457,14 @@ def letter_page(event_id: str, found: list[tuple[Found, datetime]], scanned: int
         ]
         body_lines = _body_lines(message.body)
         result = (
-            "<pre id=result>" + esc(json.dumps(answer.result, indent=2, ensure_ascii=False)) + "</pre>"
+            "<pre id=result>"
+            + esc_lines(
+                [
+                    terminal_safe(x)
+                    for x in json.dumps(answer.result, indent=2, ensure_ascii=False).split("\n")
+                ]
+            )
+            + "</pre>"
             if answer.result is not None
             else ""
         )
