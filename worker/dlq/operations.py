@@ -15,7 +15,15 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from worker.broker.headers import copy_message, frame_max_of
 from worker.dlq.audit import Taken
 from worker.dlq.letters import DeadLetter, Selection, replay_headers
-from worker.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Sweep, close_quietly, error_text
+from worker.dlq.sweep import (
+    DEFAULT_BATCH,
+    DeadLetterQueue,
+    Found,
+    Reading,
+    Sweep,
+    close_quietly,
+    error_text,
+)
 
 PUBLISH_TIMEOUT = 30.0
 
@@ -38,7 +46,7 @@ class Totals:
         return max(self.expected, self.scanned) - self.removed
 
     @classmethod
-    def of(cls, sweep: Sweep) -> Totals:
+    def of(cls, sweep: Sweep | Reading) -> Totals:
         return cls(sweep.expected, sweep.scanned, sweep.selected, sweep.removed)
 
 
@@ -74,7 +82,7 @@ async def browse(
     limit: int | None = None,
 ) -> Totals:
     """Call ``on_found`` for every selected dead letter; the queue is left as it was."""
-    async with await dlq.sweep(selection, batch=batch, limit=limit) as sweep:
+    async with await dlq.read(selection, batch=batch, limit=limit) as sweep:
         while (found := await sweep.next_batch()) is not None:
             for item in found:
                 on_found(item, sweep.now)

@@ -154,7 +154,8 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f3f4f7;padding:8px 10px;border-radius:4px;overflow-x:auto;white-space:pre-wrap;
 word-break:break-all;margin:4px 0}
-code.cmd{background:#eef2fb;padding:2px 6px;border-radius:3px;user-select:all;white-space:nowrap}
+code.cmd{background:#eef2fb;padding:2px 6px;border-radius:3px;user-select:all;word-break:break-all}
+th.k{text-transform:none;font-size:13px;width:180px}
 .muted{color:#69728a}.tiles{display:flex;gap:12px;flex-wrap:wrap}
 .tile{border:1px solid #dde1e8;border-radius:6px;padding:8px 14px;min-width:120px;background:#fff}
 .tile b{display:block;font-size:22px}.legend span{display:inline-block;margin-right:14px}
@@ -489,7 +490,7 @@ def esc_lines(lines: Sequence[str]) -> str:
 
 def _pairs(pairs: Sequence[tuple[str, object]]) -> str:
     rows = "".join(
-        f"<tr><th style='width:180px'>{esc(key)}</th><td><code>{esc(_value(value))}</code></td></tr>"
+        f"<tr><th class=k>{esc(key)}</th><td><code>{esc(_value(value))}</code></td></tr>"
         for key, value in pairs
     )
     return f"<table>{rows}</table>" if rows else "<p class=muted>none</p>"
