@@ -203,6 +203,7 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
             if chromium() is not None:
                 results["page in chromium"] = await timed(args.runs, lambda: run_chromium("--dump-dom", page))
                 if args.screenshots:
+                    await audit_example(url, dsn)
                     await screenshots(page, Path(args.screenshots))
         finally:
             process.terminate()
@@ -211,6 +212,22 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
         for line in await sandbox.close():
             print(line, file=sys.stderr)
     return results
+
+
+async def audit_example(url: str, dsn: str) -> None:
+    """Something for the pictures' audit history: a small replay and a purge refused for want of a --yes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LTM_")}
+    env.update(LTM_RABBITMQ_URL=url, LTM_POSTGRES_DSN=dsn)
+    for args in (
+        ("replay", "--group", "kind=schema", "--limit", "5", "--by", "alice (on call)"),
+        ("purge", "--group", "shard=3", "--by", "bob"),
+    ):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "worker", "dlq", *args,
+            cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await process.wait()
 
 
 async def screenshots(page: str, folder: Path) -> None:
