@@ -7,6 +7,8 @@ a day) the way the worker writes them, then times, ``--runs`` times each:
 
 - ``list``: ``worker dlq list`` (one line per letter, to a buffer) in this process;
 - ``group by kind / error / shard``: ``worker dlq list --group-by ...``;
+- ``replay --dry-run``: the other way through the queue, the sweep ``replay`` and ``purge`` make
+  (``basic.get`` per message), for comparison;
 - ``page``: one GET of ``worker dlq ui``'s overview (a real ``worker dlq ui`` process; the server's whole
   work: a pass over the queue, the groups, the charts, the audit query) and, when chromium is installed,
   the page loaded in headless chromium (``--dump-dom``, the browser's start included).
@@ -41,7 +43,7 @@ from bench.sandbox import Sandbox
 from worker.broker.headers import rfc3339
 from worker.broker.topology import declare_topology
 from worker.config import load_settings
-from worker.dlq import Console, Selection, list_command
+from worker.dlq import Console, Selection, list_command, replay_command
 from worker.store.migrate import apply_migrations
 
 KINDS = ("schema", "transient_exhausted", "internal", "event_conflict")
@@ -197,6 +199,10 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
                 return list_command(url, topology, Selection(), group_by=by, console=quiet())
 
             results[f"group by {by}"] = await timed(args.runs, grouped)
+        # the pass replay and purge make (basic.get per message; --dry-run moves nothing)
+        results["replay --dry-run"] = await timed(
+            args.runs, lambda: replay_command(url, topology, Selection(), dry_run=True, console=quiet())
+        )
         process, page = await start_ui(url, dsn)
         try:
             results["page (HTTP GET /)"] = await timed(args.runs, lambda: asyncio.to_thread(fetch, page))
@@ -246,9 +252,9 @@ async def screenshots(page: str, folder: Path) -> None:
 
 def table(results: dict[str, list[float]], letters: int) -> str:
     lines = [f"{letters} dead letters, {len(next(iter(results.values())))} runs each", ""]
-    lines.append(f"{'command':<22}{'median s':>10}{'worst s':>10}")
+    lines.append(f"{'command':<24}{'median s':>10}{'worst s':>10}")
     for name, seconds in results.items():
-        lines.append(f"{name:<22}{statistics.median(seconds):>10.2f}{max(seconds):>10.2f}")
+        lines.append(f"{name:<24}{statistics.median(seconds):>10.2f}{max(seconds):>10.2f}")
     return "\n".join(lines)
 
 

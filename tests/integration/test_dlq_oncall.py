@@ -100,7 +100,7 @@ async def test_list_group_by_counts_each_group(broker: Broker, seeded: Seeded) -
         "delivery_limit": 1,
     }
     schema = kinds["schema"]
-    assert schema["sample_event_id"] == seeded.ids["B"]  # the first of the group in queue order
+    assert schema["sample_event_id"] == seeded.ids["B"]  # the first of the group the pass met
     assert schema["selector"] == "kind=schema"
     assert schema["replay"] == "worker dlq replay --group kind=schema"
     oldest, newest = (

@@ -25,7 +25,7 @@ class Group:
     count: int = 0
     oldest: datetime | None = None
     newest: datetime | None = None
-    #: the event id of the first dead letter of the group in queue order (the oldest one waiting)
+    #: the event id of the first dead letter of the group the pass met (near the front of the queue)
     sample_event_id: str | None = None
     #: the kinds its letters have (an error or shard group may span several)
     kinds: dict[str, int] = field(default_factory=dict)

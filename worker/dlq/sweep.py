@@ -306,8 +306,8 @@ class Reading:
     back in the order taken, dead letters that arrive meanwhile left for the next pass) at a fraction of its
     cost on a quorum queue: ``basic.get`` is one queue command per message and the sweep's release one
     ``basic.nack`` each, while a consumer is given up to ``expected`` messages (its prefetch) without asking
-    and the pass ends with one ``basic.cancel`` and one ``basic.nack(multiple=True, requeue=True)``, which
-    returns every message the channel holds, oldest delivery first. If the tool dies, the broker requeues
+    and the pass ends with one ``basic.cancel`` and a ``basic.nack(requeue=True)`` per message in the order
+    given (no reply to wait for). If the tool dies, the broker requeues
     whatever it held: nothing is lost. Nothing is ever acked here (``remove`` does not exist).
     """
 
@@ -397,8 +397,11 @@ class Reading:
                 await underlay.basic_cancel(self._consumer_tag)
                 if self._highest:
                     ready_before = await _queue_depth(self._channel, self._queue_name)
-                    await underlay.basic_nack(self._highest, multiple=True, requeue=True)
+                    # one nack per message, oldest first: a quorum queue returns the messages of one
+                    # multiple nack in no particular order once there are more than a few dozen
                     held = self._highest  # delivery tags count from 1 on a fresh channel
+                    for tag in range(1, held + 1):
+                        await underlay.basic_nack(tag, multiple=False, requeue=True)
                     deadline = time.monotonic() + SETTLE_TIMEOUT
                     while await _queue_depth(self._channel, self._queue_name) < ready_before + held:
                         if time.monotonic() > deadline:
