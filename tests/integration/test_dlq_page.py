@@ -16,14 +16,28 @@ import shutil
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from tests.integration import test_dlq as base
-from tests.integration.test_dlq import REPO, TOPOLOGY, Broker, Seeded, cli, cli_env, event_ids
+from tests.integration.test_dlq import (
+    MAIN_KEY,
+    REPO,
+    TOPOLOGY,
+    Broker,
+    Seeded,
+    cli,
+    cli_env,
+    dead_letter_copy,
+    event_ids,
+    shard_message,
+)
 from tests.integration.test_dlq_oncall import add_schema_letters, json_lines
 
 pytestmark = pytest.mark.integration
@@ -213,3 +227,30 @@ async def test_off_loopback_the_page_needs_a_token(broker: Broker) -> None:
 def test_chromium_is_found_or_the_reason_is_given() -> None:
     """Where the browser test's chromium comes from (a skip here says how to get it)."""
     assert Path(chromium()).exists()
+
+
+async def test_what_a_shard_wrote_is_shown_as_text(broker: Broker) -> None:
+    """Markup and control characters in a dead letter's id, error, headers and body reach the browser as text:
+    no element of theirs is built, no script runs (the CSP allows none either)."""
+    chromium()
+    evil = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>\x1b[2J"
+    event_id = f"{uuid.uuid4()}{evil}"
+    message = shard_message(json.dumps({"event_id": event_id, "note": evil}).encode(), event_id=event_id)
+    message.headers = {**(message.headers or {}), f"x-note{evil}": evil}
+    await dead_letter_copy(
+        broker, message, MAIN_KEY, kind=f"schema{evil}", error=evil, attempts=1, failed_at=datetime.now(UTC)
+    )
+    await broker.wait_depth(DLQ, 1)
+    async with ui(broker.url) as base_url:
+        pages = [
+            await browse_page(base_url),
+            await browse_page(f"{base_url}letter?{urllib.parse.urlencode({'id': event_id})}"),
+        ]
+    for dom in pages:
+        assert "<script" not in dom
+        assert "<img" not in dom
+        assert "<title>pwned</title>" not in dom  # no script set the title
+        assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom
+        assert "\x1b" not in dom
+        assert "\\x1b[2J" in dom
+    assert pre(pages[1], "body").count("<script>") == 2  # in the body twice, as text
