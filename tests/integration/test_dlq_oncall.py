@@ -298,10 +298,7 @@ async def test_an_audit_write_refused_mid_way_stops_the_replay(
     assert "audit disk full (test)" in entry["detail"]
 
 
-async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
-    broker: Broker, audit_database: str
-) -> None:
-    total = 2000
+async def fill_dlq(broker: Broker, total: int) -> None:
     failed_at = datetime.now(UTC) - timedelta(hours=1)
     ids = [str(uuid.uuid4()) for _ in range(total)]
     for start in range(0, total, 500):
@@ -320,6 +317,10 @@ async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
             )
         )
     await broker.wait_depth(DLQ, total)
+
+
+async def replay_until(broker: Broker, moved: int) -> asyncio.subprocess.Process:
+    """A `worker dlq replay --batch 100` that has moved at least ``moved`` letters, still running."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "worker", "dlq", "replay", "--batch", "100", "--rabbitmq-url", broker.url),
@@ -330,10 +331,19 @@ async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
         stderr=asyncio.subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
-    while await broker.depth(TOPOLOGY.work_queue) < 300:
-        assert process.returncode is None, "replay exited before it could be killed"
+    while await broker.depth(TOPOLOGY.work_queue) < moved:
+        assert process.returncode is None, "replay exited before it could be stopped"
         assert time.monotonic() < deadline, "replay made no progress"
         await asyncio.sleep(0.01)
+    return process
+
+
+async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
+    broker: Broker, audit_database: str
+) -> None:
+    total = 2000
+    await fill_dlq(broker, total)
+    process = await replay_until(broker, 300)
     process.send_signal(signal.SIGKILL)
     assert await process.wait() == -signal.SIGKILL
 
@@ -346,6 +356,24 @@ async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
     assert done + pending < total, "the replay finished before the kill; the test proves nothing"
     # every letter on record as replayed did reach the work queue
     assert await broker.depth(TOPOLOGY.work_queue) >= done
+
+
+async def test_an_interrupted_replay_says_so_on_record(broker: Broker, audit_database: str) -> None:
+    total = 2000
+    await fill_dlq(broker, total)
+    process = await replay_until(broker, 300)
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 60) == 130
+
+    (entry,) = await history(audit_database)
+    assert (entry["state"], entry["detail"]) == ("interrupted", "interrupted (Ctrl-C)")
+    replayed = entry["letters"].get("replayed", 0)
+    assert 300 <= replayed < total
+    # what was on record as replayed left the DLQ; the rest is back in it
+    deadline = time.monotonic() + 30
+    while await broker.depth(DLQ) + replayed < total:
+        assert time.monotonic() < deadline, "the interrupted replay's letters never came back"
+        await asyncio.sleep(0.05)
 
 
 # --- help -----------------------------------------------------------------------------------------------

@@ -33,6 +33,16 @@ MAX_PREFETCH = 65535
 IDLE_CHECK = 0.5
 
 
+#: what a channel raises once it is closed under a command: an interrupted RPC (Ctrl-C) closes it, and
+#: closing a channel requeues everything it held, so a release that meets one has nothing left to do
+_CHANNEL_GONE = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    OSError,
+    TimeoutError,
+)
+
+
 class DlqError(Exception):
     """A failure the operator must act on; the message says what and where."""
 
@@ -271,13 +281,14 @@ class Sweep:
         """Requeue everything still held, in the order taken, and close the channel."""
         try:
             if self._held and not self._channel.is_closed:
-                ready_before = await _queue_depth(self._channel, self._queue_name)
-                underlay = await self._channel.get_underlay_channel()
-                for tag in self._held:
-                    await underlay.basic_nack(tag, multiple=False, requeue=True)
-                released = len(self._held)
-                self._held.clear()
-                await self._wait_until_ready(ready_before + released)
+                with contextlib.suppress(*_CHANNEL_GONE):  # its close requeues all it held
+                    ready_before = await _queue_depth(self._channel, self._queue_name)
+                    underlay = await self._channel.get_underlay_channel()
+                    for tag in self._held:
+                        await underlay.basic_nack(tag, multiple=False, requeue=True)
+                    released = len(self._held)
+                    self._held.clear()
+                    await self._wait_until_ready(ready_before + released)
             if self._last_ack is not None and not self._channel.is_closed:
                 # A quorum queue turns every ack of a basic.get delivery into its own command, and a
                 # channel that sent more than a few dozen of them at once holds the rest back until the
@@ -393,22 +404,29 @@ class Reading:
         """Stop the consumer and put every message back, in the order taken; close the channel."""
         try:
             if not self._channel.is_closed and self._consumer_tag is not None:
-                underlay = await self._channel.get_underlay_channel()
-                await underlay.basic_cancel(self._consumer_tag)
-                if self._highest:
-                    ready_before = await _queue_depth(self._channel, self._queue_name)
-                    # one nack per message, oldest first: a quorum queue returns the messages of one
-                    # multiple nack in no particular order once there are more than a few dozen
-                    held = self._highest  # delivery tags count from 1 on a fresh channel
-                    for tag in range(1, held + 1):
-                        await underlay.basic_nack(tag, multiple=False, requeue=True)
-                    deadline = time.monotonic() + SETTLE_TIMEOUT
-                    while await _queue_depth(self._channel, self._queue_name) < ready_before + held:
-                        if time.monotonic() > deadline:
-                            break
-                        await asyncio.sleep(0.01)
+                await self._release()
+        except _CHANNEL_GONE:  # the channel's close below requeues everything it held
+            pass
         finally:
             await close_quietly(self._channel)
+
+    async def _release(self) -> None:
+        """Cancel the consumer and nack every message, oldest first; wait until the queue shows them."""
+        assert self._consumer_tag is not None
+        underlay = await self._channel.get_underlay_channel()
+        await underlay.basic_cancel(self._consumer_tag)
+        if self._highest:
+            ready_before = await _queue_depth(self._channel, self._queue_name)
+            # one nack per message, oldest first: a quorum queue returns the messages of one
+            # multiple nack in no particular order once there are more than a few dozen
+            held = self._highest  # delivery tags count from 1 on a fresh channel
+            for tag in range(1, held + 1):
+                await underlay.basic_nack(tag, multiple=False, requeue=True)
+            deadline = time.monotonic() + SETTLE_TIMEOUT
+            while await _queue_depth(self._channel, self._queue_name) < ready_before + held:
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.01)
 
 
 def _connect_reason(exc: BaseException, url: str) -> str:
