@@ -19,42 +19,17 @@ from worker.config import (
     add_setting_options,
     connection_problems,
     declared,
+    environment_help,
     load_settings,
     redact_url,
 )
 from worker.logs import configure_logging, log_fallbacks
 
-
-def _environment_help(*fields: str) -> str:
-    """The epilog of a command: each variable it reads (every one when no ``fields`` are named) and its
-    default, from the settings' declaration."""
-    settings = tuple(s for s in declared() if not fields or s.path[-1] in fields)
-    width = max(len(s.var) for s in settings) + 2
-    lines = [
-        "configuration comes from the environment (see the README for the full table)"
-        + (", this command reads:" if fields else ":")
-    ]
-    lines += [f"  {s.var:<{width}}default {s.shown_default}" for s in settings]
-    files = [s for s in settings if s.env.file]
-    lines += [
-        "command-line options override the environment; a value a setting does not take falls back to its",
-        "default with a warning (`worker check` lists them).",
-    ]
-    if files:
-        lines += [
-            f"{', '.join(s.var for s in files)} may be given as <VARIABLE>_FILE instead: the path",
-            "of a file holding the value (a mounted secret; its trailing line break dropped); both is an "
-            "error.",
-        ]
-    return "\n" + "\n".join(lines) + "\n"
-
-
-ENVIRONMENT_HELP = _environment_help()
+ENVIRONMENT_HELP = environment_help()
 #: what the commands that read a few settings list (the log settings: every command logs)
 _LOGS = ("log_format", "log_level")
-MIGRATE_HELP = _environment_help("postgres_dsn", *_LOGS)
-DLQ_HELP = _environment_help("rabbitmq_url", *_LOGS)
-DEMO_HELP = _environment_help(
+MIGRATE_HELP = environment_help("postgres_dsn", *_LOGS)
+DEMO_HELP = environment_help(
     "postgres_dsn", "rabbitmq_url", "retry_max_attempts", "retry_base_delay_ms", "retry_max_delay_ms"
 )
 
@@ -120,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     from worker.dlq.commands import add_dlq_parser
 
-    add_dlq_parser(commands, DLQ_HELP)
+    add_dlq_parser(commands)
     from worker.demo import add_demo_parser
 
     add_demo_parser(commands, DEMO_HELP, add_setting_options)

@@ -71,6 +71,7 @@ from worker.config import Settings, Topology
 from worker.metrics import Metrics
 from worker.pipeline.outcome import internal_error
 from worker.sampler import Sampler
+from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.integration
 
@@ -668,9 +669,12 @@ async def wait_for_log(process: subprocess.Popen[bytes], log_path: Path, event: 
         await asyncio.sleep(0.1)
 
 
-async def worker_dlq(deployed: Deployed, user: str, *args: str) -> tuple[int, str]:
-    """`python -m worker dlq ARGS` connected as `user`: (exit code, stdout + stderr)."""
+async def worker_dlq(deployed: Deployed, user: str, *args: str, audit: str | None = None) -> tuple[int, str]:
+    """`python -m worker dlq ARGS` connected as `user`: (exit code, stdout + stderr). ``audit``: the database
+    of the audit record (replay and purge refuse to run without one)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("LTM_")}
+    if audit is not None:
+        env["LTM_POSTGRES_DSN"] = audit
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -695,7 +699,8 @@ async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services
     cannot replay (it may not publish to tomori.tool_calls): the dead letter stays in the DLQ."""
     with imported(test_services, with_topology=True) as deployed:
         event_ids = [f"dlq-{secrets.token_hex(4)}" for _ in range(2)]
-        async with deployed.connect("worker") as worker:
+        async with test_services.fresh_database() as audit, deployed.connect("worker") as worker:
+            await apply_migrations(audit)
             channel = await worker.channel(publisher_confirms=True, on_return_raises=True)
             dead_letter = await channel.get_exchange(TOPOLOGY.dead_letter_exchange, ensure=False)
             for event_id in event_ids:
@@ -714,15 +719,19 @@ async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services
                 listed = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
                 assert sorted(item["event_id"] for item in listed) == sorted(event_ids), user
 
-            code, output = await worker_dlq(deployed, "worker", "replay", "--event-id", event_ids[0])
+            code, output = await worker_dlq(
+                deployed, "worker", "replay", "--event-id", event_ids[0], audit=audit
+            )
             assert code != 0, output
             assert "ACCESS_REFUSED" in output
-            code, output = await worker_dlq(deployed, "operator", "replay", "--event-id", event_ids[0])
+            code, output = await worker_dlq(
+                deployed, "operator", "replay", "--event-id", event_ids[0], audit=audit
+            )
             assert code == 0, output
             replayed = await get_one(await channel.get_queue(TOPOLOGY.work_queue, ensure=False), no_ack=True)
             assert replayed.message_id == event_ids[0]
 
-            code, output = await worker_dlq(deployed, "operator", "purge", "--yes")
+            code, output = await worker_dlq(deployed, "operator", "purge", "--yes", audit=audit)
             assert code == 0, output
             dlq = await channel.declare_queue(TOPOLOGY.dead_letter_queue, passive=True)
             assert dlq.declaration_result.message_count == 0

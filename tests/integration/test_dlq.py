@@ -236,9 +236,23 @@ class Ran:
     err: str
 
 
+#: the audit database of the running test: `replay` and `purge` refuse to run without one
+_AUDIT: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+async def audit_database(migrated_dsn: str) -> AsyncIterator[str]:
+    """A migrated database for the audit record of every `replay` and `purge` the test runs."""
+    _AUDIT["dsn"] = migrated_dsn
+    yield migrated_dsn
+    _AUDIT.clear()
+
+
 def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    if "dsn" in _AUDIT:
+        env["LTM_POSTGRES_DSN"] = _AUDIT["dsn"]
     return env
 
 

@@ -1,7 +1,10 @@
 """``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``.
 
-``letters`` reads a dead letter and selects (pure), ``sweep`` takes the queue's messages and puts them back,
-``operations`` browses, replays and purges, ``render`` prints, ``commands`` are what the CLI runs.
+``letters`` reads a dead letter, selects and groups (pure), ``sweep`` takes the queue's messages and puts
+them back (``Reading``: the read-only pass with one consumer), ``operations`` browses, replays and purges,
+``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays and purges in
+Postgres, ``answer`` rebuilds the failure result a shard got, ``page`` is ``worker dlq ui``, ``commands`` are
+what the CLI runs.
 """
 
 from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiormq.exceptions
+import orjson
 
 from contracts.models import DeadLetterKind
-from worker.config import Settings, Topology, add_setting_options
+from worker.broker.urls import vhost_of
+from worker.config import Settings, Topology, add_setting_options, environment_help
 from worker.config import redact_url as redact
-from worker.dlq.letters import Selection, parse_duration
-from worker.dlq.operations import browse, purge, replay
+from worker.dlq.audit import Audit, AuditUnavailable, Operation, default_actor
+from worker.dlq.groups import Grouping, group_header, group_json_line, group_line
+from worker.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
+from worker.dlq.operations import Totals, browse, purge, replay
 from worker.dlq.render import (
     Progress,
     format_message,
@@ -34,6 +40,7 @@ EXIT_FAILED = 1  # show: not found; replay: some could not be republished; purge
 EXIT_USAGE = 2  # bad options; purge without --yes and without a terminal to ask on
 EXIT_UNREACHABLE = 3  # RabbitMQ cannot be reached (or the connection died mid-way)
 EXIT_MISSING = 4  # the DLQ (or, for replay, the work exchange) does not exist on the vhost
+EXIT_AUDIT = 5  # replay, purge: the audit record cannot be written (Postgres); nothing was done without one
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES_HELP = """
@@ -41,9 +48,11 @@ exit codes:
   0  done, also when nothing matched (list prints no lines; replay and purge move or delete 0)
   1  show: no such dead letter; replay: some dead letters could not be republished (they stay in the DLQ);
      purge: not confirmed
-  2  bad options; purge without --yes when stdin is not a terminal; LTM_RABBITMQ_URL can never work
+  2  bad options; purge without --yes when stdin is not a terminal; a connection URL can never work
   3  RabbitMQ cannot be reached (or the connection was lost; nothing is lost with it)
   4  the DLQ (replay: or the work exchange) does not exist on the vhost
+  5  replay, purge: the audit record cannot be written to Postgres (nothing taken off the queue without it;
+     stopped mid-way when a write fails: the rest stays in the DLQ); history, ui: Postgres unreadable
   130  interrupted (Ctrl-C); whatever was not settled stays in the DLQ
 """
 
@@ -63,9 +72,14 @@ async def list_command(
     *,
     batch: int = DEFAULT_BATCH,
     as_json: bool = False,
+    group_by: str | None = None,
     console: Console | None = None,
 ) -> int:
     console = console or Console()
+    if group_by is not None:
+        return await _guarded(
+            _list_groups(url, topology, selection, group_by, batch, as_json, console), url, console
+        )
 
     async def run() -> int:
         async with open_dead_letters(url, topology) as dlq:
@@ -85,6 +99,32 @@ async def list_command(
         return EXIT_OK
 
     return await _guarded(run(), url, console)
+
+
+async def _list_groups(
+    url: str,
+    topology: Topology,
+    selection: Selection,
+    group_by: str,
+    batch: int,
+    as_json: bool,
+    console: Console,
+) -> int:
+    """``list --group-by``: one line per group, largest first."""
+    async with open_dead_letters(url, topology) as dlq:
+        grouping = Grouping(group_by)
+        totals = await browse(dlq, selection, lambda found, _now: grouping.add(found.letter), batch=batch)
+        groups = grouping.groups
+        if groups and not as_json:
+            console.out.write(group_header() + "\n")
+        for group in groups:
+            console.out.write((group_json_line(group) if as_json else group_line(group)) + "\n")
+        console.out.flush()
+        console.err.write(
+            f"{totals.selected} of {totals.scanned} dead letters in {dlq.name}, "
+            f"{len(groups)} group(s) by {group_by}\n"
+        )
+    return EXIT_OK
 
 
 async def show_command(
@@ -127,11 +167,16 @@ async def replay_command(
     limit: int | None = None,
     dry_run: bool = False,
     progress: bool = False,
+    audit: Audited | None = None,
     console: Console | None = None,
 ) -> int:
+    """``audit``: where the operation is recorded (the CLI always gives one; a dry run records nothing)."""
     console = console or Console()
+    journal: Operation | None = None
+    outcome: Totals | None = None
 
     async def run() -> int:
+        nonlocal outcome
         async with open_dead_letters(url, topology) as dlq:
             meter = _meter("replay", console, progress) if not dry_run else None
             on_found = None
@@ -150,10 +195,12 @@ async def replay_command(
                     dry_run=dry_run,
                     on_found=on_found,
                     progress=meter,
+                    journal=journal,
                 )
             finally:
                 if meter is not None:
                     meter.finish()
+            outcome = totals
             if dry_run:
                 console.out.write(
                     f"dry run: would move {totals.selected}, keep {totals.kept - totals.selected}; "
@@ -165,7 +212,21 @@ async def replay_command(
             console.out.write(f"moved {totals.removed}, kept {totals.kept}\n")
             return EXIT_FAILED if totals.failures else EXIT_OK
 
-    return await _guarded(run(), url, console)
+    if dry_run or audit is None:
+        return await _guarded(run(), url, console)
+    recorder = _Recorder(console)
+    try:
+        journal = await audit.start("replay", selection, url, topology, limit=limit)
+    except AuditUnavailable as exc:
+        console.err.write(f"refusing to replay: {exc}; nothing was replayed\n")
+        return EXIT_AUDIT
+    try:
+        code = await audit.run(journal, _guarded(run(), url, recorder.console))
+        failed = 0 if outcome is None else len(outcome.failures)
+        note = f"{failed} not replayed" if failed else None
+        return await audit.finish(journal, code, recorder, outcome, note)
+    finally:
+        await audit.close()
 
 
 async def purge_command(
@@ -177,15 +238,19 @@ async def purge_command(
     batch: int = DEFAULT_BATCH,
     progress: bool = False,
     ask: Callable[[str], Awaitable[str]] | None = None,
+    audit: Audited | None = None,
     console: Console | None = None,
 ) -> int:
-    """``ask`` shows the prompt and returns the answer (default: ``input`` on the terminal)."""
+    """``ask`` shows the prompt and returns the answer (default: ``input`` on the terminal); ``audit``:
+    where the operation is recorded (the CLI always gives one)."""
     console = console or Console()
+    journal: Operation | None = None
+    outcome: Totals | None = None
     if not yes and ask is None and not sys.stdin.isatty():
-        console.err.write(
-            "refusing to purge: stdin is not a terminal, so there is no one to confirm; "
-            "pass --yes to delete without asking\n"
-        )
+        why = "stdin is not a terminal, so there is no one to confirm"
+        console.err.write(f"refusing to purge: {why}; pass --yes to delete without asking\n")
+        if audit is not None:
+            await audit.refusal("purge", selection, url, topology, why, console)
         return EXIT_USAGE
     prompt = ask or _ask_on_terminal
     declined = False
@@ -200,21 +265,145 @@ async def purge_command(
         return not declined
 
     async def run() -> int:
+        nonlocal outcome
         async with open_dead_letters(url, topology) as dlq:
             try:
                 totals = await purge(
-                    dlq, selection, batch=batch, confirm=None if yes else confirm, progress=meter
+                    dlq,
+                    selection,
+                    batch=batch,
+                    confirm=None if yes else confirm,
+                    progress=meter,
+                    journal=journal,
                 )
             finally:
                 if meter is not None:
                     meter.finish()
+            outcome = totals
             if declined:
                 console.out.write(f"nothing deleted, kept {totals.kept}\n")
                 return EXIT_FAILED
             console.out.write(f"deleted {totals.removed}, kept {totals.kept}\n")
         return EXIT_OK
 
-    return await _guarded(run(), url, console)
+    if audit is None:
+        return await _guarded(run(), url, console)
+    recorder = _Recorder(console)
+    try:
+        journal = await audit.start("purge", selection, url, topology)
+    except AuditUnavailable as exc:
+        console.err.write(f"refusing to purge: {exc}; nothing was deleted\n")
+        return EXIT_AUDIT
+    try:
+        code = await audit.run(journal, _guarded(run(), url, recorder.console))
+        if declined:
+            return await audit.finish(journal, code, recorder, outcome, "not confirmed", state="refused")
+        return await audit.finish(journal, code, recorder, outcome, None)
+    finally:
+        await audit.close()
+
+
+class _Recorder:
+    """The command's console, remembering its last error line (what the audit says went wrong)."""
+
+    def __init__(self, console: Console) -> None:
+        self.last_error: str | None = None
+        recorder = self
+
+        class Err:
+            def write(self, text: str) -> int:
+                if text.strip():
+                    recorder.last_error = text.strip().splitlines()[-1]
+                return console.err.write(text)
+
+            def flush(self) -> None:
+                console.err.flush()
+
+            def isatty(self) -> bool:
+                return console.err.isatty()
+
+        self.console = Console(out=console.out, err=Err())  # type: ignore[arg-type]
+
+
+@dataclass
+class Audited:
+    """How the CLI records a replay or purge: the audit database and who runs it."""
+
+    dsn: str
+    actor: str
+    _audit: Audit | None = None
+
+    async def start(
+        self, action: str, selection: Selection, url: str, topology: Topology, *, limit: int | None = None
+    ) -> Operation:
+        """Connect and write the operation's row; :class:`AuditUnavailable` when either fails."""
+        self._audit = await Audit.open(self.dsn)
+        filters = selection.describe()
+        if limit is not None:
+            filters["limit"] = limit
+        try:
+            return await self._audit.start(
+                action, self.actor, filters, vhost=vhost_of(url), queue=topology.dead_letter_queue
+            )
+        except AuditUnavailable:
+            await self.close()
+            raise
+
+    async def run(self, operation: Operation, work: Awaitable[int]) -> int:
+        """Run the operation; an interruption (Ctrl-C) is put on record before it goes on."""
+        try:
+            return await work
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            with contextlib.suppress(Exception):
+                await asyncio.shield(operation.finish("interrupted", "interrupted (Ctrl-C)"))
+            raise
+
+    async def finish(
+        self,
+        operation: Operation,
+        code: int,
+        recorder: _Recorder,
+        totals: Totals | None,
+        note: str | None,
+        *,
+        state: str | None = None,
+    ) -> int:
+        """Close the record by the exit code; a record that cannot be closed is said (the letters' rows
+        are written already, so nothing is missing: the operation just stays 'started')."""
+        if state is None:
+            state = "done" if code in (EXIT_OK, EXIT_FAILED) else "failed"
+        detail = note if state in ("done", "refused") else recorder.last_error
+        if code == EXIT_AUDIT:
+            detail = recorder.last_error
+        try:
+            await operation.finish(
+                state,
+                detail,
+                expected=None if totals is None else totals.expected,
+                scanned=None if totals is None else totals.scanned,
+            )
+        except AuditUnavailable as exc:
+            recorder.console.err.write(f"the audit record {operation.id} stays 'started': {exc}\n")
+            return EXIT_AUDIT if code == EXIT_OK else code
+        return code
+
+    async def refusal(
+        self, action: str, selection: Selection, url: str, topology: Topology, why: str, console: Console
+    ) -> None:
+        """Record an operation refused before it began (best effort: the refusal already stands)."""
+        try:
+            operation = await self.start(action, selection, url, topology)
+            try:
+                await operation.finish("refused", why)
+            finally:
+                await self.close()
+        except AuditUnavailable as exc:
+            console.err.write(f"the refusal could not be recorded: {exc}\n")
+
+    async def close(self) -> None:
+        if self._audit is not None:
+            await self._audit.close()
+            self._audit = None
 
 
 async def _ask_on_terminal(prompt: str) -> str:
@@ -234,6 +423,9 @@ async def _guarded(work: Awaitable[int], url: str, console: Console) -> int:
     """Run a command; turn the failures an operator can act on into a message and an exit code."""
     try:
         return await work
+    except AuditUnavailable as exc:  # a write mid-way failed: stopped; what was held is back in the queue
+        console.err.write(f"stopped: {exc}; the dead letters not yet recorded stay in the DLQ\n")
+        return EXIT_AUDIT
     except DlqError as exc:
         console.err.write(f"{exc}\n")
         return EXIT_MISSING if isinstance(exc, Undeclared) else EXIT_UNREACHABLE
@@ -267,11 +459,34 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_dlq_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], environment_help: str
-) -> None:
-    """Add ``worker dlq`` and its actions to the ``worker`` parser (``environment_help`` ends each help)."""
-    epilog = EXIT_CODES_HELP + environment_help
+def _group(text: str) -> tuple[str, str]:
+    try:
+        return parse_group(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: the log settings: every command logs
+_LOGS = ("log_format", "log_level")
+
+#: what each action reads: the broker for the letters, Postgres for the audit
+_READS = {
+    "list": ("rabbitmq_url", *_LOGS),
+    "show": ("rabbitmq_url", *_LOGS),
+    "replay": ("rabbitmq_url", "postgres_dsn", *_LOGS),
+    "purge": ("rabbitmq_url", "postgres_dsn", *_LOGS),
+    "history": ("postgres_dsn", *_LOGS),
+    "ui": ("rabbitmq_url", "postgres_dsn", *_LOGS),
+}
+
+
+def add_dlq_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``worker dlq`` and its actions to the ``worker`` parser."""
+
+    def epilog(action: str | None = None) -> str:
+        fields = _READS[action] if action else ("rabbitmq_url", "postgres_dsn", *_LOGS)
+        return EXIT_CODES_HELP + environment_help(*fields)
+
     connection = argparse.ArgumentParser(add_help=False)
     add_setting_options(connection, "rabbitmq_url")
     connection.add_argument(
@@ -279,6 +494,14 @@ def add_dlq_parser(
         type=_positive_int,
         default=DEFAULT_BATCH,
         help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
+    )
+    database = argparse.ArgumentParser(add_help=False)
+    add_setting_options(database, "postgres_dsn")
+    audited = argparse.ArgumentParser(add_help=False)
+    audited.add_argument(
+        "--by",
+        metavar="NAME",
+        help="who runs it, for the audit record (default: the OS user and host, user@host)",
     )
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument(
@@ -297,72 +520,127 @@ def add_dlq_parser(
         metavar="DURATION",
         help="only dead letters that failed at least this long ago (30s, 10m, 2h, 1d, 1h30m)",
     )
+    filters.add_argument(
+        "--group",
+        action="append",
+        type=_group,
+        metavar="FIELD=VALUE",
+        help="only this group, as `list --group-by FIELD` prints it: kind=schema, shard=3 (shard=none: no "
+        "shard_id in the body), error='unknown schema_version <n>' (the error with ids as <id> and numbers "
+        "as <n>); repeat for several (same field: either, different fields: both)",
+    )
+
+    def action(name: str, parents: list[argparse.ArgumentParser], help: str, description: str) -> Any:
+        return actions.add_parser(
+            name,
+            parents=parents,
+            help=help,
+            description=description,
+            epilog=epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
     dlq = commands.add_parser(
         "dlq",
         help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
         description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
         "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
-        "nothing: what was not settled returns to the queue.",
-        epilog=epilog,
+        "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
+        "(`worker dlq history`).",
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    listing = actions.add_parser(
+    listing = action(
         "list",
-        parents=[connection, filters],
-        help="one line per dead letter",
-        description="One line per dead letter: event id, kind, attempts, failed at, shard, age, error. "
-        "A count goes to stderr. The queue is left as it was.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        [connection, filters],
+        "one line per dead letter, or per group",
+        "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
+        "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
+        "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
     )
     listing.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, routing_key",
+        help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, routing_key "
+        "(with --group-by: group_by, group, selector, count, oldest_failed_at, newest_failed_at, "
+        "sample_event_id, kinds, replay)",
     )
-    show = actions.add_parser(
+    listing.add_argument(
+        "--group-by",
+        choices=GROUP_FIELDS,
+        help="one line per group: the kind, the error (ids and numbers stripped), or the shard_id the "
+        "event names; largest group first",
+    )
+    show = action(
         "show",
-        parents=[connection],
-        help="print a dead letter in full",
-        description="Print every dead letter with this event id in full: properties, headers, body (as JSON "
+        [connection],
+        "print a dead letter in full",
+        "Print every dead letter with this event id in full: properties, headers, body (as JSON "
         "when it parses). The queue is left as it was.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     show.add_argument("event_id", metavar="EVENT_ID")
-    replay = actions.add_parser(
+    replay = action(
         "replay",
-        parents=[connection, filters],
-        help="send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
-        description="Republish the selected dead letters (all by default) to tomori.tool_calls with their "
+        [connection, database, filters, audited],
+        "send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
+        "Republish the selected dead letters (all by default) to tomori.tool_calls with their "
         "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/-attempts "
         "and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ copy is removed "
         "only after the broker confirmed the republished one, so an interrupted replay loses nothing (at "
-        "worst an event is in both queues; the worker's idempotency makes that harmless).",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "worst an event is in both queues; the worker's idempotency makes that harmless). Recorded in the "
+        "audit tables (worker dlq history) before anything moves: no record, no replay. A dry run reads "
+        "only the queue and records nothing.",
     )
     replay.add_argument("--limit", type=_positive_int, metavar="N", help="move at most N dead letters")
     replay.add_argument("--dry-run", action="store_true", help="list what would move; move nothing")
     replay.add_argument(
         "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
     )
-    purge = actions.add_parser(
+    purge = action(
         "purge",
-        parents=[connection, filters],
-        help="delete dead letters for good (asks first unless --yes)",
-        description="Delete the selected dead letters (all by default). Scans the whole queue first, then "
+        [connection, database, filters, audited],
+        "delete dead letters for good (asks first unless --yes)",
+        "Delete the selected dead letters (all by default). Scans the whole queue first, then "
         "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
-        "stdin, --yes is required.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "stdin, --yes is required. Recorded in the audit tables (worker dlq history) before anything is "
+        "deleted, a refusal too: no record, no purge.",
     )
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     purge.add_argument(
         "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
     )
+    history = action(
+        "history",
+        [database],
+        "who replayed or purged what, newest first",
+        "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
+        "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
+        "letters ended how (pending: in doubt, the operation was cut short there). With --operation, each "
+        "letter of that operation.",
+    )
+    history.add_argument("--json", action="store_true", help="one JSON object per line")
+    history.add_argument(
+        "--limit", type=_positive_int, default=50, metavar="N", help="the latest N operations (50)"
+    )
+    history.add_argument("--operation", metavar="ID", help="one operation, with each of its letters")
+    ui = action(
+        "ui",
+        [connection, database],
+        "a read-only web page: counts, groups, letters, the audit history",
+        "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
+        "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
+        "the way `list` does (each message held only while the page is built, then put back in order); "
+        "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise; "
+        "any other address needs a token (--token-file, or --token), given once as ?token=... .",
+    )
+    ui.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)")
+    ui.add_argument(
+        "--token",
+        help="the token the page asks for (shows in the process list: prefer --token-file)",
+    )
+    ui.add_argument("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)")
 
 
 def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
@@ -387,12 +665,35 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     url, topology = settings.rabbitmq_url, settings.topology
     if args.dlq_command == "show":
         return await show_command(url, topology, args.event_id, batch=args.batch)
+    if args.dlq_command == "history":
+        return await history_command(
+            settings.postgres_dsn, as_json=args.json, limit=args.limit, operation=args.operation
+        )
+    if args.dlq_command == "ui":
+        from worker.dlq.page import ui_command
+
+        return await ui_command(
+            url,
+            settings.postgres_dsn,
+            topology,
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            token_file=args.token_file,
+            batch=args.batch,
+        )
     kinds = {kind.strip() for value in args.kind or () for kind in value.split(",") if kind.strip()}
     selection = Selection(
-        kinds=frozenset(kinds), event_ids=frozenset(args.event_id or ()), older_than=args.older_than
+        kinds=frozenset(kinds),
+        event_ids=frozenset(args.event_id or ()),
+        older_than=args.older_than,
+        groups=frozenset(args.group or ()),
     )
     if args.dlq_command == "list":
-        return await list_command(url, topology, selection, batch=args.batch, as_json=args.json)
+        return await list_command(
+            url, topology, selection, batch=args.batch, as_json=args.json, group_by=args.group_by
+        )
+    audit = Audited(settings.postgres_dsn, args.by or default_actor())
     if args.dlq_command == "replay":
         return await replay_command(
             url,
@@ -402,7 +703,70 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             limit=args.limit,
             dry_run=args.dry_run,
             progress=args.progress,
+            audit=audit,
         )
     return await purge_command(
-        url, topology, selection, yes=args.yes, batch=args.batch, progress=args.progress
+        url, topology, selection, yes=args.yes, batch=args.batch, progress=args.progress, audit=audit
     )
+
+
+async def history_command(
+    dsn: str,
+    *,
+    as_json: bool = False,
+    limit: int = 50,
+    operation: str | None = None,
+    console: Console | None = None,
+) -> int:
+    """``worker dlq history``: the audit record, newest first."""
+    console = console or Console()
+    operation_id = None
+    if operation is not None:
+        try:
+            operation_id = uuid.UUID(operation)
+        except ValueError:
+            console.err.write(f"not an operation id: {operation!r}\n")
+            return EXIT_USAGE
+    try:
+        audit = await Audit.open(dsn)
+    except AuditUnavailable as exc:
+        console.err.write(f"{exc}\n")
+        return EXIT_AUDIT
+    try:
+        operations = await audit.history(limit=limit, operation_id=operation_id)
+        if operation_id is not None:
+            if not operations:
+                console.err.write(f"no operation {operation_id} in the audit record\n")
+                return EXIT_FAILED
+            operations[0]["letter_outcomes"] = await audit.letters(operation_id)
+    finally:
+        await audit.close()
+    for entry in operations:
+        console.out.write((orjson.dumps(entry).decode() if as_json else history_lines(entry)) + "\n")
+    if not as_json:
+        console.err.write(f"{len(operations)} operation(s)\n")
+    return EXIT_OK
+
+
+def history_lines(entry: dict[str, Any]) -> str:
+    """An operation for people: one line, then one line per letter when they were asked for."""
+    letters = ", ".join(f"{outcome} {n}" for outcome, n in entry["letters"].items()) or "no letters"
+    filters = " ".join(
+        f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}"
+        for key, value in entry["filters"].items()
+    )
+    line = (
+        f"{entry['operation_id']}  {entry['started_at']}  {entry['action']:<6}  {entry['state']:<11}  "
+        f"by {entry['actor']}  [{letters}]  {filters or 'all'}"
+    )
+    if entry["detail"]:
+        line += f"  ({entry['detail']})"
+    lines = [terminal_safe(line)]
+    for letter in entry.get("letter_outcomes", ()):
+        text = (
+            f"  {letter['position']:>6}  {letter['event_id'] or '-'}  {letter['kind']}  {letter['outcome']}"
+        )
+        if letter["detail"]:
+            text += f"  {letter['detail']}"
+        lines.append(terminal_safe(text))
+    return "\n".join(lines)

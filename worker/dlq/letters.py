@@ -212,6 +212,55 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=sum(int(n) * _UNIT_SECONDS[unit] for n, unit in parts))
 
 
+# --- groups ------------------------------------------------------------------------------------------
+
+#: what ``--group-by`` and ``--group`` take: a letter's kind, its error normalised, the shard it names
+GROUP_FIELDS = ("kind", "error", "shard")
+#: the shard group of a dead letter whose body names no shard (not JSON, or no integer ``shard_id``)
+NO_SHARD = "none"
+
+_UUID = re.compile(r"\b[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}\b")
+_HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b")
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?")
+_SPACES = re.compile(r"\s+")
+#: an error group's text is at most this long (the rest of a longer error is detail, not class)
+MAX_ERROR_GROUP = 200
+
+
+def normalise_error(error: str) -> str:
+    """The error's class: ids (UUIDs, long hex) become ``<id>``, numbers ``<n>``, blanks one space, so
+    ``unknown schema_version 2`` and ``unknown schema_version 7`` are one group."""
+    text = _UUID.sub("<id>", error)
+    text = _HEX_ID.sub("<id>", text)
+    text = _NUMBER.sub("<n>", text)
+    text = _SPACES.sub(" ", text).strip()
+    return text[:MAX_ERROR_GROUP] if text else "-"
+
+
+def group_value(letter: DeadLetter, field: str) -> str:
+    """The group ``letter`` falls in when grouped by ``field`` (one of :data:`GROUP_FIELDS`)."""
+    if field == "kind":
+        return letter.kind
+    if field == "error":
+        return normalise_error(letter.error)
+    if field == "shard":
+        return NO_SHARD if letter.shard_id is None else str(letter.shard_id)
+    raise ValueError(f"cannot group by {field!r} (use {', '.join(GROUP_FIELDS)})")
+
+
+def parse_group(text: str) -> tuple[str, str]:
+    """``kind=schema``, ``shard=3``, ``error=unknown schema_version <n>`` as (field, value); ValueError
+    otherwise."""
+    field, sep, value = text.partition("=")
+    field = field.strip()
+    if not sep or field not in GROUP_FIELDS:
+        raise ValueError(
+            f"not a group: {text!r} (use FIELD=VALUE with FIELD one of {', '.join(GROUP_FIELDS)}, as "
+            "`worker dlq list --group-by FIELD` prints it)"
+        )
+    return field, value
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Which dead letters a command acts on; empty means all. Filters combine with AND, values with OR."""
@@ -220,9 +269,14 @@ class Selection:
     event_ids: frozenset[str] = frozenset()
     #: only dead letters that failed at least this long ago (unknown failure time: never selected)
     older_than: timedelta | None = None
+    #: only the dead letters in these groups, (field, value) as :func:`parse_group` reads them; several
+    #: groups of one field are OR-ed, of different fields AND-ed, like the other filters
+    groups: frozenset[tuple[str, str]] = frozenset()
 
     def matches(self, letter: DeadLetter, now: datetime) -> bool:
         if self.kinds and letter.kind not in self.kinds:
+            return False
+        if self.groups and not self._in_groups(letter):
             return False
         # the event id the body names (the message_id only stands in for a body without one)
         if self.event_ids and letter.event_id not in self.event_ids:
@@ -232,6 +286,26 @@ class Selection:
             if age is None or age < self.older_than:
                 return False
         return True
+
+    def _in_groups(self, letter: DeadLetter) -> bool:
+        fields = {field for field, _ in self.groups}
+        return all(
+            group_value(letter, field) in {value for f, value in self.groups if f == field}
+            for field in fields
+        )
+
+    def describe(self) -> dict[str, object]:
+        """The filters as the audit records them (JSON-ready; empty ones left out)."""
+        filters: dict[str, object] = {}
+        if self.kinds:
+            filters["kind"] = sorted(self.kinds)
+        if self.event_ids:
+            filters["event_id"] = sorted(self.event_ids)
+        if self.older_than is not None:
+            filters["older_than_seconds"] = int(self.older_than.total_seconds())
+        if self.groups:
+            filters["group"] = [f"{field}={value}" for field, value in sorted(self.groups)]
+        return filters
 
 
 # --- replaying ----------------------------------------------------------------------------------------

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from worker.broker.headers import copy_message, frame_max_of
+from worker.dlq.audit import Taken
 from worker.dlq.letters import DeadLetter, Selection, replay_headers
-from worker.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Sweep, close_quietly, error_text
+from worker.dlq.sweep import (
+    DEFAULT_BATCH,
+    DeadLetterQueue,
+    Found,
+    Reading,
+    Sweep,
+    close_quietly,
+    error_text,
+)
 
 PUBLISH_TIMEOUT = 30.0
 
@@ -36,11 +46,31 @@ class Totals:
         return max(self.expected, self.scanned) - self.removed
 
     @classmethod
-    def of(cls, sweep: Sweep) -> Totals:
+    def of(cls, sweep: Sweep | Reading) -> Totals:
         return cls(sweep.expected, sweep.scanned, sweep.selected, sweep.removed)
 
 
 ProgressFn = Callable[[Sweep], None]
+
+
+class Journal(Protocol):
+    """Where a replay or purge records each dead letter (:class:`worker.dlq.audit.Operation`): ``taking``
+    before a letter is republished or deleted, ``settled`` once the broker confirmed what became of it. If
+    either raises, the operation stops there and what it still holds goes back to the queue."""
+
+    async def taking(self, letters: Sequence[Taken]) -> None: ...
+
+    async def settled(
+        self, letters: Sequence[Taken], outcome: str, details: Mapping[int, str] | None = None
+    ) -> None: ...
+
+
+def taken(found: Sequence[Found]) -> list[Taken]:
+    return [
+        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind)
+        for item in found
+        if item.message.delivery_tag is not None
+    ]
 
 
 async def browse(
@@ -52,7 +82,7 @@ async def browse(
     limit: int | None = None,
 ) -> Totals:
     """Call ``on_found`` for every selected dead letter; the queue is left as it was."""
-    async with await dlq.sweep(selection, batch=batch, limit=limit) as sweep:
+    async with await dlq.read(selection, batch=batch, limit=limit) as sweep:
         while (found := await sweep.next_batch()) is not None:
             for item in found:
                 on_found(item, sweep.now)
@@ -68,6 +98,7 @@ async def replay(
     dry_run: bool = False,
     on_found: Callable[[Found, datetime], None] | None = None,
     progress: ProgressFn | None = None,
+    journal: Journal | None = None,
 ) -> Totals:
     """Republish the selected dead letters to the work exchange; ack each DLQ copy once confirmed.
 
@@ -89,8 +120,19 @@ async def replay(
                         on_found(item, sweep.now)
                 if exchange is not None and found:
                     assert publish_channel is not None
+                    if journal is not None:
+                        await journal.taking(taken(found))
                     frame_max = frame_max_of(await publish_channel.get_underlay_channel())
-                    confirmed = await _republish(exchange, found, failures, frame_max)
+                    confirmed, refused = await _republish(exchange, found, frame_max)
+                    failures.extend((item.letter.event_id, why) for item, why in refused)
+                    if journal is not None:
+                        # before the acks: a letter acked is always on record as replayed
+                        await journal.settled(taken(confirmed), "replayed")
+                        await journal.settled(
+                            taken([item for item, _ in refused]),
+                            "not_replayed",
+                            {item.message.delivery_tag or 0: why for item, why in refused},
+                        )
                     await sweep.remove(confirmed)
                     if publish_channel is not None and publish_channel.is_closed:
                         failures.append((None, "the publishing channel closed; replay stopped"))
@@ -104,12 +146,10 @@ async def replay(
 
 
 async def _republish(
-    exchange: AbstractExchange,
-    found: Sequence[Found],
-    failures: list[tuple[str | None, str]],
-    frame_max: int,
-) -> list[Found]:
-    """Publish every one at once and wait for the confirms; the ones the broker confirmed."""
+    exchange: AbstractExchange, found: Sequence[Found], frame_max: int
+) -> tuple[list[Found], list[tuple[Found, str]]]:
+    """Publish every one at once and wait for the confirms; the ones the broker confirmed, and the others
+    with why."""
     now = datetime.now(UTC)
     results = await asyncio.gather(
         *(
@@ -124,14 +164,15 @@ async def _republish(
         return_exceptions=True,
     )
     confirmed: list[Found] = []
+    refused: list[tuple[Found, str]] = []
     for item, result in zip(found, results, strict=True):
         if isinstance(result, BaseException):
             if not isinstance(result, Exception):  # CancelledError, KeyboardInterrupt: not ours to eat
                 raise result
-            failures.append((item.letter.event_id, _publish_failure(result, item.letter)))
+            refused.append((item, _publish_failure(result, item.letter)))
         else:
             confirmed.append(item)
-    return confirmed
+    return confirmed, refused
 
 
 def _publish_failure(exc: Exception, letter: DeadLetter) -> str:
@@ -156,6 +197,7 @@ async def purge(
     batch: int = DEFAULT_BATCH,
     confirm: Callable[[int], Awaitable[bool]] | None = None,
     progress: ProgressFn | None = None,
+    journal: Journal | None = None,
 ) -> Totals:
     """Delete the selected dead letters.
 
@@ -164,14 +206,27 @@ async def purge(
     dead letters counted are the ones deleted.
     """
     async with await dlq.sweep(selection, batch=batch) as sweep:
-        chosen: list[int] = []
+        chosen: list[Taken] = []
         while (found := await sweep.next_batch()) is not None:
             if confirm is None:
-                await sweep.remove(found)
-            else:  # hold the selection by delivery tag: the bodies can go
-                chosen.extend(item.message.delivery_tag for item in found if item.message.delivery_tag)
+                await _delete(sweep, taken(found), journal)
+            else:  # hold the selection by delivery tag (and what the audit records): the bodies can go
+                chosen.extend(taken(found))
             if progress is not None:
                 progress(sweep)
-        if confirm is not None and chosen and await confirm(len(chosen)):
-            await sweep.remove_tags(chosen)
+        if confirm is not None and chosen:
+            if await confirm(len(chosen)):
+                await _delete(sweep, chosen, journal)
+            elif journal is not None:  # declined: on record as kept
+                await journal.taking(chosen)
+                await journal.settled(chosen, "kept")
         return Totals.of(sweep)
+
+
+async def _delete(sweep: Sweep, letters: Sequence[Taken], journal: Journal | None) -> None:
+    """Ack ``letters``: on record as pending first, deleted once acked."""
+    if journal is not None:
+        await journal.taking(letters)
+    await sweep.remove_tags([letter.tag for letter in letters])
+    if journal is not None:
+        await journal.settled(letters, "deleted")

@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import aiormq.exceptions
+from aio_pika import IncomingMessage
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from aiormq.abc import DeliveredMessage
 
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
@@ -24,6 +26,21 @@ CONNECT_TIMEOUT = 10.0
 GET_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
 SETTLE_GRACE = 0.5
+#: a read-only pass with a consumer holds every message it was given until it ends: AMQP's prefetch count
+#: is 16 bits, so a deeper queue is read with basic.get instead
+MAX_PREFETCH = 65535
+#: how long a read-only pass waits for the next delivery before it asks whether any is left
+IDLE_CHECK = 0.5
+
+
+#: what a channel raises once it is closed under a command: an interrupted RPC (Ctrl-C) closes it, and
+#: closing a channel requeues everything it held, so a release that meets one has nothing left to do
+_CHANNEL_GONE = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    OSError,
+    TimeoutError,
+)
 
 
 class DlqError(Exception):
@@ -83,6 +100,36 @@ class DeadLetterQueue:
             limit=limit,
             now=now or datetime.now(UTC),
         )
+
+    async def read(
+        self,
+        selection: Selection = Selection(),
+        *,
+        batch: int = DEFAULT_BATCH,
+        limit: int | None = None,
+    ) -> Sweep | Reading:
+        """Start a read-only pass (use it as ``async with``): a consumer (:class:`Reading`) when the queue
+        fits in one prefetch window, else a :meth:`sweep`. Either holds every message until it ends and
+        puts them all back in the order taken."""
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        channel = await self.connection.channel(publisher_confirms=False)
+        expected = await _queue_depth(channel, self.name)
+        if expected > MAX_PREFETCH:
+            await close_quietly(channel)
+            return await self.sweep(selection, batch=batch, limit=limit)
+        reading = Reading(
+            channel,
+            self.name,
+            self.topology,
+            selection,
+            expected=expected,
+            batch=batch,
+            limit=limit,
+            now=datetime.now(UTC),
+        )
+        await reading.start()
+        return reading
 
     async def work_exchange(self) -> AbstractChannel:
         """A confirm-mode channel for republishing, after checking the work exchange exists."""
@@ -234,13 +281,14 @@ class Sweep:
         """Requeue everything still held, in the order taken, and close the channel."""
         try:
             if self._held and not self._channel.is_closed:
-                ready_before = await _queue_depth(self._channel, self._queue_name)
-                underlay = await self._channel.get_underlay_channel()
-                for tag in self._held:
-                    await underlay.basic_nack(tag, multiple=False, requeue=True)
-                released = len(self._held)
-                self._held.clear()
-                await self._wait_until_ready(ready_before + released)
+                with contextlib.suppress(*_CHANNEL_GONE):  # its close requeues all it held
+                    ready_before = await _queue_depth(self._channel, self._queue_name)
+                    underlay = await self._channel.get_underlay_channel()
+                    for tag in self._held:
+                        await underlay.basic_nack(tag, multiple=False, requeue=True)
+                    released = len(self._held)
+                    self._held.clear()
+                    await self._wait_until_ready(ready_before + released)
             if self._last_ack is not None and not self._channel.is_closed:
                 # A quorum queue turns every ack of a basic.get delivery into its own command, and a
                 # channel that sent more than a few dozen of them at once holds the rest back until the
@@ -260,6 +308,125 @@ class Sweep:
             if time.monotonic() > deadline:
                 return
             await asyncio.sleep(0.01)
+
+
+class Reading:
+    """A read-only pass with one consumer: the reading ``list``, ``show`` and the page make.
+
+    The same promise as a :class:`Sweep` (each message seen once, held unacked until the pass ends, all put
+    back in the order taken, dead letters that arrive meanwhile left for the next pass) at a fraction of its
+    cost on a quorum queue: ``basic.get`` is one queue command per message and the sweep's release one
+    ``basic.nack`` each, while a consumer is given up to ``expected`` messages (its prefetch) without asking
+    and the pass ends with one ``basic.cancel`` and a ``basic.nack(requeue=True)`` per message in the order
+    given (no reply to wait for). If the tool dies, the broker requeues
+    whatever it held: nothing is lost. Nothing is ever acked here (``remove`` does not exist).
+    """
+
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        queue_name: str,
+        topology: Topology,
+        selection: Selection,
+        *,
+        expected: int,
+        batch: int,
+        limit: int | None,
+        now: datetime,
+    ) -> None:
+        self._channel = channel
+        self._queue_name = queue_name
+        self._topology = topology
+        self._selection = selection
+        self.expected = expected
+        self._batch = batch
+        self._limit = limit
+        self.now = now
+        self.scanned = 0
+        self.selected = 0
+        self.removed = 0
+        self._inbox: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
+        self._consumer_tag: str | None = None
+        #: the highest delivery tag given to this channel: releasing up to it releases everything
+        self._highest = 0
+        self._exhausted = expected == 0
+
+    async def __aenter__(self) -> Reading:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._exhausted:
+            return
+        underlay = await self._channel.get_underlay_channel()
+        # at most the messages present now: the pass ends with them, like a sweep
+        await underlay.basic_qos(prefetch_count=self.expected)
+        ok = await underlay.basic_consume(self._queue_name, self._deliver, no_ack=False)
+        self._consumer_tag = ok.consumer_tag
+
+    async def _deliver(self, message: DeliveredMessage) -> None:
+        self._highest = max(self._highest, message.delivery_tag or 0)
+        self._inbox.put_nowait(message)
+
+    def _done(self) -> bool:
+        limit_reached = self._limit is not None and self.selected >= self._limit
+        return self._exhausted or self.scanned >= self.expected or limit_reached
+
+    async def next_batch(self) -> list[Found] | None:
+        if self._done():
+            return None
+        found: list[Found] = []
+        taken = 0
+        idle_since = time.monotonic()
+        while taken < self._batch and not self._done():
+            try:
+                delivered = await asyncio.wait_for(self._inbox.get(), IDLE_CHECK)
+            except TimeoutError:
+                # fewer messages than counted at the start (another client took some): stop once none is
+                # ready, or after as long as a basic.get may take
+                ready = await _queue_depth(self._channel, self._queue_name)
+                if ready == 0 or time.monotonic() - idle_since > GET_TIMEOUT:
+                    self._exhausted = True
+                continue
+            idle_since = time.monotonic()
+            message = IncomingMessage(delivered, no_ack=False)
+            taken += 1
+            self.scanned += 1
+            letter = read_dead_letter(message, self._topology)
+            if self._selection.matches(letter, self.now):
+                self.selected += 1
+                found.append(Found(message, letter))
+        return found
+
+    async def close(self) -> None:
+        """Stop the consumer and put every message back, in the order taken; close the channel."""
+        try:
+            if not self._channel.is_closed and self._consumer_tag is not None:
+                await self._release()
+        except _CHANNEL_GONE:  # the channel's close below requeues everything it held
+            pass
+        finally:
+            await close_quietly(self._channel)
+
+    async def _release(self) -> None:
+        """Cancel the consumer and nack every message, oldest first; wait until the queue shows them."""
+        assert self._consumer_tag is not None
+        underlay = await self._channel.get_underlay_channel()
+        await underlay.basic_cancel(self._consumer_tag)
+        if self._highest:
+            ready_before = await _queue_depth(self._channel, self._queue_name)
+            # one nack per message, oldest first: a quorum queue returns the messages of one
+            # multiple nack in no particular order once there are more than a few dozen
+            held = self._highest  # delivery tags count from 1 on a fresh channel
+            for tag in range(1, held + 1):
+                await underlay.basic_nack(tag, multiple=False, requeue=True)
+            deadline = time.monotonic() + SETTLE_TIMEOUT
+            while await _queue_depth(self._channel, self._queue_name) < ready_before + held:
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.01)
 
 
 def _connect_reason(exc: BaseException, url: str) -> str:

@@ -1,0 +1,269 @@
+"""``python -m bench.dlq``: how long ``worker dlq`` takes over a DLQ of a few thousand dead letters.
+
+In a vhost and database of its own (:class:`bench.sandbox.Sandbox`, removed after unless ``--keep``), fills
+``ltm.create_memory.dlq`` with ``--letters`` dead letters of four kinds (``schema``, ``transient_exhausted``,
+``internal``, ``event_conflict``; errors that differ by ids and numbers, eight shards, failures spread over
+a day) the way the worker writes them, then times, ``--runs`` times each:
+
+- ``list``: ``worker dlq list`` (one line per letter, to a buffer) in this process;
+- ``group by kind / error / shard``: ``worker dlq list --group-by ...``;
+- ``replay --dry-run``: the other way through the queue, the sweep ``replay`` and ``purge`` make
+  (``basic.get`` per message), for comparison;
+- ``page``: one GET of ``worker dlq ui``'s overview (a real ``worker dlq ui`` process; the server's whole
+  work: a pass over the queue, the groups, the charts, the audit query) and, when chromium is installed,
+  the page loaded in headless chromium (``--dump-dom``, the browser's start included).
+
+Prints the median and worst of each. Nothing here asserts a figure: the numbers are for BENCHMARKS.md.
+``--screenshots DIR`` also saves PNGs of the overview and of one letter (the README's pictures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import orjson
+
+from bench.sandbox import Sandbox
+from worker.broker.headers import rfc3339
+from worker.broker.topology import declare_topology
+from worker.config import load_settings
+from worker.dlq import Console, Selection, list_command, replay_command
+from worker.store.migrate import apply_migrations
+
+KINDS = ("schema", "transient_exhausted", "internal", "event_conflict")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.dlq", description=__doc__.split("\n\n")[0])
+    p.add_argument("--letters", type=int, default=3000, help="dead letters in the DLQ (3000)")
+    p.add_argument("--runs", type=int, default=5, help="timed runs of each command (5)")
+    p.add_argument(
+        "--postgres-dsn", help="a server where the bench may create a database (env LTM_POSTGRES_DSN)"
+    )
+    p.add_argument(
+        "--rabbitmq-url", help="the broker (env LTM_RABBITMQ_URL); a vhost is made with rabbitmqctl"
+    )
+    p.add_argument("--screenshots", metavar="DIR", help="save PNGs of the page (overview, one letter) here")
+    p.add_argument("--keep", action="store_true", help="keep the vhost and database (and say where)")
+    return p
+
+
+def letter(n: int, now: datetime) -> tuple[dict[str, Any], str, str]:
+    """The n-th dead letter: its body, kind and error."""
+    kind = KINDS[n % len(KINDS)]
+    event_id = str(uuid.uuid4())
+    error = {
+        "schema": f"envelope breaks the contract: unknown schema_version {2 + n % 5}",
+        "transient_exhausted": f"database unavailable: connection to 10.0.0.{n % 3 + 4}:5432 refused",
+        "internal": f"KeyError: 'persona' (event {event_id})",
+        "event_conflict": "event_id conflict: the ledger holds this event_id for a different event",
+    }[kind]
+    body = {
+        "schema_version": 1,
+        "event_id": event_id,
+        "tool_call_id": f"call_{n}",
+        "tool_name": "create_long_term_memory",
+        "issued_at": rfc3339(now),
+        "shard_id": n % 8,
+        "arguments": {"memory_content": f"{{user}} likes dogs ({n})", "memory_scope": "server_wide"},
+        "context": {"guild_disc_id": "1150000000000000001", "persona_id": 7},
+    }
+    return body, kind, error
+
+
+async def fill(url: str, count: int) -> None:
+    settings = load_settings({})
+    connection = await aio_pika.connect(url, timeout=10)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        declared = await declare_topology(channel, settings.topology, [1000])
+        now = datetime.now(UTC)
+        for start in range(0, count, 500):
+            publishes = []
+            for n in range(start, min(count, start + 500)):
+                body, kind, error = letter(n, now)
+                failed_at = now - timedelta(seconds=86400 * (count - n) / count)
+                message = aio_pika.Message(
+                    orjson.dumps(body),
+                    content_type="application/json",
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    message_id=body["event_id"],
+                    correlation_id=body["tool_call_id"],
+                    type="tool_call.v1",
+                    app_id=f"tomori-shard-{body['shard_id']}",
+                    headers={
+                        "x-ltm-error": error,
+                        "x-ltm-error-kind": kind,
+                        "x-ltm-attempts": 5 if kind == "transient_exhausted" else 1,
+                        "x-ltm-failed-at": rfc3339(failed_at),
+                    },
+                )
+                publishes.append(
+                    declared.dead_letter.publish(message, "tool.create_long_term_memory", mandatory=True)
+                )
+            await asyncio.gather(*publishes)
+    finally:
+        await connection.close()
+
+
+async def timed(runs: int, work: Callable[[], Awaitable[object]]) -> list[float]:
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        await work()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+async def run_chromium(*args: str) -> None:
+    browser = chromium()
+    assert browser is not None
+    with tempfile.TemporaryDirectory(prefix="ltm-chromium-") as profile:
+        flags = ["--headless", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={profile}", *args]
+        if os.geteuid() == 0:
+            flags.insert(0, "--no-sandbox")
+        process = await asyncio.create_subprocess_exec(
+            browser, *flags, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        await asyncio.wait_for(process.wait(), 120)
+
+
+async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LTM_")}
+    env.update(LTM_RABBITMQ_URL=url, LTM_POSTGRES_DSN=dsn)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "dlq", "ui", "--port", "0",
+        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+    found = re.search(r"(http://\S+/)", line)
+    if found is None:
+        process.terminate()
+        raise RuntimeError(f"worker dlq ui did not start: {line!r}")
+    return process, found.group(1)
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=120) as response:
+        return str(response.read().decode())
+
+
+async def run(args: argparse.Namespace) -> dict[str, list[float]]:
+    env = dict(os.environ)
+    for option, var in (("postgres_dsn", "LTM_POSTGRES_DSN"), ("rabbitmq_url", "LTM_RABBITMQ_URL")):
+        if getattr(args, option):
+            env[var] = getattr(args, option)
+    settings = load_settings(env)
+    sandbox = Sandbox(settings.postgres_dsn, keep=args.keep)
+    results: dict[str, list[float]] = {}
+    try:
+        dsn = await sandbox.new_database()
+        await apply_migrations(dsn)
+        url = await sandbox.new_vhost(settings.rabbitmq_url)
+        started = time.perf_counter()
+        await fill(url, args.letters)
+        print(f"filled {args.letters} dead letters in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        topology = settings.topology
+
+        def quiet() -> Console:
+            return Console(out=io.StringIO(), err=io.StringIO())
+
+        results["list"] = await timed(
+            args.runs, lambda: list_command(url, topology, Selection(), console=quiet())
+        )
+        for by in ("kind", "error", "shard"):
+
+            def grouped(by: str = by) -> Awaitable[int]:
+                return list_command(url, topology, Selection(), group_by=by, console=quiet())
+
+            results[f"group by {by}"] = await timed(args.runs, grouped)
+        # the pass replay and purge make (basic.get per message; --dry-run moves nothing)
+        results["replay --dry-run"] = await timed(
+            args.runs, lambda: replay_command(url, topology, Selection(), dry_run=True, console=quiet())
+        )
+        process, page = await start_ui(url, dsn)
+        try:
+            results["page (HTTP GET /)"] = await timed(args.runs, lambda: asyncio.to_thread(fetch, page))
+            if chromium() is not None:
+                results["page in chromium"] = await timed(args.runs, lambda: run_chromium("--dump-dom", page))
+                if args.screenshots:
+                    await audit_example(url, dsn)
+                    await screenshots(page, Path(args.screenshots))
+        finally:
+            process.terminate()
+            await process.wait()
+    finally:
+        for line in await sandbox.close():
+            print(line, file=sys.stderr)
+    return results
+
+
+async def audit_example(url: str, dsn: str) -> None:
+    """Something for the pictures' audit history: a small replay and a purge refused for want of a --yes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LTM_")}
+    env.update(LTM_RABBITMQ_URL=url, LTM_POSTGRES_DSN=dsn)
+    for args in (
+        ("replay", "--group", "kind=schema", "--limit", "5", "--by", "alice (on call)"),
+        ("purge", "--group", "shard=3", "--by", "bob"),
+    ):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "worker", "dlq", *args,
+            cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await process.wait()
+
+
+async def screenshots(page: str, folder: Path) -> None:
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    await run_chromium("--window-size=1400,2400", f"--screenshot={folder / 'dlq-ui-overview.png'}", page)
+    overview = await asyncio.to_thread(fetch, page)
+    sample = re.search(r"/letter\?id=([0-9a-f-]{36})", overview)
+    if sample is not None:
+        await run_chromium(
+            "--window-size=1400,1900",
+            f"--screenshot={folder / 'dlq-ui-letter.png'}",
+            f"{page}letter?id={sample[1]}",
+        )
+    print(f"screenshots in {folder}", file=sys.stderr)
+
+
+def table(results: dict[str, list[float]], letters: int) -> str:
+    lines = [f"{letters} dead letters, {len(next(iter(results.values())))} runs each", ""]
+    lines.append(f"{'command':<24}{'median s':>10}{'worst s':>10}")
+    for name, seconds in results.items():
+        lines.append(f"{name:<24}{statistics.median(seconds):>10.2f}{max(seconds):>10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    results = asyncio.run(run(args))
+    print(table(results, args.letters))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

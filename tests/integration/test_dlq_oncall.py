@@ -1,0 +1,402 @@
+"""``worker dlq`` for the people on call: groups, the audit record of replay and purge, each command's help.
+
+Against a real RabbitMQ (a fresh vhost per test, filled by ``tests.integration.test_dlq``'s ``seeded``: five
+dead letters A..E of five kinds, the way production makes them) and a real Postgres (a fresh migrated
+database per test for the audit record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import signal
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.factories import event_body
+from tests.integration import test_dlq as base
+from tests.integration.test_dlq import (
+    MAIN_KEY,
+    REPO,
+    TOPOLOGY,
+    Broker,
+    Ran,
+    Seeded,
+    cli,
+    cli_env,
+    dead_letter_copy,
+    event_ids,
+    shard_message,
+)
+from tests.services import Services
+from worker import dlq
+from worker.dlq.commands import Audited
+from worker.dlq.letters import normalise_error
+
+pytestmark = pytest.mark.integration
+
+# test_dlq's fixtures: the vhost with the worker's topology, its five dead letters, the audit database
+broker = base.broker
+seeded = base.seeded
+audit_database = base.audit_database
+
+DLQ = TOPOLOGY.dead_letter_queue
+
+
+async def add_schema_letters(broker: Broker, versions: list[int], *, shard: int = 9) -> list[str]:
+    """Dead letters whose errors differ only by a number (one error group), from shard ``shard``."""
+    ids = []
+    for n, version in enumerate(versions):
+        event_id = str(uuid.uuid4())
+        ids.append(event_id)
+        body = event_body({"memory_content": "x"}, persona_id=7, event_id=event_id, shard_id=shard)
+        await dead_letter_copy(
+            broker,
+            shard_message(body, event_id=event_id),
+            MAIN_KEY,
+            kind="schema",
+            error=f"unknown schema_version {version}",
+            attempts=1,
+            failed_at=datetime.now(UTC) - timedelta(minutes=30 - n),
+        )
+    return ids
+
+
+def json_lines(ran: Ran) -> list[dict[str, Any]]:
+    assert ran.code == 0, ran.err
+    return [json.loads(line) for line in ran.out.splitlines()]
+
+
+# --- groups ---------------------------------------------------------------------------------------------
+
+
+def test_error_groups_strip_ids_and_numbers() -> None:
+    assert normalise_error("unknown schema_version 2") == normalise_error("unknown schema_version 17")
+    assert normalise_error(f"event_id {uuid.uuid4()} is not canonical") == "event_id <id> is not canonical"
+    assert normalise_error("KeyError: 'persona'") == "KeyError: 'persona'"  # the class and text stay
+    assert normalise_error("timed out after 30.5s") != normalise_error("connection refused")
+    assert dlq.Selection(groups=frozenset({("shard", "none")})).describe() == {"group": ["shard=none"]}
+
+
+async def test_list_group_by_counts_each_group(broker: Broker, seeded: Seeded) -> None:
+    extra = await add_schema_letters(broker, [7, 9, 11])
+    await broker.wait_depth(DLQ, 8)
+
+    kinds = {
+        g["group"]: g for g in json_lines(await cli("list", "--group-by", "kind", "--json", url=broker.url))
+    }
+    assert {k: g["count"] for k, g in kinds.items()} == {
+        "schema": 4,
+        "transient_exhausted": 1,
+        "internal": 1,
+        "malformed": 1,
+        "delivery_limit": 1,
+    }
+    schema = kinds["schema"]
+    assert schema["sample_event_id"] == seeded.ids["B"]  # the first of the group the pass met
+    assert schema["selector"] == "kind=schema"
+    assert schema["replay"] == "worker dlq replay --group kind=schema"
+    oldest, newest = (
+        datetime.fromisoformat(schema[k].replace("Z", "+00:00"))
+        for k in ("oldest_failed_at", "newest_failed_at")
+    )
+    assert timedelta(minutes=29) < datetime.now(UTC) - oldest < timedelta(minutes=31)  # the first extra one
+    assert timedelta(minutes=4) < datetime.now(UTC) - newest < timedelta(minutes=6)  # B
+
+    errors = json_lines(await cli("list", "--group-by", "error", "--json", url=broker.url))
+    assert errors[0]["group"] == "unknown schema_version <n>"
+    assert errors[0]["count"] == 4  # largest first
+    assert errors[0]["replay"] == "worker dlq replay --group 'error=unknown schema_version <n>'"
+    assert sum(g["count"] for g in errors) == 8
+
+    shards = {
+        g["group"]: g["count"]
+        for g in json_lines(await cli("list", "--group-by", "shard", "--json", url=broker.url))
+    }
+    assert shards == {"3": 1, "4": 1, "5": 1, "none": 1, "6": 1, "9": 3}
+
+    human = await cli("list", "--group-by", "kind", "--kind", "schema,malformed", url=broker.url)
+    assert human.code == 0, human.err
+    header, *rows = human.out.splitlines()
+    assert header.split() == ["COUNT", "OLDEST", "NEWEST", "SAMPLE_EVENT_ID", "GROUP"]
+    assert [(row.split()[0], row.split()[-1]) for row in rows] == [
+        ("4", "kind=schema"),
+        ("1", "kind=malformed"),
+    ]
+    assert human.err == "5 of 8 dead letters in ltm.create_memory.dlq, 2 group(s) by kind\n"
+    # grouping reads like list: the queue is as it was, in its order
+    assert await event_ids(broker.url) == [*seeded.order(*"ABCDE"), *extra]
+
+
+async def test_a_group_selects_what_it_counts(broker: Broker, seeded: Seeded) -> None:
+    extra = await add_schema_letters(broker, [3, 4])
+    await broker.wait_depth(DLQ, 7)
+
+    listed = json_lines(
+        await cli("list", "--json", "--group", "error=unknown schema_version <n>", url=broker.url)
+    )
+    assert [x["event_id"] for x in listed] == [seeded.ids["B"], *extra]
+    both = json_lines(
+        await cli("list", "--json", "--group", "shard=9", "--group", "shard=none", url=broker.url)
+    )
+    assert [x["event_id"] for x in both] == [seeded.ids["D"], *extra]
+    anded = json_lines(
+        await cli("list", "--json", "--group", "kind=schema", "--group", "shard=4", url=broker.url)
+    )
+    assert [x["event_id"] for x in anded] == [seeded.ids["B"]]
+
+    dry = await cli("replay", "--group", "kind=schema", "--dry-run", url=broker.url)
+    assert dry.code == 0, dry.err
+    assert [line.split()[0] for line in dry.out.splitlines()[1:-1]] == [seeded.ids["B"], *extra]
+    assert dry.out.splitlines()[-1] == "dry run: would move 3, keep 4; nothing moved"
+
+    bad = await cli("list", "--group", "colour=red", url=broker.url)
+    assert bad.code == 2
+    assert "not a group: 'colour=red'" in bad.err
+
+    replayed = await cli("replay", "--group", "shard=9", url=broker.url)
+    assert (replayed.code, replayed.out) == (0, "moved 2, kept 5\n"), replayed.err
+    assert await event_ids(broker.url) == seeded.order(*"ABCDE")
+
+
+# --- the audit record --------------------------------------------------------------------------------------
+
+
+async def history(dsn: str, *args: str) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    code = await dlq.commands.history_command(
+        dsn, console=dlq.Console(out=out, err=io.StringIO()), **_opts(args)
+    )
+    assert code == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def _opts(args: tuple[str, ...]) -> dict[str, Any]:
+    return {"as_json": True, **({"operation": args[0]} if args else {})}
+
+
+async def test_replay_and_purge_are_on_record(broker: Broker, seeded: Seeded, audit_database: str) -> None:
+    replayed = await cli("replay", "--group", "kind=schema", "--by", "alice", url=broker.url)
+    assert (replayed.code, replayed.out) == (0, "moved 1, kept 4\n"), replayed.err
+    purged = await cli("purge", "--yes", "--kind", "malformed,delivery_limit", url=broker.url)
+    assert (purged.code, purged.out) == (0, "deleted 2, kept 2\n"), purged.err
+    refused = await cli("purge", "--kind", "internal", url=broker.url)  # no terminal, no --yes
+    assert refused.code == 2
+
+    purge_refused, purge, replay = await history(audit_database)
+    assert (replay["action"], replay["actor"], replay["state"]) == ("replay", "alice", "done")
+    assert replay["filters"] == {"group": ["kind=schema"]}
+    assert replay["letters"] == {"replayed": 1}
+    assert (replay["vhost"], replay["queue"], replay["expected"], replay["scanned"]) == (
+        dlq.vhost_of(broker.url), DLQ, 5, 5,
+    )  # fmt: skip
+    assert (purge["action"], purge["state"], purge["letters"]) == ("purge", "done", {"deleted": 2})
+    assert "@" in purge["actor"]  # user@host when --by does not say
+    assert purge["filters"] == {"kind": ["delivery_limit", "malformed"]}
+    assert purge_refused["state"] == "refused"
+    assert purge_refused["letters"] == {}
+    assert purge_refused["detail"] == "stdin is not a terminal, so there is no one to confirm"
+
+    (detail,) = await history(audit_database, purge["operation_id"])
+    outcomes = [(x["event_id"], x["kind"], x["outcome"]) for x in detail["letter_outcomes"]]
+    assert outcomes == [
+        (seeded.ids["D"], "malformed", "deleted"),
+        (seeded.ids["E"], "delivery_limit", "deleted"),
+    ]
+
+    out = io.StringIO()
+    assert await dlq.commands.history_command(audit_database, console=dlq.Console(out, io.StringIO())) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "replay  done         by alice  [replayed 1]  group=kind=schema" in lines[2]
+
+
+async def test_a_declined_purge_is_on_record_with_what_it_kept(
+    broker: Broker, seeded: Seeded, audit_database: str
+) -> None:
+    async def no(_prompt: str) -> str:
+        return "n"
+
+    audit = Audited(audit_database, "bob@desk")
+    out, err = io.StringIO(), io.StringIO()
+    code = await dlq.purge_command(
+        broker.url, TOPOLOGY, dlq.Selection(older_than=timedelta(hours=1)), yes=False, ask=no, audit=audit,
+        console=dlq.Console(out=out, err=err),
+    )  # fmt: skip
+    assert code == 1, err.getvalue()
+    (entry,) = await history(audit_database)
+    assert (entry["state"], entry["detail"], entry["actor"]) == ("refused", "not confirmed", "bob@desk")
+    (detail,) = await history(audit_database, entry["operation_id"])
+    assert [(x["event_id"], x["outcome"]) for x in detail["letter_outcomes"]] == [
+        (seeded.ids["A"], "kept"), (seeded.ids["D"], "kept"),
+    ]  # fmt: skip
+    assert await broker.depth(DLQ) == 5
+
+
+async def test_no_audit_record_no_replay(broker: Broker, seeded: Seeded, test_services: Services) -> None:
+    """Postgres unreachable, or the audit tables missing: replay and purge refuse, the DLQ is untouched."""
+    async with test_services.fresh_database() as unmigrated:
+        for dsn, why in (
+            (
+                "postgresql://postgres@127.0.0.1:1/postgres",
+                "cannot reach Postgres at postgresql://postgres@127.0.0.1:1/postgres",
+            ),
+            (unmigrated, "do not exist in"),
+        ):
+            for args, verb in ((("replay",), "replay"), (("purge", "--yes"), "purge")):
+                ran = await cli(*args, "--postgres-dsn", dsn, url=broker.url)
+                assert ran.code == 5, ran.err
+                assert ran.err.startswith(f"refusing to {verb}: "), ran.err
+                assert why in ran.err, ran.err
+                assert ran.out == ""
+    assert await event_ids(broker.url) == seeded.order(*"ABCDE")
+    assert await broker.depth(TOPOLOGY.work_queue) == 0
+    # a dry run records nothing, so it needs no database
+    dry = await cli(
+        "replay", "--dry-run", "--postgres-dsn", "postgresql://postgres@127.0.0.1:1/x", url=broker.url
+    )
+    assert dry.code == 0, dry.err
+
+
+async def test_an_audit_write_refused_mid_way_stops_the_replay(
+    broker: Broker, seeded: Seeded, audit_database: str
+) -> None:
+    """Postgres refuses the third letter's row: two letters are replayed and on record, the third and the
+    rest never left the DLQ, and the operation says it failed."""
+    conn = await asyncpg.connect(audit_database)
+    try:
+        await conn.execute(
+            """
+            CREATE FUNCTION refuse_third() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.position >= 3 THEN RAISE EXCEPTION 'audit disk full (test)'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_third BEFORE INSERT ON ltm_dlq_operation_letters
+                FOR EACH ROW EXECUTE FUNCTION refuse_third();
+            """
+        )
+    finally:
+        await conn.close()
+
+    ran = await cli("replay", "--batch", "1", url=broker.url)
+
+    assert ran.code == 5, ran.err
+    assert "stopped: cannot write the audit record" in ran.err
+    assert "audit disk full (test)" in ran.err
+    assert await event_ids(broker.url) == seeded.order(*"CDE")
+    assert await broker.depth(TOPOLOGY.work_queue) == 2
+    (entry,) = await history(audit_database)
+    assert (entry["state"], entry["letters"]) == ("failed", {"replayed": 2})
+    assert "audit disk full (test)" in entry["detail"]
+
+
+async def fill_dlq(broker: Broker, total: int) -> None:
+    failed_at = datetime.now(UTC) - timedelta(hours=1)
+    ids = [str(uuid.uuid4()) for _ in range(total)]
+    for start in range(0, total, 500):
+        await asyncio.gather(
+            *(
+                dead_letter_copy(
+                    broker,
+                    shard_message({"event_id": i}, event_id=i),
+                    MAIN_KEY,
+                    kind="transient_exhausted",
+                    error="db down",
+                    attempts=5,
+                    failed_at=failed_at,
+                )
+                for i in ids[start : start + 500]
+            )
+        )
+    await broker.wait_depth(DLQ, total)
+
+
+async def replay_until(broker: Broker, moved: int) -> asyncio.subprocess.Process:
+    """A `worker dlq replay --batch 100` that has moved at least ``moved`` letters, still running."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "worker", "dlq", "replay", "--batch", "100", "--rabbitmq-url", broker.url),
+        cwd=REPO,
+        env=cli_env(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while await broker.depth(TOPOLOGY.work_queue) < moved:
+        assert process.returncode is None, "replay exited before it could be stopped"
+        assert time.monotonic() < deadline, "replay made no progress"
+        await asyncio.sleep(0.01)
+    return process
+
+
+async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
+    broker: Broker, audit_database: str
+) -> None:
+    total = 2000
+    await fill_dlq(broker, total)
+    process = await replay_until(broker, 300)
+    process.send_signal(signal.SIGKILL)
+    assert await process.wait() == -signal.SIGKILL
+
+    (entry,) = await history(audit_database)
+    assert entry["state"] == "started"
+    assert entry["finished_at"] is None  # never finished
+    done, pending = entry["letters"].get("replayed", 0), entry["letters"].get("pending", 0)
+    assert done >= 200
+    assert pending <= 100  # at most the batch in flight is in doubt
+    assert done + pending < total, "the replay finished before the kill; the test proves nothing"
+    # every letter on record as replayed did reach the work queue
+    assert await broker.depth(TOPOLOGY.work_queue) >= done
+
+
+async def test_an_interrupted_replay_says_so_on_record(broker: Broker, audit_database: str) -> None:
+    total = 2000
+    await fill_dlq(broker, total)
+    process = await replay_until(broker, 300)
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 60) == 130
+
+    (entry,) = await history(audit_database)
+    assert (entry["state"], entry["detail"]) == ("interrupted", "interrupted (Ctrl-C)")
+    replayed = entry["letters"].get("replayed", 0)
+    assert 300 <= replayed < total
+    # what was on record as replayed left the DLQ; the rest is back in it
+    deadline = time.monotonic() + 30
+    while await broker.depth(DLQ) + replayed < total:
+        assert time.monotonic() < deadline, "the interrupted replay's letters never came back"
+        await asyncio.sleep(0.05)
+
+
+# --- help -----------------------------------------------------------------------------------------------
+
+
+async def test_each_help_names_only_the_settings_it_reads() -> None:
+    reads = {
+        (): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
+        ("list",): {"LTM_RABBITMQ_URL"},
+        ("show",): {"LTM_RABBITMQ_URL"},
+        ("replay",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
+        ("purge",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
+        ("history",): {"LTM_POSTGRES_DSN"},
+        ("ui",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
+    }
+    for action, expected in reads.items():
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "worker", "dlq", *action, "--help",
+            cwd=REPO, env=cli_env(), stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await process.communicate()
+        assert process.returncode == 0
+        text = out.decode()
+        named = {word.strip(",.:;()") for word in text.split() if word.startswith(("LTM_", "MAX_"))}
+        named = {name.removesuffix("_FILE") for name in named}
+        assert named == expected, (action, named)

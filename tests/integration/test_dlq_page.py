@@ -1,0 +1,256 @@
+"""``worker dlq ui``: the read-only page, in a real headless browser (Debian's chromium) against real dead
+letters on the real broker, and its token over plain HTTP.
+
+The browser test skips when chromium is missing, unless ``CI=true`` (then it fails: CI installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.integration import test_dlq as base
+from tests.integration.test_dlq import (
+    MAIN_KEY,
+    REPO,
+    TOPOLOGY,
+    Broker,
+    Seeded,
+    cli,
+    cli_env,
+    dead_letter_copy,
+    event_ids,
+    shard_message,
+)
+from tests.integration.test_dlq_oncall import add_schema_letters, json_lines
+
+pytestmark = pytest.mark.integration
+
+broker = base.broker
+seeded = base.seeded
+audit_database = base.audit_database
+
+DLQ = TOPOLOGY.dead_letter_queue
+BROWSER_TIMEOUT = 90.0
+TOKEN = "a-token-of-sixteen-or-more"
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed; CI must install it (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium): the page's browser test needs it")
+    return found
+
+
+async def browse_page(url: str) -> str:
+    """The page's DOM after a headless chromium loaded it."""
+    with tempfile.TemporaryDirectory(prefix="ltm-chromium-") as profile:
+        args = ["--headless", "--disable-gpu", f"--user-data-dir={profile}", "--dump-dom", url]
+        if os.geteuid() == 0:
+            args.insert(0, "--no-sandbox")  # chromium refuses to sandbox as root
+        process = await asyncio.create_subprocess_exec(
+            chromium(),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), BROWSER_TIMEOUT)
+    assert process.returncode == 0
+    dom = out.decode()
+    assert "</html>" in dom, dom[:500]
+    return dom
+
+
+@contextlib.asynccontextmanager
+async def ui(url: str, *args: str) -> AsyncIterator[str]:
+    """``worker dlq ui --port 0 ARGS`` running; its base URL."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "worker", "dlq", "ui", "--port", "0", "--rabbitmq-url", url, *args),
+        cwd=REPO,
+        env=cli_env(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,  # one access line per request
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        found = re.search(r"(http://\S+/)", line)
+        assert found, line
+        yield found.group(1)
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 30)
+
+
+def section(dom: str, section_id: str) -> str:
+    found = re.search(rf'<section id="{section_id}">(.*?)</section>', dom, re.S)
+    assert found, f"no section {section_id}"
+    return found.group(1)
+
+
+def groups_shown(dom: str, by: str) -> dict[str, int]:
+    rows = re.findall(r'<tr data-group="([^"]*)" data-count="(\d+)">', section(dom, f"groups-{by}"))
+    return {html.unescape(group): int(count) for group, count in rows}
+
+
+def pre(dom: str, pre_id: str) -> str:
+    found = re.search(rf'<pre id="{pre_id}">(.*?)</pre>', dom, re.S)
+    assert found, f"no <pre id={pre_id}>"
+    return html.unescape(found.group(1))
+
+
+async def test_the_page_shows_what_the_cli_says(broker: Broker, seeded: Seeded) -> None:
+    chromium()
+    await add_schema_letters(broker, [7, 9, 11])
+    await broker.wait_depth(DLQ, 8)
+    replayed = await cli("replay", "--event-id", seeded.ids["C"], "--by", "carol", url=broker.url)
+    assert replayed.code == 0, replayed.err
+    order = await event_ids(broker.url)
+
+    async with ui(broker.url) as base_url:
+        dom = await browse_page(base_url)
+
+        assert re.search(r'<div class="tile" id="total" data-count="7">', dom)
+        for by in ("kind", "error", "shard"):
+            cli_groups = json_lines(await cli("list", "--group-by", by, "--json", url=broker.url))
+            assert groups_shown(dom, by) == {g["selector"]: g["count"] for g in cli_groups}, by
+            for group in cli_groups:  # the exact command for each group, as the CLI prints it
+                assert html.escape(group["replay"], quote=False) in section(dom, f"groups-{by}")
+        assert groups_shown(dom, "kind")["kind=schema"] == 4
+        assert "<svg" in section(dom, "groups-error")  # the over-time charts
+        history = section(dom, "history")
+        assert "carol" in history
+        assert "replayed 1" in history
+
+        for letter in ("B", "D", "E"):  # JSON, not JSON, the broker's own dead letter
+            event_id = seeded.ids[letter]
+            letter_dom = await browse_page(f"{base_url}letter?id={event_id}")
+            shown = await cli("show", event_id, url=broker.url)
+            assert shown.code == 0, shown.err
+            show_body = shown.out.split("\nbody (", 1)[1].split("\n", 1)[1].rstrip("\n")
+            assert pre(letter_dom, "body") == show_body, letter
+        # the failure result the shard got: B (schema, ids readable) was answered; E (broker) was not
+        b_dom = await browse_page(f"{base_url}letter?id={seeded.ids['B']}")
+        result = json.loads(pre(b_dom, "result"))
+        assert (result["event_id"], result["success"], result["status"]) == (
+            seeded.ids["B"],
+            False,
+            "memory_save_failed_internal_error",
+        )
+        e_dom = await browse_page(f"{base_url}letter?id={seeded.ids['E']}")
+        assert 'id="result"' not in e_dom
+        assert "the broker dead-lettered it (delivery_limit); the worker sent no result" in e_dom
+
+        group_dom = await browse_page(f"{base_url}group?by=shard&value=9")
+        assert re.search(r'<span id="group-count">3</span>', group_dom)
+
+    # the page only read: every dead letter is where it was, in the same order, and nothing was replayed
+    assert await event_ids(broker.url) == order
+    assert await broker.depth(TOPOLOGY.work_queue) == 1  # C, by carol's replay
+
+
+def get(url: str, *, cookie: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], str]:
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    request = urllib.request.Request(url, method=method, headers={"Cookie": cookie} if cookie else {})
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+async def test_a_token_guards_the_page_and_nothing_writes(broker: Broker, seeded: Seeded) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".token") as token_file:
+        token_file.write(TOKEN + "\n")
+        token_file.flush()
+        async with ui(broker.url, "--token-file", token_file.name) as base_url:
+            status, _, text = await asyncio.to_thread(get, base_url)
+            assert status == 401
+            assert "needs its token" in text
+            status, headers, _ = await asyncio.to_thread(get, f"{base_url}?token=wrong-token-of-some-length")
+            assert status == 401
+            status, headers, _ = await asyncio.to_thread(get, f"{base_url}letter?id=x&token={TOKEN}")
+            assert status == 303
+            assert headers["Location"] == "/letter?id=x"
+            cookie = headers["Set-Cookie"].split(";")[0]
+            status, headers, text = await asyncio.to_thread(get, base_url, cookie=cookie)
+            assert status == 200
+            assert "id=total data-count='5'" in text  # the server's own HTML, before a browser
+            assert "script-src" not in headers["Content-Security-Policy"]  # no script runs on the page
+            for method in ("POST", "PUT", "DELETE"):
+                status, _, _ = await asyncio.to_thread(get, base_url, cookie=cookie, method=method)
+                assert status == 501, method
+    assert await event_ids(broker.url) == seeded.order(*"ABCDE")
+
+
+async def test_off_loopback_the_page_needs_a_token(broker: Broker) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "worker", "dlq", "ui", "--host", "0.0.0.0", "--port", "0", "--rabbitmq-url", broker.url),
+        cwd=REPO,
+        env=cli_env(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    assert b"--host 0.0.0.0 is not a loopback address: give a token" in err
+    assert out == b""
+
+
+def test_chromium_is_found_or_the_reason_is_given() -> None:
+    """Where the browser test's chromium comes from (a skip here says how to get it)."""
+    assert Path(chromium()).exists()
+
+
+async def test_what_a_shard_wrote_is_shown_as_text(broker: Broker) -> None:
+    """Markup and control characters in a dead letter's id, error, headers and body reach the browser as text:
+    no element of theirs is built, no script runs (the CSP allows none either)."""
+    chromium()
+    evil = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>\x1b[2J"
+    event_id = f"{uuid.uuid4()}{evil}"
+    message = shard_message(json.dumps({"event_id": event_id, "note": evil}).encode(), event_id=event_id)
+    message.headers = {**(message.headers or {}), f"x-note{evil}": evil}
+    await dead_letter_copy(
+        broker, message, MAIN_KEY, kind=f"schema{evil}", error=evil, attempts=1, failed_at=datetime.now(UTC)
+    )
+    await broker.wait_depth(DLQ, 1)
+    async with ui(broker.url) as base_url:
+        pages = [
+            await browse_page(base_url),
+            await browse_page(f"{base_url}letter?{urllib.parse.urlencode({'id': event_id})}"),
+        ]
+    for dom in pages:
+        assert "<script" not in dom
+        assert "<img" not in dom
+        assert "<title>pwned</title>" not in dom  # no script set the title
+        assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom
+        assert "\x1b" not in dom
+        assert "\\x1b[2J" in dom
+    assert pre(pages[1], "body").count("<script>") == 2  # in the body twice, as text

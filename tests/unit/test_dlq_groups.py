@@ -1,0 +1,89 @@
+"""``worker dlq``'s groups and the failure result a shard got, rebuilt: pure, no broker."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from worker.dlq.answer import shard_answer
+from worker.dlq.groups import Grouping
+from worker.dlq.letters import DeadLetter, Selection, group_value, parse_group
+
+NOW = datetime(2026, 12, 4, tzinfo=UTC)
+
+
+def letter(kind: str, error: str, shard: int | None, minutes: int, event_id: str | None = None) -> DeadLetter:
+    return DeadLetter(
+        event_id=event_id or str(uuid.uuid4()),
+        kind=kind,
+        error=error,
+        attempts=1,
+        failed_at=NOW - timedelta(minutes=minutes),
+        shard_id=shard,
+        routing_key="tool.create_long_term_memory",
+    )
+
+
+def test_groups_count_and_keep_the_first_sample() -> None:
+    letters = [
+        letter("schema", "unknown schema_version 2", 3, 10, "first"),
+        letter("schema", "unknown schema_version 9", 4, 30),
+        letter("internal", "KeyError: 'persona'", None, 5),
+    ]
+    (schema, internal) = Grouping("kind").extend(letters).groups
+    assert (schema.value, schema.count, schema.sample_event_id) == ("schema", 2, "first")
+    assert (schema.oldest, schema.newest) == (NOW - timedelta(minutes=30), NOW - timedelta(minutes=10))
+    assert internal.count == 1
+    (errors, keyerror) = Grouping("error").extend(letters).groups
+    assert (errors.value, errors.count) == ("unknown schema_version <n>", 2)
+    assert keyerror.replay_command() == "worker dlq replay --group 'error=KeyError: '\"'\"'persona'\"'\"''"
+    assert [g.value for g in Grouping("shard").extend(letters).groups] == ["3", "4", "none"]
+    assert group_value(letters[2], "shard") == "none"
+
+
+def test_a_group_is_a_filter() -> None:
+    a = letter("schema", "unknown schema_version 2", 3, 10)
+    b = letter("schema", "unknown schema_version 2", 4, 10)
+    both_shards = Selection(groups=frozenset({("shard", "3"), ("shard", "4")}))
+    assert both_shards.matches(a, NOW)
+    assert both_shards.matches(b, NOW)
+    shard_and_kind = Selection(groups=frozenset({("shard", "3"), ("kind", "schema")}))
+    assert shard_and_kind.matches(a, NOW)
+    assert not shard_and_kind.matches(b, NOW)
+    assert parse_group("error=a=b <n>") == ("error", "a=b <n>")
+    for bad in ("kind", "colour=red", "=x"):
+        with pytest.raises(ValueError, match="not a group"):
+            parse_group(bad)
+
+
+def body(**fields: object) -> bytes:
+    return orjson.dumps(
+        {
+            "event_id": str(uuid.uuid4()),
+            "tool_call_id": "call_1",
+            "shard_id": 5,
+            "tool_name": "create_long_term_memory",
+        }
+        | fields
+    )
+
+
+def test_the_failure_result_a_shard_got() -> None:
+    sent = body()
+    conflict = shard_answer(letter("event_conflict", "x", 5, 1), sent)
+    assert conflict.result is not None
+    assert conflict.result["status"] == "memory_save_failed_internal_error"
+    assert conflict.result["data"]["reason"].startswith("event_id conflict")
+    assert conflict.note.startswith("sent to shard.5 on tomori.tool_results;")
+    exhausted = shard_answer(letter("transient_exhausted", "x", 5, 1), sent)
+    assert exhausted.result is not None
+    assert exhausted.result["status"] == "memory_save_failed_db_error"
+    assert "unless the event's outcome had committed" in exhausted.note
+    assert shard_answer(letter("schema", "x", 5, 1), sent).result is not None
+    # no result: the broker's own dead letter, a malformed body, ids that cannot be read
+    assert shard_answer(letter("delivery_limit", "x", 5, 1), sent).result is None
+    assert shard_answer(letter("malformed", "x", None, 1), b"\xff not json").result is None
+    assert shard_answer(letter("schema", "x", 5, 1), body(event_id="not-a-uuid")).result is None

@@ -1,0 +1,249 @@
+"""The audit trail of ``worker dlq replay`` and ``purge`` in Postgres (migration 0007): who did what to which
+dead letters, and how each one ended.
+
+The operation's row is written before anything is taken off the queue; each dead letter's row is written
+(``pending``) before it is republished or deleted, and settled (``replayed``, ``not_replayed``, ``deleted``)
+once the broker confirmed that. A write that fails stops the operation before the next letter is touched, so
+the record is never missing a letter that left the queue; an operation cut short stays ``started``, and its
+``pending`` letters are the ones in doubt.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import orjson
+
+from worker.broker.headers import rfc3339
+from worker.config import redact_url as redact
+from worker.dlq.sweep import error_text
+from worker.store.pool import connect_once
+
+CONNECT_TIMEOUT = 10.0
+OPERATIONS = "public.ltm_dlq_operations"
+LETTERS = "public.ltm_dlq_operation_letters"
+#: rows written per statement
+CHUNK = 1000
+
+
+class AuditUnavailable(Exception):
+    """The audit record cannot be written; the message says why (the operation must not run)."""
+
+
+def default_actor() -> str:
+    """``user@host`` of the process: who ran it, when ``--by`` does not say."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container's numeric user)
+        user = "uid-unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A dead letter an operation is about to republish or delete, known by its delivery tag."""
+
+    tag: int
+    event_id: str | None
+    kind: str
+
+
+class Audit:
+    """One connection to the audit tables."""
+
+    def __init__(self, conn: asyncpg.Connection, dsn: str) -> None:
+        self._conn = conn
+        self.dsn = dsn
+
+    @classmethod
+    async def open(cls, dsn: str) -> Audit:
+        """Connect and check that migration 0007 is applied; :class:`AuditUnavailable` otherwise."""
+        try:
+            conn = await connect_once(dsn, timeout=CONNECT_TIMEOUT)
+        except Exception as exc:
+            raise AuditUnavailable(f"cannot reach Postgres at {redact(dsn)}: {error_text(exc)}") from None
+        try:
+            exists = await conn.fetchval(
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL", OPERATIONS, LETTERS
+            )
+        except Exception as exc:
+            await conn.close()
+            raise AuditUnavailable(f"cannot read Postgres at {redact(dsn)}: {error_text(exc)}") from None
+        if not exists:
+            await conn.close()
+            raise AuditUnavailable(
+                f"the audit tables ({OPERATIONS}) do not exist in {redact(dsn)}: run `worker migrate` first"
+            )
+        return cls(conn, dsn)
+
+    async def close(self) -> None:
+        try:
+            await self._conn.close(timeout=5)
+        except Exception:
+            self._conn.terminate()
+
+    async def start(
+        self, action: str, actor: str, filters: Mapping[str, Any], *, vhost: str, queue: str
+    ) -> Operation:
+        """Write the operation's row (``started``) and return it."""
+        operation = Operation(self, uuid.uuid4(), action)
+        await self._write(
+            f"INSERT INTO {OPERATIONS} (operation_id, action, actor, filters, vhost, queue)"
+            " VALUES ($1, $2, $3, $4::jsonb, $5, $6)",
+            operation.id,
+            action,
+            actor,
+            orjson.dumps(dict(filters)).decode(),
+            vhost,
+            queue,
+        )
+        return operation
+
+    async def _write(self, sql: str, *args: Any) -> None:
+        try:
+            await self._conn.execute(sql, *args)
+        except Exception as exc:
+            raise AuditUnavailable(
+                f"cannot write the audit record to Postgres at {redact(self.dsn)}: {error_text(exc)}"
+            ) from None
+
+    async def history(
+        self, *, limit: int = 50, operation_id: uuid.UUID | None = None
+    ) -> list[dict[str, Any]]:
+        """The latest operations, newest first, with their letters counted by outcome."""
+        rows = await self._conn.fetch(
+            f"""
+            SELECT o.*, coalesce(l.outcomes, '{{}}'::jsonb) AS outcomes
+            FROM {OPERATIONS} o
+            LEFT JOIN LATERAL (
+                SELECT jsonb_object_agg(outcome, n) AS outcomes
+                FROM (SELECT outcome, count(*) AS n FROM {LETTERS} WHERE operation_id = o.operation_id
+                      GROUP BY outcome) c
+            ) l ON true
+            WHERE $2::uuid IS NULL OR o.operation_id = $2
+            ORDER BY o.started_at DESC, o.operation_id
+            LIMIT $1
+            """,
+            limit,
+            operation_id,
+        )
+        return [_operation_json(row) for row in rows]
+
+    async def letters(self, operation_id: uuid.UUID) -> list[dict[str, Any]]:
+        rows = await self._conn.fetch(
+            f"SELECT position, event_id, kind, outcome, detail, recorded_at FROM {LETTERS}"
+            " WHERE operation_id = $1 ORDER BY position",
+            operation_id,
+        )
+        return [
+            {
+                "position": row["position"],
+                "event_id": row["event_id"],
+                "kind": row["kind"],
+                "outcome": row["outcome"],
+                "detail": row["detail"],
+                "recorded_at": _time(row["recorded_at"]),
+            }
+            for row in rows
+        ]
+
+
+@dataclass
+class Operation:
+    """A replay or purge being recorded: its letters as they are taken and settled."""
+
+    audit: Audit
+    id: uuid.UUID
+    action: str
+    #: delivery tag -> the letter's position in the operation
+    _positions: dict[int, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    async def taking(self, letters: Sequence[Taken]) -> None:
+        """Record ``letters`` as ``pending`` before they are republished or deleted."""
+        for start in range(0, len(letters), CHUNK):
+            chunk = letters[start : start + CHUNK]
+            positions = []
+            for letter in chunk:
+                position = self._positions[letter.tag] = len(self._positions) + 1
+                positions.append(position)
+            await self.audit._write(
+                f"INSERT INTO {LETTERS} (operation_id, position, event_id, kind)"
+                " SELECT $1, p, e, k FROM unnest($2::int[], $3::text[], $4::text[]) AS t(p, e, k)",
+                self.id,
+                positions,
+                [letter.event_id for letter in chunk],
+                [letter.kind for letter in chunk],
+            )
+            self.outcomes["pending"] = self.outcomes.get("pending", 0) + len(chunk)
+
+    async def settled(
+        self, letters: Sequence[Taken], outcome: str, details: Mapping[int, str] | None = None
+    ) -> None:
+        """Record how ``letters`` (taken before) ended; ``details`` by delivery tag (why one failed)."""
+        for start in range(0, len(letters), CHUNK):
+            chunk = letters[start : start + CHUNK]
+            await self.audit._write(
+                f"UPDATE {LETTERS} l SET outcome = $2, detail = d.detail, recorded_at = now()"
+                " FROM unnest($3::int[], $4::text[]) AS d(position, detail)"
+                " WHERE l.operation_id = $1 AND l.position = d.position",
+                self.id,
+                outcome,
+                [self._positions[letter.tag] for letter in chunk],
+                [(details or {}).get(letter.tag) for letter in chunk],
+            )
+            self.outcomes["pending"] -= len(chunk)
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + len(chunk)
+
+    async def finish(
+        self,
+        state: str,
+        detail: str | None = None,
+        *,
+        expected: int | None = None,
+        scanned: int | None = None,
+    ) -> None:
+        await self.audit._write(
+            f"UPDATE {OPERATIONS} SET state = $2, detail = $3, finished_at = now(), expected = $4,"
+            " scanned = $5 WHERE operation_id = $1",
+            self.id,
+            state,
+            detail,
+            expected,
+            scanned,
+        )
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else rfc3339(value)
+
+
+def _operation_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    outcomes = row["outcomes"]
+    if isinstance(outcomes, str):
+        outcomes = orjson.loads(outcomes)
+    filters = row["filters"]
+    if isinstance(filters, str):
+        filters = orjson.loads(filters)
+    return {
+        "operation_id": str(row["operation_id"]),
+        "action": row["action"],
+        "actor": row["actor"],
+        "started_at": _time(row["started_at"]),
+        "finished_at": _time(row["finished_at"]),
+        "state": row["state"],
+        "detail": row["detail"],
+        "filters": filters,
+        "vhost": row["vhost"],
+        "queue": row["queue"],
+        "expected": row["expected"],
+        "scanned": row["scanned"],
+        "letters": dict(sorted(outcomes.items())),
+    }
