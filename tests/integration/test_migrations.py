@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import asyncpg
 import pytest
 
 from worker.store.migrate import MigrationError, apply_migrations, available_migrations, pending_migrations
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 pytestmark = pytest.mark.integration
 
@@ -108,3 +111,24 @@ async def test_an_edited_migration_is_refused(postgres_dsn: str) -> None:
         await conn.close()
     with pytest.raises(MigrationError, match="was changed after it was applied"):
         await apply_migrations(postgres_dsn)
+
+
+async def test_the_readmes_undo_line_drops_everything_migrate_made(postgres_dsn: str) -> None:
+    """README "Undoing the defaults": its DROP statements, run after a full migrate, leave the schema empty
+    (a later migration that adds an object must add it to that line)."""
+    undo = "-d postgres -c 'DROP TABLE IF EXISTS"
+    line = next(text for text in README.read_text().splitlines() if undo in text)
+    sql = line.split(" -c '", 1)[1].rsplit("'", 1)[0]
+    await apply_migrations(postgres_dsn)
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(sql)
+        left = await conn.fetch(
+            "SELECT c.relname AS name, c.relkind::text AS kind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'"
+            " UNION ALL SELECT p.proname, 'function' FROM pg_proc p"
+            " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'"
+        )
+    finally:
+        await conn.close()
+    assert [(row["name"], row["kind"]) for row in left] == []
