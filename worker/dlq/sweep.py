@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Self
 from urllib.parse import urlsplit
 
 import aiormq.exceptions
@@ -179,23 +180,9 @@ async def _queue_depth(channel: AbstractChannel, name: str) -> int:
     return int(result.message_count or 0)
 
 
-class Sweep:
-    """One pass over the DLQ on one channel: each message is taken once and held until settled.
-
-    ``next_batch`` returns the selected dead letters of the next ``batch`` messages taken (possibly none),
-    or None when the pass is over. The caller ``remove``s the ones it is done with; everything else is
-    requeued, in the order it was taken, when the sweep closes.
-
-    Messages are taken with ``basic.get`` (manual ack) and held unacked until the end of the pass, so every
-    dead letter is seen exactly once wherever the broker puts a requeued message (a RabbitMQ 3.x quorum
-    queue without a delivery limit appends it to the back; with one, and on 4.x, it is served again
-    first). The pass stops after the number of messages the queue held when it started, so dead letters
-    that arrive meanwhile (a replayed event failing again) are left for the next run. ``batch`` is how many
-    bodies are in memory (and republishes await their confirms) at once; every message not removed is kept
-    as a delivery tag only and released with ``basic.nack(requeue=True)`` one by one in the order taken, so
-    the queue keeps its order. A nack, unlike a reject, does not count as a failed delivery on RabbitMQ
-    4.3+. If the tool dies, the broker requeues whatever it still held: nothing is lost.
-    """
+class _Pass:
+    """What a :class:`Sweep` and a :class:`Reading` share: the counts, when the pass is over, which
+    messages it selects and the wait for released messages to show as ready again."""
 
     def __init__(
         self,
@@ -220,25 +207,70 @@ class Sweep:
         self.scanned = 0
         self.selected = 0
         self.removed = 0
-        #: delivery tags taken and not acked yet, in the order taken (dict: ordered, O(1) delete)
-        self._held: dict[int, None] = {}
         self._exhausted = False
-        self._queue: AbstractQueue | None = None
-        self._last_ack: float | None = None
+        self._init_state()
 
-    async def __aenter__(self) -> Sweep:
+    def _init_state(self) -> None:
+        """Set up what a kind of pass keeps besides the counts."""
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @property
-    def held(self) -> int:
-        return len(self._held)
+    async def close(self) -> None:
+        raise NotImplementedError
 
     def _done(self) -> bool:
         limit_reached = self._limit is not None and self.selected >= self._limit
         return self._exhausted or self.scanned >= self.expected or limit_reached
+
+    def _consider(self, message: AbstractIncomingMessage, found: list[Found]) -> None:
+        """Count a message taken; add it to ``found`` if the selection picks its dead letter."""
+        self.scanned += 1
+        letter = read_dead_letter(message, self._topology)
+        if self._selection.matches(letter, self.now):
+            self.selected += 1
+            found.append(Found(message, letter))
+
+    async def _wait_until_ready(self, ready: int) -> None:
+        """Wait (briefly) until the queue shows the released messages as ready again: a nack has no
+        reply and the queue applies it a moment later; a command run right after this one must see them."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while await _queue_depth(self._channel, self._queue_name) < ready:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.01)
+
+
+class Sweep(_Pass):
+    """One pass over the DLQ on one channel: each message is taken once and held until settled.
+
+    ``next_batch`` returns the selected dead letters of the next ``batch`` messages taken (possibly none),
+    or None when the pass is over. The caller ``remove``s the ones it is done with; everything else is
+    requeued, in the order it was taken, when the sweep closes.
+
+    Messages are taken with ``basic.get`` (manual ack) and held unacked until the end of the pass, so every
+    dead letter is seen exactly once wherever the broker puts a requeued message (a RabbitMQ 3.x quorum
+    queue without a delivery limit appends it to the back; with one, and on 4.x, it is served again
+    first). The pass stops after the number of messages the queue held when it started, so dead letters
+    that arrive meanwhile (a replayed event failing again) are left for the next run. ``batch`` is how many
+    bodies are in memory (and republishes await their confirms) at once; every message not removed is kept
+    as a delivery tag only and released with ``basic.nack(requeue=True)`` one by one in the order taken, so
+    the queue keeps its order. A nack, unlike a reject, does not count as a failed delivery on RabbitMQ
+    4.3+. If the tool dies, the broker requeues whatever it still held: nothing is lost.
+    """
+
+    def _init_state(self) -> None:
+        #: delivery tags taken and not acked yet, in the order taken (dict: ordered, O(1) delete)
+        self._held: dict[int, None] = {}
+        self._queue: AbstractQueue | None = None
+        self._last_ack: float | None = None
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
     async def next_batch(self) -> list[Found] | None:
         if self._done():
@@ -254,13 +286,9 @@ class Sweep:
                 self._exhausted = True
                 break
             taken += 1
-            self.scanned += 1
             if message.delivery_tag is not None:
                 self._held[message.delivery_tag] = None
-            letter = read_dead_letter(message, self._topology)
-            if self._selection.matches(letter, self.now):
-                self.selected += 1
-                found.append(Found(message, letter))
+            self._consider(message, found)
         return found
 
     async def remove(self, found: Sequence[Found]) -> None:
@@ -300,17 +328,8 @@ class Sweep:
             # closing the channel requeues anything a failure above left unacked
             await close_quietly(self._channel)
 
-    async def _wait_until_ready(self, ready: int) -> None:
-        """Wait (briefly) until the queue shows the released messages as ready again: a nack has no
-        reply and the queue applies it a moment later; a command run right after this one must see them."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT
-        while await _queue_depth(self._channel, self._queue_name) < ready:
-            if time.monotonic() > deadline:
-                return
-            await asyncio.sleep(0.01)
 
-
-class Reading:
+class Reading(_Pass):
     """A read-only pass with one consumer: the reading ``list``, ``show`` and the page make.
 
     The same promise as a :class:`Sweep` (each message seen once, held unacked until the pass ends, all put
@@ -322,40 +341,12 @@ class Reading:
     whatever it held: nothing is lost. Nothing is ever acked here (``remove`` does not exist).
     """
 
-    def __init__(
-        self,
-        channel: AbstractChannel,
-        queue_name: str,
-        topology: Topology,
-        selection: Selection,
-        *,
-        expected: int,
-        batch: int,
-        limit: int | None,
-        now: datetime,
-    ) -> None:
-        self._channel = channel
-        self._queue_name = queue_name
-        self._topology = topology
-        self._selection = selection
-        self.expected = expected
-        self._batch = batch
-        self._limit = limit
-        self.now = now
-        self.scanned = 0
-        self.selected = 0
-        self.removed = 0
+    def _init_state(self) -> None:
         self._inbox: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
         self._consumer_tag: str | None = None
         #: the highest delivery tag given to this channel: releasing up to it releases everything
         self._highest = 0
-        self._exhausted = expected == 0
-
-    async def __aenter__(self) -> Reading:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        self._exhausted = self.expected == 0
 
     async def start(self) -> None:
         if self._exhausted:
@@ -369,10 +360,6 @@ class Reading:
     async def _deliver(self, message: DeliveredMessage) -> None:
         self._highest = max(self._highest, message.delivery_tag or 0)
         self._inbox.put_nowait(message)
-
-    def _done(self) -> bool:
-        limit_reached = self._limit is not None and self.selected >= self._limit
-        return self._exhausted or self.scanned >= self.expected or limit_reached
 
     async def next_batch(self) -> list[Found] | None:
         if self._done():
@@ -393,11 +380,7 @@ class Reading:
             idle_since = time.monotonic()
             message = IncomingMessage(delivered, no_ack=False)
             taken += 1
-            self.scanned += 1
-            letter = read_dead_letter(message, self._topology)
-            if self._selection.matches(letter, self.now):
-                self.selected += 1
-                found.append(Found(message, letter))
+            self._consider(message, found)
         return found
 
     async def close(self) -> None:
@@ -422,11 +405,7 @@ class Reading:
             held = self._highest  # delivery tags count from 1 on a fresh channel
             for tag in range(1, held + 1):
                 await underlay.basic_nack(tag, multiple=False, requeue=True)
-            deadline = time.monotonic() + SETTLE_TIMEOUT
-            while await _queue_depth(self._channel, self._queue_name) < ready_before + held:
-                if time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.01)
+            await self._wait_until_ready(ready_before + held)
 
 
 def _connect_reason(exc: BaseException, url: str) -> str:
