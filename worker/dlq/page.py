@@ -40,7 +40,7 @@ from worker.dlq.audit import Audit, AuditUnavailable
 from worker.dlq.groups import Group, Grouping
 from worker.dlq.letters import GROUP_FIELDS, DeadLetter, Selection, group_value
 from worker.dlq.operations import browse
-from worker.dlq.render import _body_lines, format_age, terminal_safe
+from worker.dlq.render import _body_lines, format_age, message_properties, terminal_safe
 from worker.dlq.sweep import DEFAULT_BATCH, Found, error_text, open_dead_letters
 
 #: how long one view may take (a pass over the queue, the audit query) before the page says so
@@ -438,24 +438,7 @@ def letter_page(event_id: str, found: list[tuple[Found, datetime]], scanned: int
             ("replays to", f"{letter.routing_key or '?'} (replayed {letter.replay_count} time(s) so far)"),
             ("delivery", f"exchange {message.exchange!r}, routing key {message.routing_key!r}"),
         ]
-        properties = [
-            (name, getattr(message, name))
-            for name in (
-                "content_type",
-                "content_encoding",
-                "delivery_mode",
-                "priority",
-                "correlation_id",
-                "reply_to",
-                "expiration",
-                "message_id",
-                "timestamp",
-                "type",
-                "user_id",
-                "app_id",
-            )
-            if getattr(message, name, None) is not None
-        ]
+        properties = message_properties(message)
         body_lines = _body_lines(message.body)
         result = (
             "<pre id=result>"

@@ -130,6 +130,12 @@ _PROPERTIES = (
 )
 
 
+def message_properties(message: object) -> list[tuple[str, Any]]:
+    """The AMQP properties a message has set, by name, in the order ``show`` and the page list them."""
+    properties = [(name, getattr(message, name, None)) for name in _PROPERTIES]
+    return [(name, value) for name, value in properties if value is not None]
+
+
 def format_message(found: Found, now: datetime) -> str:
     """The whole message for ``worker dlq show``: summary, delivery, properties, headers, body; every piece
     of the message's own text made :func:`terminal_safe`."""
@@ -149,10 +155,8 @@ def format_message(found: Found, now: datetime) -> str:
         f"  redelivered: {str(bool(message.redelivered)).lower()}",
         "properties:",
     ]
-    for name in _PROPERTIES:
-        value = getattr(message, name, None)
-        if value is not None:
-            lines.append(f"  {name}: {_render(value)}")
+    for name, value in message_properties(message):
+        lines.append(f"  {name}: {_render(value)}")
     lines.append("headers:")
     for key, value in sorted((message.headers or {}).items()):
         lines.append(f"  {safe(str(key))}: {_render(value, indent=2)}")
