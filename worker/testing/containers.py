@@ -48,6 +48,7 @@ __all__ = [
     "RedisServer",
     "StartAbandoned",
     "run_blocking",
+    "seconds_from_env",
     "start_postgres",
     "start_rabbitmq",
     "start_redis",
@@ -96,14 +97,19 @@ class Deadline:
         return time.monotonic() >= self.end
 
 
-def start_timeout(environ: Mapping[str, str] | None = None) -> float:
-    """`LTM_CONTAINER_START_TIMEOUT` in seconds (a positive number), else the default."""
-    raw = (os.environ if environ is None else environ).get(START_TIMEOUT_ENV, "").strip()
+def seconds_from_env(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """The variable `name` in seconds (a positive number), else `default`."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
     try:
         value = float(raw)
     except ValueError:
-        return DEFAULT_START_TIMEOUT
-    return value if value > 0 else DEFAULT_START_TIMEOUT
+        return default
+    return value if value > 0 else default
+
+
+def start_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """`LTM_CONTAINER_START_TIMEOUT` in seconds (a positive number), else the default."""
+    return seconds_from_env(START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT, environ)
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -48,6 +48,7 @@ from worker.testing.containers import (
     RabbitmqServer,
     RedisServer,
     StartAbandoned,
+    seconds_from_env,
     start_postgres,
     start_rabbitmq,
     start_redis,
@@ -121,12 +122,7 @@ class StackError(Exception):
 
 def stack_timeout(environ: Mapping[str, str] | None = None) -> float:
     """`LTM_STACK_TIMEOUT` in seconds (a positive number), else 120."""
-    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
+    return seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT, environ)
 
 
 def _free_port() -> int:
