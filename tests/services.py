@@ -26,10 +26,9 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
@@ -38,13 +37,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from worker.testing import images
-from worker.testing.containers import Deadline, start_postgres, start_rabbitmq, start_redis
+from worker.testing.containers import Deadline, run_blocking, start_postgres, start_rabbitmq, start_redis
 from worker.testing.images import Image
 from worker.testing.management import ManagementApi
 
 __all__ = ["ManagementApi"]  # re-exported: tests/integration/test_deploy.py uses it through this module
 
-T = TypeVar("T")
+#: run a one-off coroutine to completion from synchronous code, also inside a running loop (the kit's)
+run_async = run_blocking
+
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
@@ -157,20 +158,6 @@ def describe(error: BaseException) -> str:
     """`Type: message` for an exception, including ones whose str() is empty."""
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a one-off coroutine to completion from synchronous code and return its result.
-
-    Works whether or not an event loop is already running in this thread: when one is (a sync helper called
-    from an async test), the coroutine runs on a fresh loop in a worker thread instead.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="run_async") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def docker_engine_reachable(timeout: float = DOCKER_PING_TIMEOUT) -> bool:
