@@ -214,13 +214,11 @@ def _fail(line: str) -> None:
 
 async def seed(dsn: str, *, out: Callable[[str], None] = _say) -> int:
     """Add the example's rows where missing; say what was added and what was there."""
-    try:
-        conn = await connect_once(dsn, timeout=10)
-    except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        _fail(f"cannot reach Postgres at {redact_url(dsn)}: {describe(exc)}")
+    conn = await _connect(dsn)
+    if conn is None:
         return EXIT_UNREACHABLE
     try:
-        if await conn.fetchval("SELECT to_regclass('public.personas')") is None:
+        if not await _has_bot_tables(conn):
             _fail(f"{redact_url(dsn)} has no bot tables: run `worker migrate` first")
             return EXIT_FAILED
         async with conn.transaction():
@@ -265,6 +263,19 @@ async def seed(dsn: str, *, out: Callable[[str], None] = _say) -> int:
     return EXIT_OK
 
 
+async def _connect(dsn: str) -> asyncpg.Connection | None:
+    """A connection to the database, or None (said on stderr) when Postgres cannot be reached."""
+    try:
+        return await connect_once(dsn, timeout=10)
+    except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        _fail(f"cannot reach Postgres at {redact_url(dsn)}: {describe(exc)}")
+        return None
+
+
+async def _has_bot_tables(conn: asyncpg.Connection) -> bool:
+    return await conn.fetchval("SELECT to_regclass('public.personas')") is not None
+
+
 async def _row(conn: asyncpg.Connection, select: str, insert: str, key: str) -> tuple[int, bool]:
     """The id of the row ``select`` finds, else of the row ``insert`` adds; and whether it was added."""
     found = await conn.fetchval(select, key)
@@ -274,13 +285,11 @@ async def _row(conn: asyncpg.Connection, select: str, insert: str, key: str) -> 
 
 
 async def _clean_rows(dsn: str, out: Callable[[str], None]) -> int:
-    try:
-        conn = await connect_once(dsn, timeout=10)
-    except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        _fail(f"cannot reach Postgres at {redact_url(dsn)}: {describe(exc)}")
+    conn = await _connect(dsn)
+    if conn is None:
         return EXIT_UNREACHABLE
     try:
-        if await conn.fetchval("SELECT to_regclass('public.personas')") is None:
+        if not await _has_bot_tables(conn):
             out("database: no bot tables, nothing to delete")
             return EXIT_OK
         async with conn.transaction():
