@@ -256,22 +256,36 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-async def cli(*args: str, url: str, timeout: float = 60.0) -> Ran:
-    """``python -m worker dlq ARGS --rabbitmq-url URL`` with no terminal on stdin."""
-    process = await asyncio.create_subprocess_exec(
+PIPE, DEVNULL = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
+
+
+async def start_dlq(*args: str, stdout: int = DEVNULL, stderr: int = DEVNULL) -> asyncio.subprocess.Process:
+    """``python -m worker dlq ARGS`` started in the repository, with :func:`cli_env` and no stdin."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "worker",
-        "dlq",
-        *args,
-        "--rabbitmq-url",
-        url,
+        *("-m", "worker", "dlq", *args),
         cwd=REPO,
         env=cli_env(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdin=DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
     )
+
+
+async def replay_until(broker: Broker, moved: int) -> asyncio.subprocess.Process:
+    """A `worker dlq replay --batch 100` that has moved at least ``moved`` letters, still running."""
+    process = await start_dlq("replay", "--batch", "100", "--rabbitmq-url", broker.url)
+    deadline = time.monotonic() + 60
+    while await broker.depth(TOPOLOGY.work_queue) < moved:
+        assert process.returncode is None, "replay exited before it could be stopped"
+        assert time.monotonic() < deadline, "replay made no progress"
+        await asyncio.sleep(0.01)
+    return process
+
+
+async def cli(*args: str, url: str, timeout: float = 60.0) -> Ran:
+    """``python -m worker dlq ARGS --rabbitmq-url URL`` with no terminal on stdin."""
+    process = await start_dlq(*args, "--rabbitmq-url", url, stdout=PIPE, stderr=PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
     return Ran(process.returncode, out.decode(), err.decode())
@@ -549,20 +563,8 @@ async def test_a_replay_killed_mid_batch_loses_nothing(broker: Broker) -> None:
         )
     assert await broker.depth(TOPOLOGY.dead_letter_queue) == total
 
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "worker", "dlq", "replay", "--batch", "100", "--rabbitmq-url", broker.url),
-        cwd=REPO,
-        env=cli_env(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while (moved := await broker.depth(TOPOLOGY.work_queue)) < 300:
-        assert process.returncode is None, "replay exited before it could be killed"
-        assert time.monotonic() < deadline, "replay made no progress"
-        await asyncio.sleep(0.01)
+    process = await replay_until(broker, 300)
+    moved = await broker.depth(TOPOLOGY.work_queue)
     process.send_signal(signal.SIGKILL)
     assert await process.wait() == -signal.SIGKILL
     assert moved < total, "the replay finished before the kill; the test proves nothing"

@@ -11,7 +11,6 @@ import asyncio
 import io
 import json
 import signal
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -24,16 +23,16 @@ from tests.factories import event_body
 from tests.integration import test_dlq as base
 from tests.integration.test_dlq import (
     MAIN_KEY,
-    REPO,
     TOPOLOGY,
     Broker,
     Ran,
     Seeded,
     cli,
-    cli_env,
     dead_letter_copy,
     event_ids,
+    replay_until,
     shard_message,
+    start_dlq,
 )
 from tests.services import Services
 from worker import dlq
@@ -319,25 +318,6 @@ async def fill_dlq(broker: Broker, total: int) -> None:
     await broker.wait_depth(DLQ, total)
 
 
-async def replay_until(broker: Broker, moved: int) -> asyncio.subprocess.Process:
-    """A `worker dlq replay --batch 100` that has moved at least ``moved`` letters, still running."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "worker", "dlq", "replay", "--batch", "100", "--rabbitmq-url", broker.url),
-        cwd=REPO,
-        env=cli_env(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while await broker.depth(TOPOLOGY.work_queue) < moved:
-        assert process.returncode is None, "replay exited before it could be stopped"
-        assert time.monotonic() < deadline, "replay made no progress"
-        await asyncio.sleep(0.01)
-    return process
-
-
 async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
     broker: Broker, audit_database: str
 ) -> None:
@@ -390,10 +370,7 @@ async def test_each_help_names_only_the_settings_it_reads() -> None:
         ("ui",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
     }
     for action, expected in reads.items():
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "worker", "dlq", *action, "--help",
-            cwd=REPO, env=cli_env(), stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        process = await start_dlq(*action, "--help", stdout=asyncio.subprocess.PIPE)
         out, _ = await process.communicate()
         assert process.returncode == 0
         text = out.decode()

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -28,15 +27,14 @@ import pytest
 from tests.integration import test_dlq as base
 from tests.integration.test_dlq import (
     MAIN_KEY,
-    REPO,
     TOPOLOGY,
     Broker,
     Seeded,
     cli,
-    cli_env,
     dead_letter_copy,
     event_ids,
     shard_message,
+    start_dlq,
 )
 from tests.integration.test_dlq_oncall import add_schema_letters, json_lines
 
@@ -83,14 +81,9 @@ async def browse_page(url: str) -> str:
 @contextlib.asynccontextmanager
 async def ui(url: str, *args: str) -> AsyncIterator[str]:
     """``worker dlq ui --port 0 ARGS`` running; its base URL."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "worker", "dlq", "ui", "--port", "0", "--rabbitmq-url", url, *args),
-        cwd=REPO,
-        env=cli_env(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,  # one access line per request
+    process = await start_dlq(
+        *("ui", "--port", "0", "--rabbitmq-url", url, *args),
+        stdout=asyncio.subprocess.PIPE,  # stderr: one access line per request, not read
     )
     try:
         assert process.stdout is not None
@@ -209,12 +202,8 @@ async def test_a_token_guards_the_page_and_nothing_writes(broker: Broker, seeded
 
 
 async def test_off_loopback_the_page_needs_a_token(broker: Broker) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *("-m", "worker", "dlq", "ui", "--host", "0.0.0.0", "--port", "0", "--rabbitmq-url", broker.url),
-        cwd=REPO,
-        env=cli_env(),
-        stdin=asyncio.subprocess.DEVNULL,
+    process = await start_dlq(
+        *("ui", "--host", "0.0.0.0", "--port", "0", "--rabbitmq-url", broker.url),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
