@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.containers.timed import run_timed
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
@@ -32,18 +32,12 @@ def test_the_python_example_of_the_readme_runs_as_written(
     assert 'pytest_plugins = ["worker.testing.pytest_plugin"]' in example
     (tmp_path / "test_memory.py").write_text(example)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_TEST_", "PYTEST_"))}
-    began = time.monotonic()
-    done = subprocess.run(
+    done, took = run_timed(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_memory.py"],
         cwd=tmp_path,
         env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         timeout=TIMEOUT,
-        check=False,
     )
-    took = time.monotonic() - began
     output = done.stdout + done.stderr
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "(no output)"
     with capsys.disabled():

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.containers.timed import run_timed
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 40 * 60
@@ -40,18 +40,12 @@ def test_the_integration_tier_passes_with_every_service_from_containers(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(LOCAL_POINTERS)}
     env["LTM_REQUIRE_DOCKER"] = "1"
-    began = time.monotonic()
-    done = subprocess.run(
+    done, took = run_timed(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/integration"],
         cwd=REPO,
         env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         timeout=TIMEOUT,
-        check=False,
     )
-    took = time.monotonic() - began
     lines = (done.stdout + done.stderr).strip().splitlines()
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "(no output)"
     header = [line for line in lines[:30] if line.startswith("services: ")]
