@@ -493,6 +493,15 @@ async def _fresh_database(endpoint: Endpoint) -> AsyncIterator[str]:
             log.warning("test database %s was not dropped: %s", name, describe(error))
 
 
+async def database_exists(admin_dsn: str, name: str) -> bool:
+    """Whether the server at ``admin_dsn`` has a database called ``name`` (a test's checks on the cleanup)."""
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        return bool(await admin.fetchval("SELECT count(*) FROM pg_database WHERE datname = $1", name))
+    finally:
+        await admin.close()
+
+
 async def _check_amqp(endpoint: Endpoint) -> None:
     try:
         connection = await aio_pika.connect(endpoint.url, timeout=CONNECT_TIMEOUT)

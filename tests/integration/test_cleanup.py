@@ -10,21 +10,21 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.services import POSTGRES, RABBITMQ, Services, VhostAdmin, _fresh_database, _fresh_vhost
+from tests.services import (
+    POSTGRES,
+    RABBITMQ,
+    Services,
+    VhostAdmin,
+    _fresh_database,
+    _fresh_vhost,
+    database_exists,
+)
 
 pytestmark = pytest.mark.integration
 
 
 class BodyFailed(Exception):
     """What the body of a test raises here."""
-
-
-async def _database_exists(admin_dsn: str, name: str) -> bool:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        return bool(await admin.fetchval("SELECT count(*) FROM pg_database WHERE datname = $1", name))
-    finally:
-        await admin.close()
 
 
 async def _vhost_answers(url: str) -> bool:
@@ -45,13 +45,13 @@ async def test_a_failing_tests_database_and_vhost_are_removed(test_services: Ser
     async def failing_test() -> None:
         async with _fresh_database(postgres) as dsn, _fresh_vhost(rabbitmq, admin) as url:
             seen.update(database=urlsplit(dsn).path[1:], url=url)
-            assert await _database_exists(postgres.url, seen["database"])
+            assert await database_exists(postgres.url, seen["database"])
             assert await _vhost_answers(url)
             raise BodyFailed
 
     with pytest.raises(BodyFailed):
         await failing_test()
-    assert not await _database_exists(postgres.url, seen["database"])
+    assert not await database_exists(postgres.url, seen["database"])
     assert not await _vhost_answers(seen["url"])
 
 
@@ -75,7 +75,7 @@ async def test_a_database_that_cannot_be_dropped_is_logged_and_the_tests_error_k
         with caplog.at_level(logging.WARNING, logger="tests.services"), pytest.raises(BodyFailed):
             await failing_test()
         name = seen["database"]
-        assert await _database_exists(postgres.url, name)
+        assert await database_exists(postgres.url, name)
         [record] = [r for r in caplog.records if r.name == "tests.services"]
         assert record.levelno == logging.WARNING
         assert f"test database {name} was not dropped" in record.getMessage()

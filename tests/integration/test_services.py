@@ -16,20 +16,13 @@ from tests.services import (
     Endpoint,
     Services,
     StartedService,
+    database_exists,
     redact,
     run_async,
     with_path,
 )
 
 USER_TABLES = "SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
-
-
-async def _database_exists(admin_dsn: str, name: str) -> bool:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        return bool(await admin.fetchval("SELECT count(*) FROM pg_database WHERE datname = $1", name))
-    finally:
-        await admin.close()
 
 
 @pytest.mark.integration
@@ -58,7 +51,7 @@ async def test_postgres_databases_are_distinct_empty_and_dropped(
         await first.close()
 
     admin_dsn = test_services.resolve(POSTGRES).url
-    assert not await _database_exists(admin_dsn, other_name)
+    assert not await database_exists(admin_dsn, other_name)
 
 
 async def _connect_and_close(url: str) -> None:
