@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import sys
 import time
@@ -31,6 +32,7 @@ import aio_pika
 import aiormq
 import asyncpg
 
+from contracts.example import EXAMPLE_EVENT
 from contracts.models import ShardQueueKind, Status, shard_queue
 from worker.broker.topology import retry_delays, retry_queue_name
 from worker.broker.urls import connect_any
@@ -73,54 +75,17 @@ def example_event(scope: str, content: str | None = None, *, event_id: str | Non
         }
     else:
         arguments = {"memory_content": content or SERVER_CONTENT, "memory_scope": "server_wide"}
-    return {
-        "schema_version": 1,
-        "event_id": event_id or str(uuid.uuid4()),
-        "tool_call_id": TOOL_CALL_PREFIX + uuid.uuid4().hex[:12],
-        "tool_name": "create_long_term_memory",
-        "issued_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-        "shard_id": SHARD_ID,
-        "arguments": arguments,
-        "context": {
-            "guild_disc_id": GUILD,
-            "channel_disc_id": CHANNEL,
-            "thread_id": None,
-            "triggering_user_disc_id": AUTHOR,
-            "bot_user_disc_id": BOT,
-            "persona_id": PERSONA_ID,
-            "reply_via": None,
-            "participants": [
-                {
-                    "target_id": SPARROW,
-                    "display_label": "Master Sparrow",
-                    "aliases": ["Sparrow", "sparrow_ow", "Master Sparrow"],
-                    "is_bridge": False,
-                },
-                {
-                    "target_id": "@alice:matrix.org",
-                    "display_label": "Alice",
-                    "aliases": ["Alice"],
-                    "is_bridge": True,
-                },
-            ],
-            "guild_members": [
-                {
-                    "user_disc_id": AUTHOR,
-                    "username": "kaede_dc",
-                    "global_name": "Kaede",
-                    "nickname": None,
-                    "is_bot": False,
-                },
-                {
-                    "user_disc_id": SPARROW,
-                    "username": "sparrow_ow",
-                    "global_name": "Sparrow",
-                    "nickname": None,
-                    "is_bot": False,
-                },
-            ],
-        },
-    }
+    event = copy.deepcopy(EXAMPLE_EVENT)
+    event.update(
+        event_id=event_id or str(uuid.uuid4()),
+        tool_call_id=TOOL_CALL_PREFIX + uuid.uuid4().hex[:12],
+        issued_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        shard_id=SHARD_ID,
+        arguments=arguments,
+    )
+    author = {"user_disc_id": AUTHOR, "username": "kaede_dc", "global_name": "Kaede", "nickname": None}
+    event["context"]["guild_members"].insert(0, {**author, "is_bot": False})
+    return event
 
 
 # --- the command line -----------------------------------------------------------------------------------

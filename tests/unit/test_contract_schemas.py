@@ -15,6 +15,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter, ValidationError
 
+from contracts.example import EXAMPLE_EVENT
 from contracts.models import (
     RESULT_DATA,
     CacheInvalidation,
@@ -39,48 +40,8 @@ from contracts.schemas import (
 )
 from tests.schemas import assert_conforms, errors
 
-# The example body of CONTRACT.md "Tool-call event", comments removed and `{ ... }` filled in.
-CONTRACT_EVENT: dict[str, Any] = {
-    "schema_version": 1,
-    "event_id": "6f1c1a9e-3b0e-4a53-9a55-6a4f0f0b9a11",
-    "tool_call_id": "call_8731",
-    "tool_name": "create_long_term_memory",
-    "issued_at": "2026-12-02T08:00:00Z",
-    "shard_id": 3,
-    "arguments": {"memory_content": "{user} likes dogs", "memory_scope": "server_wide"},
-    "context": {
-        "guild_disc_id": "1150000000000000001",
-        "channel_disc_id": "1150000000000000100",
-        "thread_id": None,
-        "triggering_user_disc_id": "1150000000000000200",
-        "bot_user_disc_id": "1150000000000000999",
-        "persona_id": 7,
-        "reply_via": None,
-        "participants": [
-            {
-                "target_id": "1150000000000000201",
-                "display_label": "Master Sparrow",
-                "aliases": ["Sparrow", "sparrow_ow", "Master Sparrow"],
-                "is_bridge": False,
-            },
-            {
-                "target_id": "@alice:matrix.org",
-                "display_label": "Alice",
-                "aliases": ["Alice"],
-                "is_bridge": True,
-            },
-        ],
-        "guild_members": [
-            {
-                "user_disc_id": "1150000000000000201",
-                "username": "sparrow_ow",
-                "global_name": "Sparrow",
-                "nickname": None,
-                "is_bot": False,
-            }
-        ],
-    },
-}
+# The example body of CONTRACT.md "Tool-call event" (shipped: worker demo sends a copy of it).
+CONTRACT_EVENT: dict[str, Any] = EXAMPLE_EVENT
 
 EVENT_ID = "6f1c1a9e-3b0e-4a53-9a55-6a4f0f0b9a11"
 INVALIDATION_ID = invalidation_id(UUID(EVENT_ID))
