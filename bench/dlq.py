@@ -40,6 +40,7 @@ import aio_pika
 import orjson
 
 from bench.sandbox import Sandbox
+from worker.broker.events import tool_call_message
 from worker.broker.headers import rfc3339
 from worker.broker.topology import declare_topology
 from worker.config import load_settings
@@ -100,13 +101,9 @@ async def fill(url: str, count: int) -> None:
             for n in range(start, min(count, start + 500)):
                 body, kind, error = letter(n, now)
                 failed_at = now - timedelta(seconds=86400 * (count - n) / count)
-                message = aio_pika.Message(
+                message = tool_call_message(
+                    body,
                     orjson.dumps(body),
-                    content_type="application/json",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    message_id=body["event_id"],
-                    correlation_id=body["tool_call_id"],
-                    type="tool_call.v1",
                     app_id=f"tomori-shard-{body['shard_id']}",
                     headers={
                         "x-ltm-error": error,

@@ -34,6 +34,7 @@ import asyncpg
 
 from contracts.example import EXAMPLE_EVENT
 from contracts.models import ShardQueueKind, Status, shard_queue
+from worker.broker.events import tool_call_message
 from worker.broker.topology import retry_delays, retry_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings, redact_url
@@ -347,14 +348,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
         event = example_event(scope, content)
         tool_calls = await channel.get_exchange(topology.tool_calls_exchange, ensure=True)
         await tool_calls.publish(
-            aio_pika.Message(
-                json.dumps(event).encode(),
-                content_type="application/json",
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                message_id=event["event_id"],
-                correlation_id=event["tool_call_id"],
-                type="tool_call.v1",
-            ),
+            tool_call_message(event, json.dumps(event).encode()),
             routing_key=f"tool.{event['tool_name']}",
             mandatory=True,
         )
