@@ -87,10 +87,7 @@ class DeadLetterQueue:
         now: datetime | None = None,
     ) -> Sweep:
         """Start one pass over the queue (use it as ``async with``)."""
-        if batch < 1:
-            raise ValueError("batch must be at least 1")
-        channel = await self.connection.channel(publisher_confirms=False)
-        expected = await _queue_depth(channel, self.name)
+        channel, expected = await self._open_pass(batch)
         return Sweep(
             channel,
             self.name,
@@ -112,10 +109,7 @@ class DeadLetterQueue:
         """Start a read-only pass (use it as ``async with``): a consumer (:class:`Reading`) when the queue
         fits in one prefetch window, else a :meth:`sweep`. Either holds every message until it ends and
         puts them all back in the order taken."""
-        if batch < 1:
-            raise ValueError("batch must be at least 1")
-        channel = await self.connection.channel(publisher_confirms=False)
-        expected = await _queue_depth(channel, self.name)
+        channel, expected = await self._open_pass(batch)
         if expected > MAX_PREFETCH:
             await close_quietly(channel)
             return await self.sweep(selection, batch=batch, limit=limit)
@@ -131,6 +125,14 @@ class DeadLetterQueue:
         )
         await reading.start()
         return reading
+
+    async def _open_pass(self, batch: int) -> tuple[AbstractChannel, int]:
+        """A channel for a pass of its own, and how many messages the queue holds now (the pass ends after
+        that many)."""
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        channel = await self.connection.channel(publisher_confirms=False)
+        return channel, await _queue_depth(channel, self.name)
 
     async def work_exchange(self) -> AbstractChannel:
         """A confirm-mode channel for republishing, after checking the work exchange exists."""
