@@ -272,6 +272,29 @@ async def start_dlq(*args: str, stdout: int = DEVNULL, stderr: int = DEVNULL) ->
     )
 
 
+async def fill_dlq(broker: Broker, total: int) -> list[str]:
+    """``total`` worker dead letters (transient_exhausted, a minute old) in the DLQ; their event ids."""
+    failed_at = datetime.now(UTC) - timedelta(minutes=1)
+    ids = [str(uuid.uuid4()) for _ in range(total)]
+    for start in range(0, total, 500):
+        await asyncio.gather(
+            *(
+                dead_letter_copy(
+                    broker,
+                    shard_message(event_body({}, persona_id=7, event_id=event_id), event_id=event_id),
+                    MAIN_KEY,
+                    kind="transient_exhausted",
+                    error="database unavailable",
+                    attempts=5,
+                    failed_at=failed_at,
+                )
+                for event_id in ids[start : start + 500]
+            )
+        )
+    await broker.wait_depth(TOPOLOGY.dead_letter_queue, total)
+    return ids
+
+
 async def replay_until(broker: Broker, moved: int) -> asyncio.subprocess.Process:
     """A `worker dlq replay --batch 100` that has moved at least ``moved`` letters, still running."""
     process = await start_dlq("replay", "--batch", "100", "--rabbitmq-url", broker.url)
@@ -544,23 +567,7 @@ async def test_an_unroutable_dead_letter_stays(broker: Broker, seeded: Seeded) -
 
 async def test_a_replay_killed_mid_batch_loses_nothing(broker: Broker) -> None:
     total = 3000
-    ids = [str(uuid.uuid4()) for _ in range(total)]
-    failed_at = datetime.now(UTC) - timedelta(minutes=1)
-    for start in range(0, total, 500):
-        await asyncio.gather(
-            *(
-                dead_letter_copy(
-                    broker,
-                    shard_message(event_body({}, persona_id=7, event_id=event_id), event_id=event_id),
-                    MAIN_KEY,
-                    kind="transient_exhausted",
-                    error="database unavailable",
-                    attempts=5,
-                    failed_at=failed_at,
-                )
-                for event_id in ids[start : start + 500]
-            )
-        )
+    ids = await fill_dlq(broker, total)
     assert await broker.depth(TOPOLOGY.dead_letter_queue) == total
 
     process = await replay_until(broker, 300)

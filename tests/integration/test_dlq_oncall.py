@@ -30,6 +30,7 @@ from tests.integration.test_dlq import (
     cli,
     dead_letter_copy,
     event_ids,
+    fill_dlq,
     replay_until,
     shard_message,
     start_dlq,
@@ -295,27 +296,6 @@ async def test_an_audit_write_refused_mid_way_stops_the_replay(
     (entry,) = await history(audit_database)
     assert (entry["state"], entry["letters"]) == ("failed", {"replayed": 2})
     assert "audit disk full (test)" in entry["detail"]
-
-
-async def fill_dlq(broker: Broker, total: int) -> None:
-    failed_at = datetime.now(UTC) - timedelta(hours=1)
-    ids = [str(uuid.uuid4()) for _ in range(total)]
-    for start in range(0, total, 500):
-        await asyncio.gather(
-            *(
-                dead_letter_copy(
-                    broker,
-                    shard_message({"event_id": i}, event_id=i),
-                    MAIN_KEY,
-                    kind="transient_exhausted",
-                    error="db down",
-                    attempts=5,
-                    failed_at=failed_at,
-                )
-                for i in ids[start : start + 500]
-            )
-        )
-    await broker.wait_depth(DLQ, total)
 
 
 async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
