@@ -340,14 +340,15 @@ async def test_an_interrupted_replay_says_so_on_record(broker: Broker, audit_dat
 
 
 async def test_each_help_names_only_the_settings_it_reads() -> None:
+    logs = {"LTM_LOG_FORMAT", "LTM_LOG_LEVEL"}  # every command logs
     reads = {
-        (): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
-        ("list",): {"LTM_RABBITMQ_URL"},
-        ("show",): {"LTM_RABBITMQ_URL"},
-        ("replay",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
-        ("purge",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
-        ("history",): {"LTM_POSTGRES_DSN"},
-        ("ui",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"},
+        (): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        ("list",): {"LTM_RABBITMQ_URL"} | logs,
+        ("show",): {"LTM_RABBITMQ_URL"} | logs,
+        ("replay",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        ("purge",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        ("history",): {"LTM_POSTGRES_DSN"} | logs,
+        ("ui",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
     }
     for action, expected in reads.items():
         process = await start_dlq(*action, "--help", stdout=asyncio.subprocess.PIPE)
