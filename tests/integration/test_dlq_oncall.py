@@ -321,8 +321,30 @@ async def test_a_killed_replay_leaves_a_record_that_says_how_far_it_got(
 async def test_an_interrupted_replay_says_so_on_record(broker: Broker, audit_database: str) -> None:
     total = 2000
     await fill_dlq(broker, total)
-    process = await replay_until(broker, 300)
-    process.send_signal(signal.SIGINT)
+    # The replay's fourth batch waits on a lock the test holds, so Ctrl-C always lands mid-run however fast
+    # or slow the machine is: a trigger on the audit's letters blocks once 300 are on record.
+    gate = await asyncpg.connect(audit_database)
+    try:
+        await gate.execute(
+            """
+            CREATE FUNCTION test_hold_the_replay() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF (SELECT count(*) FROM ltm_dlq_operation_letters) >= 300 THEN
+                    PERFORM pg_advisory_xact_lock(4242);
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER test_hold_the_replay BEFORE INSERT ON ltm_dlq_operation_letters
+                FOR EACH ROW EXECUTE FUNCTION test_hold_the_replay();
+            """
+        )
+        await gate.execute("SELECT pg_advisory_lock(4242)")
+        process = await replay_until(broker, 300)
+        process.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)  # the signal is taken while the batch waits; then the gate opens
+        await gate.execute("SELECT pg_advisory_unlock(4242)")
+    finally:
+        await gate.close()
     assert await asyncio.wait_for(process.wait(), 60) == 130
 
     (entry,) = await history(audit_database)
