@@ -68,6 +68,8 @@ async def test_a_port_already_taken_stops_the_worker_with_one_line(stack: Stack)
         assert await worker.wait_exit(timeout=60) == 1
     text = worker.log_path.read_text()
     assert "Traceback" not in text
-    (line,) = worker.lines()
+    # the start-up line (version and targets), then the one error line
+    starting, line = worker.lines()
+    assert starting["event"] == "starting"
     assert (line["level"], line["event"]) == ("error", "probe endpoint cannot start")
     assert line["error"] == f"cannot listen on 127.0.0.1:{port}: Address already in use"
