@@ -337,6 +337,20 @@ async def test_list_reads_worker_and_broker_dead_letters(broker: Broker, seeded:
     assert await event_ids(broker.url) == seeded.order(*"ABCDE")
 
 
+async def test_a_queue_deeper_than_one_prefetch_window_is_read_by_the_get_pass(
+    broker: Broker, seeded: Seeded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DLQ deeper than AMQP's prefetch limit (65,535) cannot be held by one consumer: the read falls back
+    to the basic.get pass on the channel it opened. The window is lowered to 2 to get there with 5 letters."""
+    from worker.dlq import sweep as sweeps
+
+    monkeypatch.setattr(sweeps, "MAX_PREFETCH", 2)
+    async with dlq.open_dead_letters(broker.url, TOPOLOGY) as queue, await queue.read(EVERY) as reading:
+        assert isinstance(reading, sweeps.Sweep)
+    assert await event_ids(broker.url) == seeded.order(*"ABCDE")
+    assert await broker.depth(TOPOLOGY.dead_letter_queue) == 5
+
+
 async def test_list_filters(broker: Broker, seeded: Seeded) -> None:
     async def ids(**selection: Any) -> list[str | None]:
         return await event_ids(broker.url, dlq.Selection(**selection))

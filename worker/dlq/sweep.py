@@ -88,6 +88,17 @@ class DeadLetterQueue:
     ) -> Sweep:
         """Start one pass over the queue (use it as ``async with``)."""
         channel, expected = await self._open_pass(batch)
+        return self._sweep_on(channel, expected, selection, batch, limit, now)
+
+    def _sweep_on(
+        self,
+        channel: AbstractChannel,
+        expected: int,
+        selection: Selection,
+        batch: int,
+        limit: int | None,
+        now: datetime | None,
+    ) -> Sweep:
         return Sweep(
             channel,
             self.name,
@@ -110,9 +121,8 @@ class DeadLetterQueue:
         fits in one prefetch window, else a :meth:`sweep`. Either holds every message until it ends and
         puts them all back in the order taken."""
         channel, expected = await self._open_pass(batch)
-        if expected > MAX_PREFETCH:
-            await close_quietly(channel)
-            return await self.sweep(selection, batch=batch, limit=limit)
+        if expected > MAX_PREFETCH:  # deeper than a prefetch window: the basic.get pass, same channel
+            return self._sweep_on(channel, expected, selection, batch, limit, None)
         reading = Reading(
             channel,
             self.name,
