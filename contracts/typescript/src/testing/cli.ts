@@ -14,8 +14,18 @@ if (command.length === 0 || command[0] === undefined) {
 }
 const workers = Number.parseInt(process.env.LTM_STACK_WORKERS ?? "1", 10);
 const started = Date.now();
+// A signal while the stack starts: exit through process.exit, so the stack's exit hook removes the containers
+// and workers started so far (a signal's default action would end the process without running it).
+const quit = (signal: NodeJS.Signals) => () => {
+  console.error(`ltm-stack: ${signal} while the stack was starting; removing what it started`);
+  process.exit(signal === "SIGINT" ? 130 : 143);
+};
+process.once("SIGINT", quit("SIGINT"));
+process.once("SIGTERM", quit("SIGTERM"));
 const stack = await startLtmStack({ workers: Number.isInteger(workers) && workers > 0 ? workers : 1 });
 console.error(`ltm-stack: stack ${stack.id} ready in ${Date.now() - started} ms`);
+process.removeAllListeners("SIGINT");
+process.removeAllListeners("SIGTERM");
 const child = spawn(command[0], command.slice(1), { stdio: "inherit", env: { ...process.env, LTM_STACK: stack.describe() } });
 const forward = (signal: NodeJS.Signals) => () => child.kill(signal);
 process.on("SIGINT", forward("SIGINT"));

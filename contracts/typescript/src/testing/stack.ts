@@ -179,11 +179,43 @@ async function until(what: string, deadline: Deadline, attempt: () => Promise<bo
       if (await attempt()) return;
     } catch (error) {
       if (error instanceof StopWaiting) throw error;
-      last = error instanceof Error ? error.message : String(error);
+      last = describeError(error);
     }
     if (deadline.passed()) throw new Error(`${what}: not within the deadline (${deadline.ms} ms)${last ? `; last error: ${last}` : ""}`);
     await sleep(100);
   }
+}
+
+/** An error's message with its causes: fetch's "fetch failed" alone does not say "ECONNREFUSED 172.17.0.1:32771". */
+function describeError(error: unknown): string {
+  const parts: string[] = [];
+  for (let e: unknown = error; e !== undefined && e !== null && parts.length < 4; e = (e as { cause?: unknown }).cause) {
+    parts.push(e instanceof Error ? e.message : String(e));
+    if (!(e instanceof Error)) break;
+  }
+  return parts.join(": ");
+}
+
+/**
+ * The address the stack's published ports are reached at. TESTCONTAINERS_HOST_OVERRIDE, when set, decides (as it
+ * does for testcontainers). Otherwise a port the engine published on one address (dockerd's --ip, such as
+ * 127.0.0.1; IPv4 only, the URLs are built without brackets) is reached at that address: testcontainers' own guess may be a bridge gateway, which it takes
+ * wherever /.dockerenv exists, and a loopback-bound port does not answer there. A wildcard binding leaves
+ * testcontainers' host, its "localhost" read as 127.0.0.1 (which may resolve to ::1, where nothing is published).
+ */
+async function publishedHost(tc: Testcontainers, container: StartedTestContainer): Promise<string> {
+  const guessed = container.getHost();
+  if (process.env.TESTCONTAINERS_HOST_OVERRIDE) return guessed;
+  try {
+    const client = await tc.getContainerRuntimeClient();
+    const info = await client.container.inspect(client.container.getById(container.getId()));
+    const bindings = Object.values(info.NetworkSettings.Ports ?? {}).flatMap((b) => b ?? []);
+    const addresses = new Set(bindings.map((b) => b.HostIp).filter((ip) => ip !== "" && ip !== "0.0.0.0" && !ip.includes(":")));
+    if (addresses.size === 1) return [...addresses][0]!;
+  } catch {
+    // no inspection: testcontainers' guess below
+  }
+  return guessed === "localhost" ? "127.0.0.1" : guessed;
 }
 
 /** RabbitMQ's rabbit_password_hashing_sha256: base64 of a 4-byte salt and sha256(salt + password). */
@@ -576,9 +608,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
       ];
     });
 
-    // ports are published on the engine's host; "localhost" may resolve to ::1 where they are bound to 127.0.0.1
-    const host = rabbit.getHost();
-    stack.host = host === "localhost" ? "127.0.0.1" : host;
+    stack.host = await publishedHost(tc, rabbit);
     stack.amqpPort = rabbit.getMappedPort(5672);
     stack.managementPort = rabbit.getMappedPort(15672);
     stack.postgresDsn = `postgresql://postgres:${stack.postgresPassword}@${stack.host}:${postgres.getMappedPort(5432)}/${DATABASE}`;
@@ -586,7 +616,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
 
     await Promise.all([
       timed("RabbitMQ: definitions imported, topology seen as shard-0", async () => {
-        await until("RabbitMQ's management API", deadline, async () => (await stack.management("GET", "/api/overview")).ok);
+        await until(`RabbitMQ's management API (${stack.managementUrl})`, deadline, async () => (await stack.management("GET", "/api/overview")).ok);
         await stack.importDefinitions(RABBITMQ_DEFINITIONS);
         await until("the contract's exchanges, as shard-0 over AMQP", deadline, async () => {
           const connection = await amqp.connect(stack.amqpUrl, { timeout: 5_000 });
