@@ -144,3 +144,55 @@ def test_a_ryuk_that_cannot_start_is_named_with_its_opt_out(monkeypatch: pytest.
     assert "TESTCONTAINERS_RYUK_DISABLED=true" in message
     assert "LTM_REDIS_IMAGE" not in message
     assert our_containers() <= before
+
+
+def test_without_a_host_override_ports_are_reached_where_the_engine_bound_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """testcontainers guesses a gateway address wherever /.dockerenv exists; an engine publishing on one
+    address (`dockerd --ip 127.0.0.1`, as here) answers only there. Without TC_HOST the container answers."""
+    import docker
+    import redis
+    from testcontainers.core.config import testcontainers_config
+
+    from worker.testing.containers import bound_address
+
+    monkeypatch.delenv("TC_HOST", raising=False)
+    monkeypatch.delenv("TESTCONTAINERS_HOST_OVERRIDE", raising=False)
+    monkeypatch.setattr(testcontainers_config, "tc_host_override", None)
+    server = start_redis(Deadline(120))
+    try:
+        client = redis.Redis.from_url(server.url, socket_connect_timeout=10, socket_timeout=10)
+        try:
+            assert client.ping()
+        finally:
+            client.close()
+        engine = docker.from_env()
+        try:
+            ports = engine.containers.get(server.container.name).attrs["NetworkSettings"]["Ports"]
+        finally:
+            engine.close()
+        bound = bound_address(ports)
+        print(
+            f"bound on {bound}, guessed {server.container.handle.get_container_host_ip()}, used {server.url}"
+        )
+        if bound is not None:
+            assert server.container.host == bound
+    finally:
+        server.stop()
+
+
+def test_the_one_address_a_port_is_bound_to() -> None:
+    from worker.testing.containers import bound_address
+
+    loopback = {"6379/tcp": [{"HostIp": "127.0.0.1", "HostPort": "32768"}]}
+    assert bound_address(loopback) == "127.0.0.1"
+    assert (
+        bound_address(
+            {"6379/tcp": [{"HostIp": "0.0.0.0", "HostPort": "1"}, {"HostIp": "::", "HostPort": "1"}]}
+        )
+        is None
+    )
+    assert bound_address({"6379/tcp": [{"HostIp": "::1", "HostPort": "1"}]}) is None
+    assert bound_address({"5672/tcp": [{"HostIp": "10.0.0.2", "HostPort": "1"}], **loopback}) is None
+    assert bound_address({"6379/tcp": None}) is None

@@ -266,11 +266,42 @@ def run_container(
         ) from error
     container = Container(image, reference, name, handle)
     try:
-        container.host = str(handle.get_container_host_ip())
+        container.host = published_host(handle)
     except BaseException:
         container.stop()
         raise
     return container
+
+
+def bound_address(ports: dict[str, list[dict[str, str]] | None]) -> str | None:
+    """The one IPv4 address an engine published `ports` on (dockerd's `--ip`); None: wildcards or several."""
+    addresses = {
+        binding.get("HostIp", "")
+        for bindings in ports.values()
+        for binding in bindings or []
+        if binding.get("HostIp", "") not in {"", "0.0.0.0"} and ":" not in binding.get("HostIp", "")
+    }
+    return addresses.pop() if len(addresses) == 1 else None
+
+
+def published_host(handle: Any) -> str:
+    """Where the container's published ports answer from here.
+
+    TC_HOST or TESTCONTAINERS_HOST_OVERRIDE, when set, decides (testcontainers reads them). Otherwise
+    ports the engine published on one address (`dockerd --ip 127.0.0.1`) are reached at that address:
+    testcontainers' own guess is a gateway wherever it thinks it runs in a container (/.dockerenv), and a
+    loopback-bound port does not answer there.
+    """
+    guessed = str(handle.get_container_host_ip())
+    if os.environ.get("TC_HOST") or os.environ.get("TESTCONTAINERS_HOST_OVERRIDE"):
+        return guessed
+    try:
+        wrapped = handle.get_wrapped_container()
+        wrapped.reload()
+        bound = bound_address(wrapped.attrs["NetworkSettings"]["Ports"] or {})
+    except Exception:
+        bound = None
+    return bound or guessed
 
 
 def wait_until_ready(container: Container, probe: Callable[[], object], deadline: Deadline) -> None:
