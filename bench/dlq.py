@@ -44,7 +44,7 @@ from worker.broker.events import tool_call_message
 from worker.broker.headers import rfc3339
 from worker.broker.topology import declare_topology
 from worker.config import load_settings
-from worker.dlq import Console, Selection, list_command, replay_command
+from worker.ops.dlq import Console, Selection, list_command, replay_command
 from worker.store.migrate import apply_migrations
 
 KINDS = ("schema", "transient_exhausted", "internal", "event_conflict")

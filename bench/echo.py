@@ -24,9 +24,9 @@ import aiormq
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from worker import heap
 from worker.broker.acks import Acks
 from worker.broker.publisher import json_properties, publish_confirmed, shard_routing_key
+from worker.runtime import heap
 
 NOTICE_HEADER = "x-bench-notice"
 
@@ -79,7 +79,7 @@ async def serve(
             assert message.delivery_tag is not None
             await acks.ack(message.delivery_tag)
 
-        heap.settle()  # the worker's collector settings (worker/heap.py): the same runtime on both sides
+        heap.freeze_startup()  # the worker's collector settings (runtime/heap.py): the same on both sides
         await queue.consume(on_message, no_ack=False)
         await stop.wait()
     finally:

@@ -15,20 +15,20 @@ from dataclasses import dataclass
 import asyncpg
 import structlog
 
-from worker.backoff import Backoff
 from worker.broker.urls import Nodes
-from worker.cache import InvalidationPublisher
 from worker.config import Settings, connection_problems
 from worker.faults import describe, is_certificate_problem
-from worker.http import HealthServer
-from worker.metrics import Metrics
-from worker.outbox import InvalidationOutbox
-from worker.probes import InvalidSetting, Readiness, migrations_problem, probe
-from worker.sampler import Sampler, sampled_queues
+from worker.invalidation.outbox import InvalidationOutbox
+from worker.invalidation.redis import InvalidationPublisher
+from worker.observability.http_server import HealthServer
+from worker.observability.metrics import Metrics
+from worker.observability.probes import InvalidSetting, Readiness, migrations_problem, probe
+from worker.observability.sampler import Sampler, sampled_queues
+from worker.observability.tracing import EventTracer, create_tracer
+from worker.runtime.backoff import Backoff
+from worker.runtime.settle import RetryPolicy
 from worker.service.batcher import Batcher
-from worker.settle import RetryPolicy
 from worker.store.pool import create_pool
-from worker.tracing import EventTracer, create_tracer
 
 log = structlog.get_logger("worker")
 

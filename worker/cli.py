@@ -23,7 +23,7 @@ from worker.config import (
     load_settings,
     redact_url,
 )
-from worker.logs import configure_logging, log_fallbacks
+from worker.observability.logs import configure_logging, log_fallbacks
 
 ENVIRONMENT_HELP = environment_help()
 #: what the commands that read a few settings list (the log settings: every command logs)
@@ -93,10 +93,10 @@ def _parser() -> argparse.ArgumentParser:
         help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one answering "
         "node is enough, as it is for the worker; the others are warnings)",
     )
-    from worker.dlq.commands import add_dlq_parser
+    from worker.ops.dlq.commands import add_dlq_parser
 
     add_dlq_parser(commands)
-    from worker.demo import add_demo_parser
+    from worker.ops.demo import add_demo_parser
 
     add_demo_parser(commands, DEMO_HELP, add_setting_options)
     _add_bench_parser(commands)
@@ -199,8 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return asyncio.run(_migrate(settings.postgres_dsn))
     if args.command == "run":
-        from worker.http import ListenError
-        from worker.runner import Worker
+        from worker.observability.http_server import ListenError
+        from worker.runtime.runner import Worker
 
         try:
             return _run_fast(Worker(settings).run())
@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
             return 1
     if args.command == "check":
-        from worker.check import as_json, judge, render, run_checks
+        from worker.ops.check import as_json, judge, render, run_checks
 
         results = asyncio.run(run_checks(settings))
         if args.json:
@@ -217,14 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render(results, settings.fallbacks, all_nodes=args.all_nodes))
         return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
-        from worker.dlq.commands import run_dlq
+        from worker.ops.dlq.commands import run_dlq
 
         problem = connection_problems(settings, "rabbitmq_url").get("rabbitmq_url")
         if problem is not None:
             return _settings_refused("dlq", problem)
         return run_dlq(args, settings)
     if args.command == "demo":
-        from worker.demo import run_demo
+        from worker.ops.demo import run_demo
 
         problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
         if problems:

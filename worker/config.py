@@ -37,9 +37,9 @@ TracingMode = Literal["off", "otlp", "console"]
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
-#: LTM_TRACING values (worker/tracing.py)
+#: LTM_TRACING values (worker/observability/tracing.py)
 TRACING_MODES: tuple[str, ...] = get_args(TracingMode)
-#: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/logs.py)
+#: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/observability/logs.py)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
@@ -460,7 +460,7 @@ class Settings(BaseModel):
         description="address that endpoint listens on; `0.0.0.0` for every interface (the container image, "
         "compose and the Kubernetes ConfigMap set it)",
     )
-    #: sampled by worker/sampler.py
+    #: sampled by worker/observability/sampler.py
     metrics_interval_seconds: Annotated[int, Env("LTM_METRICS_INTERVAL_SECONDS", PositiveInt())] = Field(
         15,
         gt=0,

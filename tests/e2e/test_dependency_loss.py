@@ -36,7 +36,7 @@ from tests.e2e.workload import (
     wait_until,
 )
 from tests.factories import event_body
-from worker.backoff import CAP_SECONDS
+from worker.runtime.backoff import CAP_SECONDS
 
 pytestmark = pytest.mark.e2e
 

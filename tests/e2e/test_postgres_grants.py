@@ -25,8 +25,8 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.harness import REPO, Shard, WorkerProcess
-from worker.demo import example_event
-from worker.demo import seed as demo_seed
+from worker.ops.demo import example_event
+from worker.ops.demo import seed as demo_seed
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,7 @@ import pytest
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import REPO
 from worker.config import redact_url
-from worker.demo import AUTHOR, GUILD, PERSONA_ID
+from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID
 from worker.pipeline.outcome import CRITICAL_STATE_MISSING
 
 README = REPO / "README.md"

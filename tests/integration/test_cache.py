@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from worker.cache import InvalidationPublisher
+from worker.invalidation.redis import InvalidationPublisher
 
 pytestmark = pytest.mark.integration
 

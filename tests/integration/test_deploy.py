@@ -68,9 +68,9 @@ from worker.broker.topology import (
     work_queue_arguments,
 )
 from worker.config import Settings, Topology
-from worker.metrics import Metrics
+from worker.observability.metrics import Metrics
+from worker.observability.sampler import Sampler
 from worker.pipeline.outcome import internal_error
-from worker.sampler import Sampler
 from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.integration

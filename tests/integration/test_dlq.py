@@ -27,11 +27,11 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.factories import event_body
-from worker import dlq
 from worker.broker.headers import ORIGINAL_ROUTING_KEY
 from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared, declare_topology, retry_queue_name
 from worker.config import Topology
+from worker.ops import dlq
 
 pytestmark = pytest.mark.integration
 
@@ -342,7 +342,7 @@ async def test_a_queue_deeper_than_one_prefetch_window_is_read_by_the_get_pass(
 ) -> None:
     """A DLQ deeper than AMQP's prefetch limit (65,535) cannot be held by one consumer: the read falls back
     to the basic.get pass on the channel it opened. The window is lowered to 2 to get there with 5 letters."""
-    from worker.dlq import sweep as sweeps
+    from worker.ops.dlq import sweep as sweeps
 
     monkeypatch.setattr(sweeps, "MAX_PREFETCH", 2)
     async with dlq.open_dead_letters(broker.url, TOPOLOGY) as queue, await queue.read(EVERY) as reading:

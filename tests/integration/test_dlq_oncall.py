@@ -36,9 +36,9 @@ from tests.integration.test_dlq import (
     start_dlq,
 )
 from tests.services import Services
-from worker import dlq
-from worker.dlq.commands import Audited
-from worker.dlq.letters import normalise_error
+from worker.ops import dlq
+from worker.ops.dlq.commands import Audited
+from worker.ops.dlq.letters import normalise_error
 
 pytestmark = pytest.mark.integration
 

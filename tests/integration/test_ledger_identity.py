@@ -21,9 +21,9 @@ import redis.asyncio as aioredis
 from contracts.models import Status, ToolCallEvent, invalidation_id
 from tests.factories import CHANNEL, GUILD, BotRows, event_body, published
 from tests.schemas import assert_conforms
-from worker.cache import InvalidationPublisher
 from worker.config import Limits
-from worker.outbox import InvalidationOutbox
+from worker.invalidation.outbox import InvalidationOutbox
+from worker.invalidation.redis import InvalidationPublisher
 from worker.pipeline.outcome import EVENT_CONFLICT_REASON
 from worker.service.process import ProcessedEvent, process_batch, process_event
 

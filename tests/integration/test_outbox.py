@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from contracts.models import invalidation_id
 from tests.e2e.proxy import CuttableProxy
-from worker.cache import InvalidationPublisher
-from worker.outbox import InvalidationOutbox
+from worker.invalidation.outbox import InvalidationOutbox
+from worker.invalidation.redis import InvalidationPublisher
 from worker.store.pool import create_pool
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ import aio_pika
 import pytest
 
 from tests.e2e.harness import free_port
-from worker.metrics import Metrics
-from worker.sampler import Sampler
+from worker.observability.metrics import Metrics
+from worker.observability.sampler import Sampler
 
 pytestmark = pytest.mark.integration
 

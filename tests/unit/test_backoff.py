@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from worker.backoff import CAP_SECONDS, FIRST_SECONDS, Backoff
+from worker.runtime.backoff import CAP_SECONDS, FIRST_SECONDS, Backoff
 
 
 def test_the_step_doubles_to_the_cap_and_each_wait_lies_in_its_upper_half() -> None:

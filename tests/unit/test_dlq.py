@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker import dlq
 from worker.config import Topology
-from worker.dlq.render import json_depth, terminal_safe
+from worker.ops import dlq
+from worker.ops.dlq.render import json_depth, terminal_safe
 
 TOPOLOGY = Topology()
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)

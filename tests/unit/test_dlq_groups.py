@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from worker.dlq.answer import shard_answer
-from worker.dlq.groups import Grouping
-from worker.dlq.letters import DeadLetter, Selection, group_value, parse_group
+from worker.ops.dlq.answer import shard_answer
+from worker.ops.dlq.groups import Grouping
+from worker.ops.dlq.letters import DeadLetter, Selection, group_value, parse_group
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 

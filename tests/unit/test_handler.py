@@ -17,11 +17,11 @@ from tests.factories import event_body, published
 from worker.broker.acks import Acks
 from worker.config import Topology
 from worker.faults import TransientError
-from worker.handler import EventHandler
-from worker.metrics import Metrics
+from worker.observability.metrics import Metrics
+from worker.observability.tracing import UntracedEvents
+from worker.runtime.handler import EventHandler
+from worker.runtime.settle import RetryPolicy
 from worker.service.process import ProcessedEvent
-from worker.settle import RetryPolicy
-from worker.tracing import UntracedEvents
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)
 
@@ -240,7 +240,7 @@ async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_c
 async def test_a_refused_copy_hands_the_delivery_back_once(
     operation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("worker.handler.UNSETTLED_REQUEUE_SECONDS", 0.01)
+    monkeypatch.setattr("worker.runtime.handler.UNSETTLED_REQUEUE_SECONDS", 0.01)
     publisher = FakePublisher(fail={operation: TransientError("refused")})
     answer = TransientError("db down") if operation == "retry" else ZeroDivisionError("bug")
     message = delivery(EVENT)

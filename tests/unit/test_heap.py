@@ -1,5 +1,5 @@
-"""heap.settle: start-up's objects frozen out of the collector, young collections rarer (in a child process:
-the collector's settings are the whole process's)."""
+"""heap.freeze_startup: start-up's objects frozen out of the collector, young collections rarer (in a child
+process: the collector's settings are the whole process's)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 
-from worker import heap
+from worker.runtime import heap
 
 
-def test_settle_freezes_start_up_and_raises_the_thresholds() -> None:
+def test_freeze_startup_freezes_start_up_and_raises_the_thresholds() -> None:
     code = (
-        "import gc, json; from worker import heap; before = gc.get_freeze_count(); heap.settle();"
+        "import gc, json; from worker.runtime import heap; before = gc.get_freeze_count(); "
+        "heap.freeze_startup();"
         "print(json.dumps([before, gc.get_freeze_count(), gc.get_threshold()]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

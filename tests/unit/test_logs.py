@@ -14,13 +14,13 @@ import aiormq.exceptions
 import pytest
 
 from tests.e2e.harness import REPO
-from worker.logs import ExpectedDisconnects
+from worker.observability.logs import ExpectedDisconnects
 
 LOGGING_SCRIPT = textwrap.dedent(
     """
     import logging, sys
     import structlog
-    from worker.logs import configure_logging
+    from worker.observability.logs import configure_logging
 
     configure_logging(sys.argv[1], "info")
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from worker.metrics import Metrics, build_versions
+from worker.observability.metrics import Metrics, build_versions
 
 NOW = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC)
 

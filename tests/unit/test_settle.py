@@ -8,7 +8,7 @@ import redis.exceptions
 
 from contracts.models import DeadLetterKind, Status
 from worker.faults import TransientError
-from worker.settle import DeadLetter, Retry, RetryPolicy, route_failure
+from worker.runtime.settle import DeadLetter, Retry, RetryPolicy, route_failure
 
 POLICY = RetryPolicy(max_attempts=4, base_delay_ms=1000, max_delay_ms=3000, draw=lambda low, high: high)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from contracts.models import TOOL_NAMES, ToolCallEvent, tool_declaration
 from contracts.schemas import json_schemas
-from worker.demo import AUTHOR, GUILD, PERSONA_ID, example_event
+from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID, example_event
 from worker.pipeline.arguments import (
     MEMORY_SCOPES,
     PARAMETER_TYPES,

@@ -22,9 +22,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from contracts.models import Status
 from tests.e2e.harness import REPO
-from worker import tracing
 from worker.config import load_settings
-from worker.tracing import TracedEvents, UntracedEvents, create_tracer, in_step
+from worker.observability import tracing
+from worker.observability.tracing import TracedEvents, UntracedEvents, create_tracer, in_step
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
@@ -254,13 +254,13 @@ def test_off_never_loads_the_sdk() -> None:
     """
     script = (
         "import sys\n"
-        "from worker.tracing import create_tracer\n"
+        "from worker.observability.tracing import create_tracer\n"
         "with create_tracer('off').event_span('tp', {}) as span:\n"
         "    assert span.traceparent == 'tp'\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "assert not loaded, loaded\n"
         "from worker.config import Settings\n"
-        "import worker.runner, worker.bootstrap, worker.consumer, worker.handler\n"
+        "import worker.runtime.runner, worker.bootstrap, worker.runtime.consumer, worker.runtime.handler\n"
         "tracer = create_tracer(Settings().tracing)\n"
         "with tracer.event_span('tp', {}) as span:\n"
         "    assert span.traceparent == 'tp'\n"

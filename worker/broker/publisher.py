@@ -40,7 +40,7 @@ from worker.broker.headers import (
     rfc3339,
 )
 from worker.faults import TransientError
-from worker.together import side_by_side
+from worker.runtime.aio import side_by_side
 
 PUBLISH_TIMEOUT = 10.0
 PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)

@@ -1,0 +1,5 @@
+"""The original bot's memory tool, step by step, as pure functions (no I/O): `arguments` (the model's tool
+arguments), `resolver` (the target user), `naming` and `text` (display names, sanitising), `notice` (the
+channel notice), `outcome` (every result a shard gets), `state` (what the steps read), `steps` (the order)."""
+
+__all__ = ["arguments", "naming", "notice", "outcome", "resolver", "state", "steps", "text"]

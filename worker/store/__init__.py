@@ -1,0 +1,4 @@
+"""Postgres: the asyncpg pool (`pool`), the numbered SQL migrations (`migrate`), the repository's SQL
+(`repository`)."""
+
+__all__ = ["migrate", "pool", "repository"]

@@ -35,13 +35,13 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from worker.broker.headers import rfc3339
 from worker.broker.urls import vhost_of
 from worker.config import Topology
-from worker.dlq.answer import shard_answer
-from worker.dlq.audit import Audit, AuditUnavailable
-from worker.dlq.groups import Group, Grouping
-from worker.dlq.letters import GROUP_FIELDS, DeadLetter, Selection, group_value
-from worker.dlq.operations import browse
-from worker.dlq.render import _body_lines, format_age, message_properties, terminal_safe
-from worker.dlq.sweep import DEFAULT_BATCH, Found, error_text, open_dead_letters
+from worker.ops.dlq.answer import shard_answer
+from worker.ops.dlq.audit import Audit, AuditUnavailable
+from worker.ops.dlq.groups import Group, Grouping
+from worker.ops.dlq.letters import GROUP_FIELDS, DeadLetter, Selection, group_value
+from worker.ops.dlq.operations import browse
+from worker.ops.dlq.render import _body_lines, format_age, message_properties, terminal_safe
+from worker.ops.dlq.sweep import DEFAULT_BATCH, Found, error_text, open_dead_letters
 
 #: how long one view may take (a pass over the queue, the audit query) before the page says so
 VIEW_TIMEOUT = 120.0

@@ -21,11 +21,11 @@ from contracts.models import DeadLetterKind
 from worker.broker.urls import vhost_of
 from worker.config import Settings, Topology, add_setting_options, environment_help
 from worker.config import redact_url as redact
-from worker.dlq.audit import Audit, AuditUnavailable, Operation, default_actor
-from worker.dlq.groups import Grouping, group_header, group_json_line, group_line
-from worker.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
-from worker.dlq.operations import Totals, browse, purge, replay
-from worker.dlq.render import (
+from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation, default_actor
+from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
+from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
+from worker.ops.dlq.operations import Totals, browse, purge, replay
+from worker.ops.dlq.render import (
     Progress,
     format_message,
     json_line,
@@ -33,7 +33,7 @@ from worker.dlq.render import (
     list_line,
     terminal_safe,
 )
-from worker.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, error_text, open_dead_letters
+from worker.ops.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, error_text, open_dead_letters
 
 EXIT_OK = 0  # also when nothing was selected: an empty list, or nothing to replay or purge, is an answer
 EXIT_FAILED = 1  # show: not found; replay: some could not be republished; purge: declined
@@ -670,7 +670,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             settings.postgres_dsn, as_json=args.json, limit=args.limit, operation=args.operation
         )
     if args.dlq_command == "ui":
-        from worker.dlq.page import ui_command
+        from worker.ops.dlq.page import ui_command
 
         return await ui_command(
             url,

@@ -20,8 +20,8 @@ from worker.broker.publisher import Publisher
 from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
 from worker.config import redact_url
 from worker.faults import describe
-from worker.handler import EventHandler, delivery_tag
-from worker.settle import Slots
+from worker.runtime.handler import EventHandler, delivery_tag
+from worker.runtime.settle import Slots
 
 log = structlog.get_logger("worker")
 

@@ -18,8 +18,8 @@ from typing import Any, TextIO
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.dlq.letters import DeadLetter
-from worker.dlq.sweep import Found, Sweep
+from worker.ops.dlq.letters import DeadLetter
+from worker.ops.dlq.sweep import Found, Sweep
 
 #: what a terminal acts on rather than shows: C0 controls (ESC, CR, LF, BS...), DEL, C1 controls (the 8-bit
 #: CSI), and the Unicode format characters that hide or reorder text (zero-width, bidi embeddings, isolates)

@@ -13,9 +13,9 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from worker.broker.headers import copy_message, frame_max_of
-from worker.dlq.audit import Taken
-from worker.dlq.letters import DeadLetter, Selection, replay_headers
-from worker.dlq.sweep import (
+from worker.ops.dlq.audit import Taken
+from worker.ops.dlq.letters import DeadLetter, Selection, replay_headers
+from worker.ops.dlq.sweep import (
     DEFAULT_BATCH,
     DeadLetterQueue,
     Found,
@@ -54,7 +54,7 @@ ProgressFn = Callable[[Sweep], None]
 
 
 class Journal(Protocol):
-    """Where a replay or purge records each dead letter (:class:`worker.dlq.audit.Operation`): ``taking``
+    """Where a replay or purge records each dead letter (:class:`worker.ops.dlq.audit.Operation`): ``taking``
     before a letter is republished or deleted, ``settled`` once the broker confirmed what became of it. If
     either raises, the operation stops there and what it still holds goes back to the queue."""
 

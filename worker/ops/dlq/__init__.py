@@ -10,7 +10,7 @@ what the CLI runs.
 from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339
 from worker.broker.urls import vhost_of
 from worker.config import redact_url as redact
-from worker.dlq.commands import (
+from worker.ops.dlq.commands import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     Console,
@@ -19,10 +19,10 @@ from worker.dlq.commands import (
     replay_command,
     show_command,
 )
-from worker.dlq.letters import DeadLetter, Selection, describe_dead_letter, parse_duration, replay_headers
-from worker.dlq.operations import browse, purge, replay
-from worker.dlq.render import format_age
-from worker.dlq.sweep import DEFAULT_BATCH, open_dead_letters
+from worker.ops.dlq.letters import DeadLetter, Selection, describe_dead_letter, parse_duration, replay_headers
+from worker.ops.dlq.operations import browse, purge, replay
+from worker.ops.dlq.render import format_age
+from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
 
 __all__ = [
     "DEFAULT_BATCH",

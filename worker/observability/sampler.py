@@ -29,7 +29,7 @@ from worker.broker.topology import retry_delays, retry_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.faults import describe
-from worker.metrics import Metrics
+from worker.observability.metrics import Metrics
 
 log = structlog.get_logger("worker.sampler")
 

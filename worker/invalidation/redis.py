@@ -19,7 +19,7 @@ class InvalidationPublisher:
     pipeline, so under load one write carries many PUBLISHes (each event still waits for its own).
     Redis pub/sub is at-most-once to each subscriber; a short in-place retry rides over a blip, and a
     longer outage surfaces to every waiting event as an error, which the outbox
-    (:mod:`worker.outbox`) turns into a pending mark in Postgres, published once Redis answers.
+    (:mod:`worker.invalidation.outbox`) turns into a pending mark in Postgres, published once Redis answers.
     """
 
     def __init__(self, url: str, channel: str, *, tries: int = 3, pause: float = 0.2) -> None:

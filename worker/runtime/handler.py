@@ -1,6 +1,6 @@
 """One delivery, from its body to its ack: read the envelope, process the event (Postgres), publish what it
-emits, settle. A failed attempt goes where :func:`worker.settle.route_failure` says. Every delivery ends
-settled on every path; only a lost channel leaves it to the broker, which requeues it.
+emits, settle. A failed attempt goes where :func:`~worker.runtime.settle.route_failure` says. Every delivery
+ends settled on every path; only a lost channel leaves it to the broker, which requeues it.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from worker.broker.publisher import Publisher
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.faults import describe
-from worker.metrics import Metrics
+from worker.observability.metrics import Metrics
+from worker.observability.tracing import Attribute, EventSpan, EventTracer, in_step
 from worker.pipeline import outcome
+from worker.runtime.aio import side_by_side
+from worker.runtime.settle import DeadLetter, RetryPolicy, route_failure
 from worker.service.process import ProcessedEvent, failure_answer
-from worker.settle import DeadLetter, RetryPolicy, route_failure
-from worker.together import side_by_side
-from worker.tracing import Attribute, EventSpan, EventTracer, in_step
 
 log = structlog.get_logger("worker")
 
@@ -50,7 +50,7 @@ class EventProcessor(Protocol):
 
 
 class InvalidationSink(Protocol):
-    """Gets an invalidation to Redis, now or later (:class:`worker.outbox.InvalidationOutbox`)."""
+    """Gets an invalidation to Redis, now or later (the outbox's :class:`InvalidationOutbox`)."""
 
     async def publish(self, event_id: UUID, invalidation: dict[str, Any]) -> None: ...
 

@@ -13,16 +13,16 @@ import time
 
 import structlog
 
-from worker import heap
-from worker.backoff import Backoff
 from worker.bootstrap import open_services
 from worker.config import Settings, redact_url
-from worker.consumer import Consumer
 from worker.faults import describe, is_certificate_problem, is_name_resolution_failure
-from worker.logs import log_fallbacks
-from worker.metrics import build_versions
-from worker.probes import InvalidSetting
-from worker.settle import Slots
+from worker.observability.logs import log_fallbacks
+from worker.observability.metrics import build_versions
+from worker.observability.probes import InvalidSetting
+from worker.runtime import heap
+from worker.runtime.backoff import Backoff
+from worker.runtime.consumer import Consumer
+from worker.runtime.settle import Slots
 
 log = structlog.get_logger("worker")
 
@@ -70,8 +70,8 @@ class Worker:
         async with open_services(self.settings, self._stopping) as services:
             if services is None:
                 return 0
-            # start-up's objects out of the collector's way, and fewer young collections (worker/heap.py)
-            heap.settle()
+            # start-up's objects out of the collector's way, and fewer young collections (runtime/heap.py)
+            heap.freeze_startup()
             backoff = Backoff()
             while not self._stopping.is_set():
                 started = time.monotonic()
@@ -91,7 +91,7 @@ class Worker:
                 if failure is not None:
                     # a refused certificate or a host name that does not resolve is an error (it needs a
                     # person) but is retried all the same; aiormq's own record of it is lowered to DEBUG
-                    # (worker/logs.py), so each attempt is this one line, naming the node(s)
+                    # (worker/observability/logs.py), so each attempt is this one line, naming the node(s)
                     needs_a_person = unresolved or is_certificate_problem(failure)
                     report = log.error if needs_a_person else log.warning
                     urls = services.nodes.urls

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.dlq.letters import DeadLetter, group_value
-from worker.dlq.render import terminal_safe
+from worker.ops.dlq.letters import DeadLetter, group_value
+from worker.ops.dlq.render import terminal_safe
 
 
 @dataclass(slots=True)

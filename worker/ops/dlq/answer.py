@@ -1,7 +1,7 @@
 """The failure result a shard got with a dead letter, rebuilt from the letter's kind and its body's ids.
 
 The broker keeps no copy of the result the worker published to ``tomori.tool_results``; the worker builds it
-from the kind and the event's ids alone (:func:`worker.settle.route_failure`, the handler's dead-letter
+from the kind and the event's ids alone (:func:`~worker.runtime.settle.route_failure`, the dead-letter
 paths), so the same functions rebuild it here, answering the same event, timed at the letter's failure.
 """
 
@@ -15,7 +15,7 @@ import orjson
 
 from contracts.models import MAX_BODY_BYTES, DeadLetterKind
 from worker.broker.envelope import routable_ids
-from worker.dlq.letters import DeadLetter
+from worker.ops.dlq.letters import DeadLetter
 from worker.pipeline import outcome
 
 

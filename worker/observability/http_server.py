@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from worker.config import DEFAULT_HTTP_HOST
-from worker.metrics import Metrics
+from worker.observability.metrics import Metrics
 
 #: answers {dependency: None when it works, else what is wrong}
 ReadinessCheck = Callable[[], Awaitable[dict[str, str | None]]]

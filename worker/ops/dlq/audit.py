@@ -23,7 +23,7 @@ import orjson
 
 from worker.broker.headers import rfc3339
 from worker.config import redact_url as redact
-from worker.dlq.sweep import error_text
+from worker.ops.dlq.sweep import error_text
 from worker.store.pool import connect_once
 
 CONNECT_TIMEOUT = 10.0
