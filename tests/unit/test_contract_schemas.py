@@ -578,10 +578,17 @@ NOTIFICATION = Notification.model_validate(
 def every_outcome() -> list[Any]:
     """One real outcome of the pipeline's own builders per status and per shape of its data."""
     from worker.pipeline import outcome, steps
+    from worker.pipeline.plan import SavePlan, Target
+    from worker.pipeline.state import PersonaState, ServerState, UserRecord
 
     def saved(scope: str, label: str | None) -> Any:
         invalidation = ServerStateInvalidation(invalidation_id=INVALIDATION_ID, server_disc_id="1")
-        plan = steps.SavePlan(scope, 1, 10000, "{user} likes dogs", 7, 1, label, NOTIFICATION, invalidation)
+        server = ServerState(server_id=1, server_disc_id="1")
+        persona = PersonaState(persona_id=7, nickname="Tomori", lineage_id=10000)
+        author = UserRecord(user_id=1, user_disc_id="2")
+        target = Target(label, UserRecord(user_id=3, user_disc_id="4")) if label is not None else None
+        plan = SavePlan("{user} likes dogs", server, persona, author, target, invalidation)
+        assert plan.scope == scope
         return steps.saved(plan, 123)
 
     return [

@@ -1,5 +1,8 @@
 """The success notice: the saved content rendered for display, its preview, and the en-US strings.
 
+:func:`notice_for` renders the notification of a :class:`~worker.pipeline.plan.SavePlan`, once; the
+functions under it are its parts.
+
 Pure functions over plain data (reference section 6). The stored memory keeps its ``{user}``/``{bot}``
 macros and ``<@id>`` mentions; only what the shard displays is expanded here. The worker has no
 Discord client: everything it knows about people arrives as ``users`` (Postgres) and ``members``
@@ -21,7 +24,11 @@ from contracts.models import (
     NOTICE_TITLE_LIMIT,
     GuildMember,
     Notice,
+    Notification,
+    ToolCallEvent,
 )
+from worker.pipeline.naming import member_display_name
+from worker.pipeline.plan import SavePlan
 from worker.pipeline.state import UserRecord
 from worker.pipeline.text import JS_WHITESPACE, js_trim
 
@@ -84,6 +91,66 @@ _MACRO_PATTERNS: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
     )
     for name in _MACRO_NAMES
 }
+
+
+def notice_for(
+    plan: SavePlan, event: ToolCallEvent, users: Mapping[str, UserRecord], preview_limit: int
+) -> Notification:
+    """The notification of a save, to the event's channel: the server or personal notice for ``plan``.
+
+    ``users`` are the loaded ``users`` rows (names for mentions); ``preview_limit`` is the settings'
+    ``MEMORY_NOTICE_PREVIEW_LIMIT``. The title names ``reply_via.username``, else the persona's nickname;
+    ``{user}`` is the target's label in a personal notice and the author's name in a server one
+    (:func:`author_name`).
+    """
+    ctx = event.context
+    members = {m.user_disc_id: m for m in ctx.guild_members}
+    title_name = (ctx.reply_via.username if ctx.reply_via else "") or plan.persona.nickname
+    target = plan.target
+    rendered = render_for_display(
+        plan.content,
+        user_name=author_name(event, plan.author, members) if target is None else target.label,
+        bot_nickname=plan.persona.nickname,
+        bot_user_disc_id=ctx.bot_user_disc_id,
+        users=users,
+        members=members,
+        personal_memories_enabled=plan.server.personal_memories_enabled,
+    )
+    if target is None:
+        notice = server_notice(title_name=title_name, rendered_content=rendered, preview_limit=preview_limit)
+    else:
+        footer = personal_footer(
+            personal_memories_enabled=plan.server.personal_memories_enabled,
+            target_blacklisted=target.user.blacklisted,
+        )
+        notice = personal_notice(
+            title_name=title_name,
+            target_label=target.label,
+            rendered_content=rendered,
+            footer=footer,
+            preview_limit=preview_limit,
+        )
+    return Notification(
+        event_id=event.event_id,
+        guild_disc_id=ctx.guild_disc_id,
+        channel_disc_id=ctx.channel_disc_id,
+        thread_id=ctx.thread_id,
+        reply_via=ctx.reply_via,
+        notice=notice,
+    )
+
+
+def author_name(event: ToolCallEvent, author: UserRecord, members: Mapping[str, GuildMember]) -> str:
+    """``{user}`` in a server notice: saved nickname, else display name from the event, else the id."""
+    if author.nickname:
+        return author.nickname
+    member = members.get(author.user_disc_id)
+    if member is not None:
+        return member_display_name(member)
+    for participant in event.context.participants:
+        if participant.target_id == author.user_disc_id and participant.display_label:
+            return participant.display_label
+    return author.user_disc_id
 
 
 def neutralize_backticks(text: str) -> str:

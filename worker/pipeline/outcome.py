@@ -1,11 +1,11 @@
-"""What one event ends as: a status with its sentence and data, and the outputs of a save.
+"""What one event ends as: a status with its sentence and data.
 
 Every sentence here is the original bot's, verbatim (reference section 1.3).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -13,7 +13,6 @@ from uuid import UUID
 from contracts.models import (
     SAVED_MESSAGE,
     DeadLetterKind,
-    Notification,
     ServerStateInvalidation,
     Status,
     ToolResult,
@@ -42,15 +41,14 @@ class EventIds(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The decision for one event: the result's status, sentence and data, plus a save's side outputs."""
+    """The decision for one event: the result's status, sentence and data (a save's notice and invalidation
+    travel with its :class:`~worker.pipeline.plan.SavePlan`)."""
 
     status: Status
     error: str | None
     data: dict[str, Any]
     memory_id: int | None = None
     scope: str | None = None
-    notification: Notification | None = None
-    invalidation: Invalidation | None = field(default=None)
 
     @property
     def success(self) -> bool:

@@ -25,12 +25,13 @@ import asyncpg
 import structlog
 
 from contracts.models import Status, ToolCallEvent, ToolResult
-from worker.config import Limits
 from worker.pipeline import outcome
-from worker.pipeline.notice import mentioned_user_ids
+from worker.pipeline.limits import MemoryLimits, limit_reached, max_for
+from worker.pipeline.notice import notice_for
 from worker.pipeline.outcome import EventIds, Outcome
+from worker.pipeline.plan import SavePlan
 from worker.pipeline.state import LoadedState
-from worker.pipeline.steps import SavePlan, decide, limit_reached, max_for, missing_state, saved
+from worker.pipeline.steps import decide, missing_state, saved, users_needed
 from worker.service.digest import event_digest, same_event
 from worker.store import repository as repo
 
@@ -74,7 +75,7 @@ def utcnow() -> datetime:
 async def process_event(
     pool: asyncpg.Pool,
     event: ToolCallEvent,
-    limits: Limits,
+    limits: MemoryLimits,
     *,
     attempts: int = 1,
     clock: Callable[[], datetime] = utcnow,
@@ -87,7 +88,7 @@ async def process_event(
 async def process_batch(
     pool: asyncpg.Pool,
     jobs: Sequence[tuple[ToolCallEvent, int]],
-    limits: Limits,
+    limits: MemoryLimits,
     *,
     clock: Callable[[], datetime] = utcnow,
 ) -> list[ProcessedEvent]:
@@ -104,38 +105,37 @@ async def process_batch(
     digests = [event_digest(event) for event, _ in jobs]
     answers: list[ProcessedEvent | None] = [None] * len(jobs)
     async with pool.acquire() as conn:
-        loaded = await repo.load_many(conn, [_request(event) for event, _ in jobs])
-        writes: list[_Save | _Record] = []
-        for k, ((event, attempts), got) in enumerate(zip(jobs, loaded, strict=True)):
-            if got.stored is not None:
-                answers[k] = _stored_answer(got.stored, event, digests[k], processed_at)
+        loaded = await repo.load_many(conn, [(event, users_needed(event)) for event, _ in jobs])
+        # what the batch writes, by job index; a save's plan, for its answer once the write has drawn its id
+        writes: dict[int, repo.SaveItem | repo.RecordItem] = {}
+        plans: dict[int, SavePlan] = {}
+        for k, ((event, attempts), (stored, state)) in enumerate(zip(jobs, loaded, strict=True)):
+            if stored is not None:
+                answers[k] = _stored_answer(stored, event, digests[k], processed_at)
                 continue
-            decision = decide(event, got.state, limits)
+            decision = decide(event, state, limits)
             if isinstance(decision, SavePlan):
-                writes.append(_save(k, event, decision, limits, attempts, processed_at, digests[k]))
+                plans[k] = decision
+                writes[k] = _save(event, state, decision, limits, attempts, processed_at, digests[k])
             else:
                 if decision.error == outcome.CRITICAL_STATE_MISSING:
-                    _say_what_is_missing(event, got.state)
-                writes.append(_record(k, event, decision, attempts, processed_at, digests[k]))
-        duplicates, full = await _write(conn, writes, answers)
-        limit_writes = [
-            _record(
-                w.index,
-                w.event,
-                limit_reached(w.plan, count, limits),
-                w.item.attempts,
-                processed_at,
-                w.item.digest,
+                    _say_what_is_missing(event, state)
+                # answered as it is, unless the write finds the event recorded already (a duplicate)
+                answers[k], writes[k] = _record(event, decision, attempts, processed_at, digests[k])
+        duplicates, full = await _write(conn, writes, plans, jobs, answers)
+        limit_writes: dict[int, repo.SaveItem | repo.RecordItem] = {}
+        for k, count in full.items():
+            item = writes[k]
+            answers[k], limit_writes[k] = _record(
+                jobs[k][0], limit_reached(plans[k], count, limits), item.attempts, processed_at, item.digest
             )
-            for w, count in full
-        ]
-        more, _ = await _write(conn, limit_writes, answers)
+        more, _ = await _write(conn, limit_writes, plans, jobs, answers)
         duplicates += more
         if duplicates:
             # another delivery of these events recorded their outcome first: answer with it
-            stored = await repo.load_outcomes(conn, [jobs[k][0].event_id for k in duplicates])
+            stored_rows = await repo.load_outcomes(conn, [jobs[k][0].event_id for k in duplicates])
             for k in duplicates:
-                row = stored.get(jobs[k][0].event_id)
+                row = stored_rows.get(jobs[k][0].event_id)
                 # impossible: an event id is only committed with its outcome
                 if row is None or row["result"] is None:
                     raise RuntimeError(f"event {jobs[k][0].event_id} is recorded but has no stored outcome")
@@ -156,61 +156,17 @@ def _say_what_is_missing(event: ToolCallEvent, state: LoadedState) -> None:
     )
 
 
-def _request(event: ToolCallEvent) -> repo.LoadRequest:
-    ctx = event.context
-    return repo.LoadRequest(
-        event.event_id, ctx.guild_disc_id or ctx.triggering_user_disc_id, ctx.persona_id, _user_ids(event)
-    )
-
-
-def _user_ids(event: ToolCallEvent) -> set[str]:
-    """Every Discord id the pipeline may look up: the trigger and the users mentioned in the content, and
-    for a ``target_user`` save the guild members and participants the resolver may pick from."""
-    ctx = event.context
-    arguments = event.arguments if isinstance(event.arguments, dict) else {}
-    ids: set[str] = set()
-    if arguments.get("memory_scope") == "target_user":
-        ids.update(m.user_disc_id for m in ctx.guild_members)
-        ids.update(p.target_id for p in ctx.participants)
-    if ctx.triggering_user_disc_id:
-        ids.add(ctx.triggering_user_disc_id)
-    content = arguments.get("memory_content")
-    if isinstance(content, str):
-        ids.update(mentioned_user_ids(content))
-    return ids
-
-
-@dataclass(frozen=True, slots=True)
-class _Save:
-    """A save in a batch: its answer is built once the write has drawn the memory's id (or found the scope
-    full, when the limit outcome is recorded instead)."""
-
-    index: int
-    event: ToolCallEvent
-    plan: SavePlan
-    item: repo.SaveItem
-
-
-@dataclass(frozen=True, slots=True)
-class _Record:
-    """An outcome that saves nothing, in a batch: its answer is known before the write, and stored as is."""
-
-    index: int
-    answer: ToolResult
-    item: repo.RecordItem
-
-
 def _save(
-    index: int,
     event: ToolCallEvent,
+    state: LoadedState,
     plan: SavePlan,
-    limits: Limits,
+    limits: MemoryLimits,
     attempts: int,
     processed_at: datetime,
     digest: bytes,
-) -> _Save:
+) -> repo.SaveItem:
     """Count and insert under the scope lock, so concurrent writers never exceed the limit."""
-    item = repo.SaveItem(
+    return repo.SaveItem(
         event.event_id,
         event.tool_call_id,
         event.tool_name,
@@ -223,24 +179,19 @@ def _save(
         content=plan.content,
         max_allowed=max_for(plan, limits),
         result=saved(plan, memory_id=None).result(event, processed_at).model_dump(mode="json"),
-        notice=plan.notification.model_dump(mode="json"),
+        notice=notice_for(plan, event, state.users, limits.notice_preview_limit).model_dump(mode="json"),
         invalidation=plan.invalidation.model_dump(mode="json"),
         attempts=attempts,
         processed_at=processed_at,
         digest=digest,
     )
-    return _Save(index, event, plan, item)
 
 
 def _record(
-    index: int,
-    event: ToolCallEvent,
-    final: Outcome,
-    attempts: int,
-    processed_at: datetime,
-    digest: bytes | None,
-) -> _Record:
-    """Record an outcome that saved nothing (every failure status)."""
+    event: ToolCallEvent, final: Outcome, attempts: int, processed_at: datetime, digest: bytes | None
+) -> tuple[ProcessedEvent, repo.RecordItem]:
+    """Record an outcome that saved nothing (every failure status): its answer, known before the write, and
+    the item that stores it as it is."""
     answer = final.result(event, processed_at)
     item = repo.RecordItem(
         event.event_id,
@@ -254,31 +205,37 @@ def _record(
         processed_at=processed_at,
         digest=digest,
     )
-    return _Record(index, answer, item)
+    return ProcessedEvent(answer.status, None, answer, None, None, replayed=False), item
 
 
 async def _write(
-    conn: asyncpg.Connection, writes: Sequence[_Save | _Record], answers: list[ProcessedEvent | None]
-) -> tuple[list[int], list[tuple[_Save, int]]]:
-    """Apply ``writes`` in one statement and fill in ``answers``. Returns the indexes of the duplicates, and
-    the saves that found their scope full with the count they found (their limit outcome is a second
-    write)."""
+    conn: asyncpg.Connection,
+    writes: Mapping[int, repo.SaveItem | repo.RecordItem],
+    plans: Mapping[int, SavePlan],
+    jobs: Sequence[tuple[ToolCallEvent, int]],
+    answers: list[ProcessedEvent | None],
+) -> tuple[list[int], dict[int, int]]:
+    """Apply ``writes`` (by job index) in one statement and answer each save that inserted its memory (a
+    record's answer is already in ``answers``). Returns the indexes of the duplicates, and the saves that
+    found their scope full with the count they found (their limit outcome is a second write)."""
     if not writes:
-        return [], []
+        return [], {}
     duplicates: list[int] = []
-    full: list[tuple[_Save, int]] = []
-    for w, done in zip(writes, await repo.write_many(conn, [w.item for w in writes]), strict=True):
+    full: dict[int, int] = {}
+    for (k, item), done in zip(
+        writes.items(), await repo.write_many(conn, list(writes.values())), strict=True
+    ):
         if done.duplicate:
-            duplicates.append(w.index)
-        elif isinstance(w, _Record):
-            answers[w.index] = ProcessedEvent(w.answer.status, None, w.answer, None, None, replayed=False)
+            duplicates.append(k)
+        elif isinstance(item, repo.RecordItem):
+            pass
         elif done.memory_id is None:
             assert done.current_count is not None
-            full.append((w, done.current_count))
+            full[k] = done.current_count
         else:
-            answer = saved(w.plan, done.memory_id).result(w.event, w.item.processed_at)
-            answers[w.index] = ProcessedEvent(
-                Status.SAVED, done.memory_id, answer, w.item.notice, w.item.invalidation, replayed=False
+            answer = saved(plans[k], done.memory_id).result(jobs[k][0], item.processed_at)
+            answers[k] = ProcessedEvent(
+                Status.SAVED, done.memory_id, answer, item.notice, item.invalidation, replayed=False
             )
     return duplicates, full
 

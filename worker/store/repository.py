@@ -15,6 +15,7 @@ from uuid import UUID
 import asyncpg
 import orjson
 
+from contracts.models import ToolCallEvent
 from worker.pipeline.state import LoadedState, NamingConfig, PersonaState, ServerState, UserRows
 
 _LOAD = """
@@ -59,49 +60,36 @@ ORDER BY ev.i
 """
 
 
-@dataclass(frozen=True, slots=True)
-class LoadRequest:
-    """What to read for one event: its id (for a stored outcome), the server by Discord id, the persona,
-    and the Discord ids of the users the pipeline may look up."""
-
-    event_id: UUID
-    server_disc_id: str | None
-    persona_id: int
-    user_disc_ids: Iterable[str]
+#: an event's stored outcome, with what identifies the event it answered: ``digest`` in hex or ``None``,
+#: ``tool_call_id``, ``tool_name``, ``shard_id`` (:func:`worker.service.digest.same_event`)
+Stored = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """The first read for an event: its stored outcome if its id was answered before (with what identifies
-    the event it answered: ``digest`` in hex or ``None``, ``tool_call_id``, ``tool_name``, ``shard_id``;
-    :func:`worker.service.digest.same_event`), and the state."""
-
-    stored: dict[str, Any] | None
-    state: LoadedState
-
-
-async def load_many(conn: asyncpg.Connection, requests: Sequence[LoadRequest]) -> list[Loaded]:
-    """Load what the pipeline needs for each request, in one round trip (answers in request order): the
-    event's stored outcome (a redelivery is answered from it), the server by Discord id with its flags,
-    the persona if it belongs to that server, and the known users among ``user_disc_ids`` with their
-    naming for the persona's lineage and their blacklist state on the server.
+async def load_many(
+    conn: asyncpg.Connection, events: Sequence[tuple[ToolCallEvent, Iterable[str]]]
+) -> list[tuple[Stored | None, LoadedState]]:
+    """Load what the pipeline needs for each ``(event, user_disc_ids)``, in one round trip (answers in event
+    order): the event's stored outcome if its id was answered before (a redelivery is answered from it),
+    and the state: the event's server by Discord id with its flags (in a DM the triggering user's, the
+    original's ``memoryServerDiscId``), its persona if it belongs to that server, and the known users among
+    ``user_disc_ids`` with their naming for the persona's lineage and their blacklist state on the server.
     """
     payload = [
         {
             "i": i,
-            "event_id": str(r.event_id),
-            "server_disc_id": r.server_disc_id,
-            "persona_id": r.persona_id,
-            "user_disc_ids": list(set(r.user_disc_ids)),  # order is irrelevant to = ANY(...)
+            "event_id": str(event.event_id),
+            "server_disc_id": event.context.guild_disc_id or event.context.triggering_user_disc_id,
+            "persona_id": event.context.persona_id,
+            "user_disc_ids": list(set(user_disc_ids)),  # order is irrelevant to = ANY(...)
         }
-        for i, r in enumerate(requests)
+        for i, (event, user_disc_ids) in enumerate(events)
     ]
     rows = await conn.fetch(_LOAD, payload)
-    assert len(rows) == len(requests)  # one row per request: every join is a LEFT JOIN
-    return [_loaded(row) for row in rows]
+    assert len(rows) == len(events)  # one row per event: every join is a LEFT JOIN
+    return [(row["stored"], _state(row)) for row in rows]
 
 
-def _loaded(row: asyncpg.Record) -> Loaded:
+def _state(row: asyncpg.Record) -> LoadedState:
     server: ServerState | None = None
     persona: PersonaState | None = None
     if row["server_id"] is not None:
@@ -119,7 +107,7 @@ def _loaded(row: asyncpg.Record) -> Loaded:
                 naming=NamingConfig(prefixes=_styles(row["prefixes"]), suffixes=_styles(row["suffixes"])),
             )
     rows = {u["user_disc_id"]: u for u in row["users"]} if server is not None else {}
-    return Loaded(row["stored"], LoadedState(server=server, persona=persona, users=UserRows(rows)))
+    return LoadedState(server=server, persona=persona, users=UserRows(rows))
 
 
 def _styles(raw: Any) -> dict[str, str]:
@@ -235,9 +223,9 @@ async def write_many(conn: asyncpg.Connection, items: Sequence[SaveItem | Record
 # --- the worker's own ledger of processed events ---------------------------------------------------
 
 
-async def load_outcomes(conn: asyncpg.Connection, event_ids: Iterable[UUID]) -> dict[UUID, dict[str, Any]]:
+async def load_outcomes(conn: asyncpg.Connection, event_ids: Iterable[UUID]) -> dict[UUID, Stored]:
     """The stored outcomes of events processed before, by event id (an event never recorded is absent), with
-    what identifies the event each answered (as :class:`Loaded` ``stored``)."""
+    what identifies the event each answered (as :func:`load_many`'s)."""
     rows = await conn.fetch(
         "SELECT event_id, status, memory_id, result, notice, invalidation, attempts, processed_at,"
         " encode(event_digest, 'hex') AS digest, tool_call_id, tool_name, shard_id"
