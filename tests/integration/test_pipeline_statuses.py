@@ -25,7 +25,7 @@ OTHER = "1150000000000000202"
 
 
 async def process_event(pool: asyncpg.Pool, ev: ToolCallEvent, limits: Limits) -> ProcessedEvent:
-    """The unit of work, with every output it returns checked against the committed JSON Schemas."""
+    """One event processed, with every output it returns checked against the committed JSON Schemas."""
     done = await process.process_event(pool, ev, limits)
     assert_conforms("tool_result.v1.json", published(done.result))
     assert_conforms("tool_result.v1.json", published(done.as_replay().result))

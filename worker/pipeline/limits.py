@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from worker.pipeline import outcome
-from worker.pipeline.notice import MEMORY_NOTICE_PREVIEW_LIMIT
 from worker.pipeline.outcome import Outcome
 from worker.pipeline.plan import SavePlan
 from worker.pipeline.text import utf16_length
@@ -23,7 +22,7 @@ DEFAULT_MAX_PERSONAL_MEMORIES = 100
 #: ``MAX_MEMORY_LENGTH``: the longest memory, in UTF-16 code units
 DEFAULT_MAX_MEMORY_LENGTH = 1000
 #: ``MEMORY_NOTICE_PREVIEW_LIMIT``: code points of rendered content shown before "Show Full Memory"
-DEFAULT_NOTICE_PREVIEW_LIMIT = MEMORY_NOTICE_PREVIEW_LIMIT
+DEFAULT_NOTICE_PREVIEW_LIMIT = 600
 
 
 class MemoryLimits(Protocol):

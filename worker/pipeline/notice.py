@@ -27,13 +27,14 @@ from contracts.models import (
     Notification,
     ToolCallEvent,
 )
+from worker.pipeline.limits import DEFAULT_NOTICE_PREVIEW_LIMIT
 from worker.pipeline.naming import member_display_name
 from worker.pipeline.plan import SavePlan
 from worker.pipeline.state import UserRecord
 from worker.pipeline.text import JS_WHITESPACE, js_trim
 
 #: ``MEMORY_NOTICE_PREVIEW_LIMIT``: code points of rendered content shown before "Show Full Memory".
-MEMORY_NOTICE_PREVIEW_LIMIT = 600
+MEMORY_NOTICE_PREVIEW_LIMIT = DEFAULT_NOTICE_PREVIEW_LIMIT
 #: ``ColorCode.SUCCESS``.
 NOTICE_ACCENT_COLOR = "#2ECC71"
 #: Title name when neither ``reply_via.username`` nor a persona nickname is available.

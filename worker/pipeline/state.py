@@ -1,4 +1,4 @@
-"""Plain data the pipeline decides on: what the unit of work loaded from Postgres for one event.
+"""Plain data the pipeline decides on: what the service loaded from Postgres for one event.
 
 No I/O here. The store builds these values inside the event's transaction; the pipeline reads them.
 """

@@ -25,7 +25,7 @@ from datetime import datetime
 import asyncpg
 
 from contracts.models import ToolCallEvent
-from worker.config import Limits
+from worker.pipeline.limits import MemoryLimits
 from worker.service.process import ProcessedEvent, process_batch, utcnow
 
 
@@ -42,7 +42,7 @@ class Batcher:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        limits: Limits,
+        limits: MemoryLimits,
         *,
         max_running: int,
         max_batch: int,

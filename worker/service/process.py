@@ -1,7 +1,7 @@
-"""Events against Postgres: read their state, decide, then write everything they write in one
-transaction (one statement): the claim of each event id, the count under the scope lock, the memory
-row, the recorded outcome. One event is a batch of one; under load the worker passes the events that
-are ready together (:mod:`worker.service.batcher`).
+"""Events against Postgres: read their state, decide (a save's notice is rendered from its plan), then
+write everything they write in one transaction (one statement): the claim of each event id, the count
+under the scope lock, the memory row, the recorded outcome. One event is a batch of one; under load the
+worker passes the events that are ready together (:mod:`worker.service.batcher`).
 
 The read is its own statement: under READ COMMITTED a read inside the writing transaction would take
 its own snapshot all the same, and what must be atomic (claim, limit, row, outcome) is. A write that
