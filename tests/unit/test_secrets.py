@@ -15,7 +15,7 @@ from worker.config import (
     load_settings,
     redact_url,
 )
-from worker.faults import describe
+from worker.redact import describe
 
 SECRET = "S3cret"
 

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 
 from worker.broker import content_header
-from worker.config import redact_url
+from worker.redact import redact_url
 
 
 def vhost_of(url: str) -> str:

@@ -8,9 +8,9 @@ from typing import Any
 
 import asyncpg
 
-from worker.faults import certificate_failure, describe
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.metrics import Metrics
+from worker.redact import certificate_failure, describe
 from worker.store.migrate import pending_migrations
 
 
