@@ -19,6 +19,7 @@ from worker.config import (
     declared,
     environment_help,
     load_settings,
+    overridden_env,
 )
 from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
 from worker.observability.logs import configure_logging, log_fallbacks
@@ -128,22 +129,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: option dest -> the declared setting, for every setting with a `worker run` option
-_OPTION_ENV = {
-    s.env.option.lstrip("-").replace("-", "_"): s.env for s in declared() if s.env.option is not None
+#: option dest -> the field of the setting it overrides, for every setting with a `worker run` option
+_OPTION_FIELD = {
+    s.env.option.lstrip("-").replace("-", "_"): s.path[-1] for s in declared() if s.env.option is not None
 }
 
 
 def settings_for(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """The settings of a command: ``env`` with the command's options on top, read by the same rules (an
     option overrides the setting's ``_FILE`` variable too). Raises :class:`SettingsError`."""
-    merged = dict(env)
-    for option, setting in _OPTION_ENV.items():
-        value = getattr(args, option, None)
-        if value is not None:
-            merged[setting.var] = str(value)
-            merged.pop(setting.file_var, None)
-    return load_settings(merged)
+    options = {field: getattr(args, option, None) for option, field in _OPTION_FIELD.items()}
+    return load_settings(overridden_env(env, **options))
 
 
 #: the exit code of a command whose settings cannot be read or whose connection URL can never work: `dlq`'s

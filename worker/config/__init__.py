@@ -8,7 +8,8 @@ is read, and the ``worker run`` option that overrides it. ``load_settings``, the
 
 - settings.py: the model (:class:`Settings`, :class:`Limits`, :class:`Topology`) and its defaults;
 - rules.py: how a variable's text is read (the rules, :class:`Env`);
-- env.py: the environment read (:func:`load_settings`) and written (:func:`as_env`, :func:`env_with`);
+- env.py: the environment read (:func:`load_settings`) and written (:func:`as_env`, :func:`env_with`,
+  :func:`env_of`, :func:`overridden_env`): the one place that knows the variables' names;
 - render.py: the README table and the commands' epilogs (``python -m worker.config`` prints the table).
 
 ``redact_url`` is worker/redact.py's, named here too for the modules that import it from here.
@@ -20,9 +21,11 @@ from worker.config.env import (
     as_env,
     connection_problems,
     declared,
+    env_of,
     env_with,
     expected_value,
     load_settings,
+    overridden_env,
     variable_of,
 )
 from worker.config.render import configuration_table, environment_help
@@ -78,10 +81,12 @@ __all__ = [
     "configuration_table",
     "connection_problems",
     "declared",
+    "env_of",
     "env_with",
     "environment_help",
     "expected_value",
     "load_settings",
+    "overridden_env",
     "parse_port",
     "parse_positive_int",
     "redact_url",

@@ -36,9 +36,11 @@ __all__ = [
     "as_env",
     "connection_problems",
     "declared",
+    "env_of",
     "env_with",
     "expected_value",
     "load_settings",
+    "overridden_env",
     "variable_of",
 ]
 
@@ -185,11 +187,28 @@ def as_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def env_with(settings: Settings, **fields: object) -> dict[str, str]:
-    """:func:`as_env` with the settings named ``fields`` (``prefetch=8``, ``max_server_memories=5``) given
-    these values instead; a name that is no declared setting is a ``TypeError``."""
+def env_of(**fields: object) -> dict[str, str]:
+    """The variables that give the settings named ``fields`` these values (``postgres_dsn=dsn`` ->
+    ``{"LTM_POSTGRES_DSN": dsn}``), the others left out; a name that is no declared setting is a
+    ``TypeError``."""
     by_name = {s.path[-1]: s.var for s in declared()}
     unknown = sorted(set(fields) - set(by_name))
     if unknown:
         raise TypeError(f"not a declared setting: {', '.join(unknown)}")
-    return as_env(settings) | {by_name[name]: str(value) for name, value in fields.items()}
+    return {by_name[name]: str(value) for name, value in fields.items()}
+
+
+def env_with(settings: Settings, **fields: object) -> dict[str, str]:
+    """:func:`as_env` with the settings named ``fields`` (``prefetch=8``, ``max_server_memories=5``) given
+    these values instead (:func:`env_of`)."""
+    return as_env(settings) | env_of(**fields)
+
+
+def overridden_env(env: Mapping[str, str], **fields: object) -> dict[str, str]:
+    """``env`` with the settings named ``fields`` set through their variables (a ``None`` is no override);
+    each such variable replaces its ``_FILE`` form too, as a command-line option does (worker/cli.py)."""
+    merged = dict(env)
+    for var, value in env_of(**{name: value for name, value in fields.items() if value is not None}).items():
+        merged[var] = value
+        merged.pop(f"{var}_FILE", None)
+    return merged
