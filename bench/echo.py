@@ -1,4 +1,4 @@
-"""``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
+"""``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``python -m bench``).
 
 It does the broker work of the worker and nothing else, with the worker's own AMQP paths: consume with
 the same prefetch, publish a result of the worker's average size to the shard (confirmed, mandatory,

@@ -1,4 +1,4 @@
-"""``worker bench`` end to end on a tiny workload: correctness only, never a timing (DESIGN.md)."""
+"""``python -m bench`` end to end on a tiny workload: correctness only, never a timing (DESIGN.md)."""
 
 from __future__ import annotations
 

@@ -879,7 +879,7 @@ async def test_a_user_is_refused_what_it_does_not_need(deployed: Deployed, user:
 
 
 async def test_the_shard_simulations_need_only_what_a_shard_user_may(deployed: Deployed) -> None:
-    """`worker bench`'s shards and the e2e harness's shard, each connected as its shard's user: each
+    """`python -m bench`'s shards and the e2e harness's shard, each connected as its shard's user: each
     checks the exchanges, declares and binds its own `tomori.shard.<id>.*` queues, and receives what the
     worker routes to it."""
     bench_id, harness_id = SHARD_ID + 1, SHARD_ID + 2
