@@ -64,21 +64,14 @@ class DeclaredSetting:
         """The default for people: ``0 (off)``."""
         return f"{self.default} ({self.env.note})" if self.env.note else str(self.default)
 
-    @property
-    def table_row(self) -> str:
-        """The setting's row of the README table: variable, default (`` `0` (off) ``), meaning."""
-        default = f"`{self.default}` ({self.env.note})" if self.env.note else f"`{self.default}`"
-        variable = f"`{self.var}` or `{self.env.file_var}`" if self.env.file else f"`{self.var}`"
-        return f"| {variable} | {default} | {self.description} |"
 
-
-def _env_of(field: FieldInfo) -> Env | None:
+def _env_meta(field: FieldInfo) -> Env | None:
     return next((meta for meta in field.metadata if isinstance(meta, Env)), None)
 
 
 def _walk(model: type[BaseModel], path: tuple[str, ...]) -> Iterator[DeclaredSetting]:
     for name, field in model.model_fields.items():
-        env = _env_of(field)
+        env = _env_meta(field)
         if env is not None:
             yield DeclaredSetting((*path, name), env, field.default, field.description or "")
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):

@@ -5,13 +5,21 @@
 
 from __future__ import annotations
 
-from worker.config.env import declared
+from worker.config.env import DeclaredSetting, declared
+
+
+def table_row(setting: DeclaredSetting) -> str:
+    """A setting's row of the README table: variable, default (`` `0` (off) ``), meaning."""
+    env = setting.env
+    default = f"`{setting.default}` ({env.note})" if env.note else f"`{setting.default}`"
+    variable = f"`{env.var}` or `{env.file_var}`" if env.file else f"`{env.var}`"
+    return f"| {variable} | {default} | {setting.description} |"
 
 
 def configuration_table() -> str:
     """The README's configuration table (variable, default, meaning), one row per declared setting."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
-    rows += [s.table_row for s in declared()]
+    rows += [table_row(s) for s in declared()]
     return "\n".join(rows)
 
 
