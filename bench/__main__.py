@@ -1,4 +1,4 @@
-"""``python -m bench``: the load generator from a source checkout (the same command as ``worker bench``)."""
+"""``python -m bench``: the load generator from a source checkout."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from contracts.models import ToolCallEvent
 from worker.broker.topology import work_queue_arguments
 from worker.config import Limits, Topology
 from worker.faults import is_transient
+from worker.redact import describe
 from worker.service.batcher import Batcher
 
 ECHO_EXCHANGE = "bench.echo"
@@ -104,7 +105,7 @@ async def play_postgres(
                     break
                 except Exception as exc:  # the worker would retry a transient fault later
                     if not is_transient(exc) or attempt == TRANSIENT_TRIES:
-                        result.errors.append(f"{planned.event_id}: {type(exc).__name__}: {exc}")
+                        result.errors.append(f"{planned.event_id}: {describe(exc)}")
                         in_flight -= 1
                         return
                     await asyncio.sleep(0.05 * attempt)

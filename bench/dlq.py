@@ -43,7 +43,7 @@ from bench.sandbox import Sandbox
 from worker.broker.events import tool_call_message
 from worker.broker.headers import rfc3339
 from worker.broker.topology import declare_topology
-from worker.config import load_settings
+from worker.config import env_of, load_settings, overridden_env
 from worker.ops.dlq import Console, Selection, list_command, replay_command
 from worker.store.migrate import apply_migrations
 
@@ -146,9 +146,15 @@ async def run_chromium(*args: str) -> None:
         await asyncio.wait_for(process.wait(), 120)
 
 
-async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]:
+def _dlq_environment(url: str, dsn: str) -> dict[str, str]:
+    """The environment of a ``worker dlq`` command on the bench's broker and database: no other setting of
+    this shell (every ``LTM_`` variable left out), so the rest are the defaults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LTM_")}
-    env.update(LTM_RABBITMQ_URL=url, LTM_POSTGRES_DSN=dsn)
+    return env | env_of(rabbitmq_url=url, postgres_dsn=dsn)
+
+
+async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]:
+    env = _dlq_environment(url, dsn)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "worker", "dlq", "ui", "--port", "0",
         cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
@@ -168,11 +174,8 @@ def fetch(url: str) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict[str, list[float]]:
-    env = dict(os.environ)
-    for option, var in (("postgres_dsn", "LTM_POSTGRES_DSN"), ("rabbitmq_url", "LTM_RABBITMQ_URL")):
-        if getattr(args, option):
-            env[var] = getattr(args, option)
-    settings = load_settings(env)
+    given = {option: getattr(args, option) or None for option in ("postgres_dsn", "rabbitmq_url")}
+    settings = load_settings(overridden_env(os.environ, **given))
     sandbox = Sandbox(settings.postgres_dsn, keep=args.keep)
     results: dict[str, list[float]] = {}
     try:
@@ -219,8 +222,7 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
 
 async def audit_example(url: str, dsn: str) -> None:
     """Something for the pictures' audit history: a small replay and a purge refused for want of a --yes."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LTM_")}
-    env.update(LTM_RABBITMQ_URL=url, LTM_POSTGRES_DSN=dsn)
+    env = _dlq_environment(url, dsn)
     for args in (
         ("replay", "--group", "kind=schema", "--limit", "5", "--by", "alice (on call)"),
         ("purge", "--group", "shard=3", "--by", "bob"),

@@ -1,4 +1,4 @@
-"""``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``worker bench``).
+"""``python -m bench.echo``: the consumer of the RabbitMQ ceiling (started by ``python -m bench``).
 
 It does the broker work of the worker and nothing else, with the worker's own AMQP paths: consume with
 the same prefetch, publish a result of the worker's average size to the shard (confirmed, mandatory,
@@ -26,6 +26,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from worker.broker.acks import Acks
 from worker.broker.publisher import json_properties, publish_confirmed, shard_routing_key
+from worker.config import variable_of
 from worker.runtime import heap
 
 NOTICE_HEADER = "x-bench-notice"
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     asyncio.run(
         serve(
-            os.environ["LTM_RABBITMQ_URL"],
+            os.environ[variable_of("rabbitmq_url")],
             args.queue,
             args.results_exchange,
             args.notifications_exchange,

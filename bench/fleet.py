@@ -23,7 +23,7 @@ import aio_pika
 
 from bench.cpu import process_cpu_seconds
 from sim.process import ModuleProcess, ProcessFailed, stop_all
-from worker.config import declared
+from worker.config import Settings, declared, env_with
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -100,33 +100,19 @@ class Processes:
         await stop_all(self.children, STOP_TIMEOUT)
 
 
-#: the file forms of the connection settings (worker/config.py ``Env.file``)
+#: the file forms of the connection settings (worker/config/rules.py ``Env.file``)
 _CONNECTION_FILES = frozenset(s.env.file_var for s in declared() if s.env.file)
 
 
-def worker_environment(
-    base: Mapping[str, str],
-    *,
-    postgres_dsn: str,
-    rabbitmq_url: str,
-    redis_url: str,
-    overrides: Mapping[str, str],
-) -> dict[str, str]:
-    """The environment of a spawned worker: the bench's services, quiet logs, no HTTP port clash."""
+def worker_environment(base: Mapping[str, str], settings: Settings, **fields: object) -> dict[str, str]:
+    """The environment of a spawned worker: ``base`` with every setting of ``settings`` written out, the
+    settings named in ``fields`` (the bench's own database and vhost) set instead, quiet logs and no HTTP
+    port (several workers on one machine)."""
     # the bench's own services replace the connection settings, in whichever form (the variable or its _FILE)
     env = {key: value for key, value in base.items() if key not in _CONNECTION_FILES}
-    env.update(
-        {
-            "LTM_POSTGRES_DSN": postgres_dsn,
-            "LTM_RABBITMQ_URL": rabbitmq_url,
-            "LTM_REDIS_URL": redis_url,
-            "LTM_LOG_LEVEL": "warning",
-            "LTM_LOG_FORMAT": "json",
-            "LTM_HTTP_PORT": "0",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.update(overrides)
+    quiet: dict[str, object] = {"log_level": "warning", "log_format": "json", "http_port": 0}
+    env.update(env_with(settings, **(quiet | fields)))
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 

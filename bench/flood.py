@@ -33,6 +33,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from bench.sandbox import Sandbox
 from sim.process import ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
+from worker.config import env_of
 from worker.store.migrate import apply_migrations
 
 GUILD, CHANNEL, TRIGGER, BOT = (
@@ -193,12 +194,8 @@ async def main_async(args: argparse.Namespace) -> int:
         await apply_migrations(dsn)
         persona_id = await seed(dsn)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(
-            LTM_POSTGRES_DSN=dsn,
-            LTM_RABBITMQ_URL=url,
-            LTM_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-            PYTHONUNBUFFERED="1",
-        )
+        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=f"redis://127.0.0.1:{redis_port}/0"))
+        env["PYTHONUNBUFFERED"] = "1"
         worker = ModuleProcess(
             "worker", ["run", "--log-format", "json"], env, workdir / "worker.log", "worker"
         )

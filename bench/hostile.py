@@ -35,7 +35,7 @@ from bench.world import World, build_world
 from sim import amqp_raw as raw
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import ShardLink
-from worker.config import Limits
+from worker.config import Limits, env_of
 
 TOOL_CALLS, KEY = "tool.create_long_term_memory", "tool.create_long_term_memory"
 EXCHANGE = "tomori.tool_calls"
@@ -142,13 +142,9 @@ async def run_case(
         dsn = await sandbox.new_database()
         url = await sandbox.new_vhost(args.rabbitmq_url)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(
-            LTM_POSTGRES_DSN=dsn,
-            LTM_RABBITMQ_URL=url,
-            LTM_REDIS_URL=args.redis_url,
-            LTM_LOG_FORMAT="json",
-            PYTHONUNBUFFERED="1",
-        )
+        # the other settings at the defaults of the worker run (--source may be an older checkout)
+        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=args.redis_url, log_format="json"))
+        env["PYTHONUNBUFFERED"] = "1"
         code, output = await _run(sys.executable, "-m", "worker", "migrate", cwd=args.source, env=env)
         if code != 0:
             raise RuntimeError(f"migrate failed: {output[-2000:]}")

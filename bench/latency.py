@@ -43,7 +43,7 @@ from bench.report import percentile
 from bench.sandbox import Sandbox
 from sim.shard import ShardLink
 from worker.broker.topology import declare_topology, retry_delays
-from worker.config import load_settings
+from worker.config import load_settings, overridden_env
 from worker.store.migrate import apply_migrations
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,12 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) -> dict[str, Any]:
-    env = dict(os.environ)
-    for option, var in (("postgres_dsn", "LTM_POSTGRES_DSN"), ("rabbitmq_url", "LTM_RABBITMQ_URL"),
-                        ("redis_url", "LTM_REDIS_URL")):  # fmt: skip
-        if getattr(args, option):
-            env[var] = getattr(args, option)
-    settings = load_settings(env)
+    given = {
+        option: getattr(args, option) or None for option in ("postgres_dsn", "rabbitmq_url", "redis_url")
+    }
+    settings = load_settings(overridden_env(os.environ, **given))
     topology = settings.topology
     sandbox = Sandbox(settings.postgres_dsn)
     log_dir = Path(tempfile.mkdtemp(prefix=f"ltm-latency-{sandbox.token}-"))
@@ -173,12 +171,11 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
         finally:
             await connection.close()
         await declare_echo_topology(url, topology)
-        overrides = {"MAX_SERVER_MEMORIES": "100000000"}
+        # no server limit in the way of a long run; --stages traces the worker
+        overrides: dict[str, object] = {"max_server_memories": 100000000}
         if args.stages:
-            overrides["LTM_TRACING"] = "console"
-        worker_env = worker_environment(
-            os.environ, postgres_dsn=dsn, rabbitmq_url=url, redis_url=settings.redis_url, overrides=overrides
-        )
+            overrides["tracing"] = "console"
+        worker_env = worker_environment(os.environ, settings, postgres_dsn=dsn, rabbitmq_url=url, **overrides)
         fleet = SpawnedFleet(1, worker_env, log_dir)
         await fleet.start(url, topology.work_queue)
         if "echo" in paths:

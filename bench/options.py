@@ -1,9 +1,52 @@
-"""The bench's command line (``python -m bench``, ``worker bench``) and the typed options it yields."""
+"""The bench's command line (``python -m bench``) and the typed options it yields."""
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 from dataclasses import dataclass, fields
+
+from worker.config import declared, variable_of
+
+#: the bench's options that set a worker setting: option -> the setting's field (worker/config/settings.py);
+#: they override the environment as `worker run`'s options do, and spawned workers get the same values
+SETTING_OPTIONS = {
+    "postgres_dsn": "postgres_dsn",
+    "redis_url": "redis_url",
+    "prefetch": "prefetch",
+    "concurrency": "concurrency",
+    "pool_size": "postgres_pool_size",
+}
+#: the settings the bench reads from the environment, as `worker run` does (the epilog lists them)
+_READS = (
+    "postgres_dsn",
+    "rabbitmq_url",
+    "redis_url",
+    "max_server_memories",
+    "max_personal_memories",
+    "max_memory_length",
+    "prefetch",
+    "concurrency",
+    "postgres_pool_size",
+)
+
+
+def _environment() -> str:
+    """The epilog's paragraph on the variables the bench reads, named from the settings' declaration."""
+    pg, amqp, *rest = (variable_of(field) for field in _READS)
+    return textwrap.fill(
+        f"environment: {pg} (a server where the bench may CREATE DATABASE), {amqp} (its host and credentials "
+        f"are used to make the vhost), {', '.join(rest)}: as for `worker run`; spawned workers get the same "
+        "values.",
+        105,
+    )
+
+
+def _setting_help(text: str, field: str) -> str:
+    """``text (env LTM_PREFETCH, 64)``: the variable and default of the setting ``field``, declared once."""
+    setting = next(s for s in declared() if s.path[-1] == field)
+    return f"{text} (env {setting.var}, {setting.shown_default})"
+
 
 DESCRIPTION = """\
 Load generator and measuring instrument for the worker.
@@ -26,7 +69,7 @@ status next to the counts the workload must produce. A progress line goes to std
 Exit status: 0 when every event got its expected status, 1 when not, 2 when the bench could not run.
 """
 
-EPILOG = """\
+EPILOG = f"""\
 safety: the bench works in a database and a vhost of its own, created for the run and removed after it
 (unless --keep). The vhost is made with rabbitmqctl, so the broker must be on this machine; for any other
 broker pass --rabbitmq-url naming an existing vhost set aside for the bench. A vhost whose work queue
@@ -37,21 +80,18 @@ invalidations to --redis-url on the usual channel: do not point it at a producti
 own, then point the bench at the same two:
   createdb ltm_bench_x && LTM_POSTGRES_DSN=postgresql://.../ltm_bench_x worker migrate
   LTM_POSTGRES_DSN=... LTM_RABBITMQ_URL=amqp://.../bench worker run   (one or more, anywhere)
-  worker bench --fleet external --workers N --postgres-dsn postgresql://.../ltm_bench_x \\
-               --rabbitmq-url amqp://.../bench
+  python -m bench --fleet external --workers N --postgres-dsn postgresql://.../ltm_bench_x \\
+                  --rabbitmq-url amqp://.../bench
 The bench seeds that database (it must hold no rows yet) and leaves it in place; there is no CPU figure
 for an external fleet, and its limits must match this shell's MAX_* variables.
 
-environment: LTM_POSTGRES_DSN (a server where the bench may CREATE DATABASE), LTM_RABBITMQ_URL (its
-host and credentials are used to make the vhost), LTM_REDIS_URL, MAX_SERVER_MEMORIES,
-MAX_PERSONAL_MEMORIES, MAX_MEMORY_LENGTH, LTM_PREFETCH, LTM_CONCURRENCY, LTM_POSTGRES_POOL_SIZE:
-as for `worker run`; spawned workers get the same values.
+{_environment()}
 """
 
 
 @dataclass(frozen=True, slots=True)
 class BenchOptions:
-    """Everything ``worker bench`` is told; the defaults are the command's."""
+    """Everything ``python -m bench`` is told; the defaults are the command's."""
 
     events: int = 20000
     warmup: int = 1000
@@ -104,11 +144,8 @@ class BenchOptions:
         return found
 
 
-HELP = "the load generator: throughput, latency and CPU of the worker against this machine's ceilings"
-
-
 def bench_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
-    """The parser of ``python -m bench``: the same options as ``worker bench``."""
+    """The parser of ``python -m bench``."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=DESCRIPTION,
@@ -119,23 +156,8 @@ def bench_parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     return parser
 
 
-def add_bench_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> argparse.ArgumentParser:
-    """Add ``bench`` to the ``worker`` sub-commands (from a source checkout: see worker/cli.py)."""
-    bench = commands.add_parser(
-        "bench",
-        help=HELP,
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_bench_arguments(bench)
-    return bench
-
-
 def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
-    """The bench's options, on ``worker bench`` or ``python -m bench``."""
+    """The bench's options (``python -m bench``)."""
     d = BenchOptions()
     load = bench.add_argument_group("load")
     load.add_argument(
@@ -187,12 +209,12 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
         help="spawn: start the workers (CPU is measured); external: measure a fleet already running on "
         "--postgres-dsn and --rabbitmq-url (see below) (spawn)",
     )
-    workers.add_argument("--prefetch", type=int, help="worker prefetch (env LTM_PREFETCH, 64)")
+    workers.add_argument("--prefetch", type=int, help=_setting_help("worker prefetch", "prefetch"))
     workers.add_argument(
-        "--concurrency", type=int, help="events a worker processes at once (env LTM_CONCURRENCY, 32)"
+        "--concurrency", type=int, help=_setting_help("events a worker processes at once", "concurrency")
     )
     workers.add_argument(
-        "--pool-size", type=int, help="Postgres connections per worker (env LTM_POSTGRES_POOL_SIZE, 10)"
+        "--pool-size", type=int, help=_setting_help("Postgres connections per worker", "postgres_pool_size")
     )
     world = bench.add_argument_group("seeded world")
     world.add_argument("--servers", type=int, default=d.servers, help=f"servers (guilds) ({d.servers})")
@@ -223,16 +245,18 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     where = bench.add_argument_group("services")
     where.add_argument(
         "--postgres-dsn",
-        help="spawn: a server where the bench may create its databases (env LTM_POSTGRES_DSN); "
+        help=f"spawn: a server where the bench may create its databases (env {variable_of('postgres_dsn')}); "
         "external: the fleet's (empty, migrated) database",
     )
     where.add_argument(
         "--rabbitmq-url",
         help="an existing vhost set aside for the bench (required for a broker on another machine or an "
         "external fleet); without it, a fresh vhost is made with rabbitmqctl on the broker of "
-        "LTM_RABBITMQ_URL",
+        f"{variable_of('rabbitmq_url')}",
     )
-    where.add_argument("--redis-url", help="Redis for the spawned workers' invalidations (env LTM_REDIS_URL)")
+    where.add_argument(
+        "--redis-url", help=f"Redis for the spawned workers' invalidations (env {variable_of('redis_url')})"
+    )
     output = bench.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     output.add_argument(

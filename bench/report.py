@@ -129,7 +129,7 @@ def _status_rank(status: str) -> int:
 
 @dataclass
 class BenchReport:
-    """Everything one ``worker bench`` run found."""
+    """Everything one ``python -m bench`` run found."""
 
     config: dict[str, Any]
     world: dict[str, int]
@@ -181,8 +181,8 @@ class BenchReport:
     def table(self) -> str:
         c = self.config
         lines = [
-            f"worker bench: {c['events']:,} events measured (+{c['warmup']:,} warmup), {c['shards']} shards, "
-            f"{c['mode']}; {c['fleet']}",
+            f"python -m bench: {c['events']:,} events measured (+{c['warmup']:,} warmup), "
+            f"{c['shards']} shards, {c['mode']}; {c['fleet']}",
             f"world: {self.world['servers']:,} servers, {self.world['personas']:,} personas, "
             f"{self.world['users']:,} users ({self.world['users_with_row']:,} known), {c['members']} members "
             f"per server; seed {c['seed']}; limits {self.limits.max_server_memories}/"

@@ -1,4 +1,4 @@
-"""``worker bench`` from top to bottom:
+"""``python -m bench`` from top to bottom:
 
 1. build the world and the workload (deterministic for --seed), so every event's status is known;
 2. create the bench database and vhost, seed the database, declare the topology, open S shards;
@@ -27,7 +27,7 @@ import aio_pika
 from bench import ceilings
 from bench.echo import NOTICE_HEADER
 from bench.fleet import ExternalFleet, Fleet, SpawnedFleet, worker_environment
-from bench.options import BenchOptions
+from bench.options import SETTING_OPTIONS, BenchOptions
 from bench.report import BenchReport, Run, StatusCheck
 from bench.sandbox import (
     Sandbox,
@@ -42,8 +42,8 @@ from bench.world import World, build_world
 from sim.process import ProcessFailed
 from worker.broker.topology import declare_topology, retry_delays
 from worker.broker.urls import first_answering
-from worker.config import Settings, load_settings
-from worker.config import redact_url as redact
+from worker.config import Settings, load_settings, overridden_env
+from worker.redact import redact_url as redact
 from worker.store.pool import create_pool
 
 DEFAULT_RESULT_BYTES = 450
@@ -53,20 +53,20 @@ T = TypeVar("T")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry point of ``worker bench``."""
+    """Entry point of ``python -m bench``."""
     options = BenchOptions.from_args(args)
     problems = options.problems()
     if problems:
         for problem in problems:
-            print(f"worker bench: {problem}", file=sys.stderr)
+            print(f"python -m bench: {problem}", file=sys.stderr)
         return 2
     try:
         report = asyncio.run(run_bench(options))
     except (SandboxError, ProcessFailed, WorldTooSmall) as exc:  # FleetError is a ProcessFailed
-        print(f"worker bench: {exc}", file=sys.stderr)
+        print(f"python -m bench: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the workers are stopped and the sandbox removed on the way out
-        print("worker bench: interrupted", file=sys.stderr)
+        print("python -m bench: interrupted", file=sys.stderr)
         return 130
     if options.json:
         import orjson
@@ -78,20 +78,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def bench_settings(options: BenchOptions, env: Mapping[str, str] | None = None) -> Settings:
-    """The worker settings of this run: the environment, with the bench's options on top."""
-    merged = dict(os.environ if env is None else env)
-    for option, var in (
-        ("postgres_dsn", "LTM_POSTGRES_DSN"),
-        ("redis_url", "LTM_REDIS_URL"),
-        ("prefetch", "LTM_PREFETCH"),
-        ("concurrency", "LTM_CONCURRENCY"),
-        ("pool_size", "LTM_POSTGRES_POOL_SIZE"),
-    ):
-        value = getattr(options, option)
-        if value is not None:
-            merged[var] = str(value)
-            merged.pop(f"{var}_FILE", None)  # an option overrides the file form too, as in `worker run`
-    return load_settings(merged)
+    """The worker settings of this run: the environment, with the bench's options on top (as `worker run`'s
+    options: read by the variable's rule, over its file form too)."""
+    overrides = {field: getattr(options, option) for option, field in SETTING_OPTIONS.items()}
+    return load_settings(overridden_env(os.environ if env is None else env, **overrides))
 
 
 async def run_bench(options: BenchOptions) -> BenchReport:
@@ -143,13 +133,8 @@ async def run_bench(options: BenchOptions) -> BenchReport:
 
         shards = Shards(url, options.shards)
         await shards.open(topology)
-        worker_env = worker_environment(
-            os.environ,
-            postgres_dsn=dsn,
-            rabbitmq_url=url,
-            redis_url=settings.redis_url,
-            overrides=_worker_overrides(settings),
-        )
+        # the bench's settings (limits, prefetch, concurrency, pool) with its own database and vhost
+        worker_env = worker_environment(os.environ, settings, postgres_dsn=dsn, rabbitmq_url=url)
         if options.fleet == "external":
             fleet = ExternalFleet(options.workers)
         else:
@@ -264,18 +249,6 @@ async def _declare(url: str, settings: Settings) -> None:
         await declare_topology(channel, settings.topology, delays)
     finally:
         await connection.close()
-
-
-def _worker_overrides(settings: Settings) -> dict[str, str]:
-    """What a spawned worker must share with the bench: limits, prefetch, concurrency, pool."""
-    return {
-        "MAX_SERVER_MEMORIES": str(settings.limits.max_server_memories),
-        "MAX_PERSONAL_MEMORIES": str(settings.limits.max_personal_memories),
-        "MAX_MEMORY_LENGTH": str(settings.limits.max_memory_length),
-        "LTM_PREFETCH": str(settings.prefetch),
-        "LTM_CONCURRENCY": str(settings.concurrency),
-        "LTM_POSTGRES_POOL_SIZE": str(settings.postgres_pool_size),
-    }
 
 
 def _check(workload: Workload, run: Run) -> StatusCheck:

@@ -24,7 +24,7 @@ import aio_pika
 import asyncpg
 
 from worker.broker.urls import vhost_of
-from worker.config import redact_url as redact
+from worker.redact import redact_url as redact
 from worker.testing.management import FULL_PERMISSIONS, ManagementApi
 
 RABBITMQCTL_TIMEOUT = 60.0

@@ -32,6 +32,7 @@ from bench.cpu import CpuUsage, snapshot, usage
 from bench.workload import PlannedEvent
 from sim.shard import EVENT_TYPE, ShardLink
 from worker.config import Topology
+from worker.redact import describe
 
 PUBLISH_TIMEOUT = 30.0
 
@@ -261,7 +262,7 @@ class Shard:
                 timeout=PUBLISH_TIMEOUT,
             )
         except Exception as exc:  # nack, unroutable, timeout, connection lost: the phase is void
-            phase.result.errors.append(f"shard {self.shard_id}: publish failed: {type(exc).__name__}: {exc}")
+            phase.result.errors.append(f"shard {self.shard_id}: publish failed: {describe(exc)}")
             phase.done.set()
 
     async def play(

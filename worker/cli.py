@@ -8,7 +8,6 @@ import json
 import os
 import sys
 from collections.abc import Coroutine, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -16,14 +15,15 @@ import structlog
 from worker.config import (
     Settings,
     SettingsError,
-    add_setting_options,
     connection_problems,
     declared,
     environment_help,
     load_settings,
-    redact_url,
+    overridden_env,
 )
+from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
 from worker.observability.logs import configure_logging, log_fallbacks
+from worker.redact import redact_url
 
 ENVIRONMENT_HELP = environment_help()
 #: what the commands that read a few settings list (the log settings: every command logs)
@@ -32,6 +32,33 @@ MIGRATE_HELP = environment_help("postgres_dsn", *_LOGS)
 DEMO_HELP = environment_help(
     "postgres_dsn", "rabbitmq_url", "retry_max_attempts", "retry_base_delay_ms", "retry_max_delay_ms"
 )
+
+
+def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
+    """Add to ``parser`` the options of the settings named ``fields`` (all that have one when none are named).
+
+    Help, type and choices come from the declaration. The CLI puts an option's value in the environment
+    (worker/cli.py ``settings_for``), so it goes through the variable's rule and falls back like it.
+    """
+    for setting in declared():
+        option = setting.env.option
+        if option is None or (fields and setting.path[-1] not in fields):
+            continue
+        rule = setting.env.rule
+        help_text = (
+            f"{setting.description.replace('`', '')} (env {setting.var}; default {setting.shown_default})"
+        )
+        if setting.env.file:
+            help_text += (
+                f"; overrides {setting.env.file_var} too, but shows in the process list: prefer that file"
+            )
+        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
+        if isinstance(rule, Choice):
+            kwargs["choices"] = rule.choices
+        elif isinstance(rule, (PositiveInt, NonNegativeInt, Port)):
+            # read as text, by the variable's rule: `--concurrency abc` falls back like LTM_CONCURRENCY=abc
+            kwargs["metavar"] = "N"
+        parser.add_argument(option, **kwargs)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,72 +122,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     from worker.ops.dlq.commands import add_dlq_parser
 
-    add_dlq_parser(commands)
+    add_dlq_parser(commands, add_setting_options)
     from worker.ops.demo import add_demo_parser
 
     add_demo_parser(commands, DEMO_HELP, add_setting_options)
-    _add_bench_parser(commands)
     return parser
 
 
-BENCH_MISSING = """\
-The load generator ships with the source checkout, not with the worker's wheel or image: from a clone of
-the repository, run `python -m bench ...` (or `worker bench ...` with the project installed editable,
-`pip install -e '.[bench]'`). Its commands and figures: BENCHMARKS.md.
-"""
-
-
-def _bench_checkout() -> bool:
-    """Make the checkout's ``bench`` package importable when this worker runs from a source checkout.
-
-    ``bench`` is not in the wheel (it is a tool, not part of the service), so an editable install does not
-    map it: when the ``worker`` package sits in a checkout with ``bench/`` beside it, that checkout's root
-    goes on ``sys.path``. False when there is no load generator to run (an installed wheel, the image).
-    """
-    root = Path(__file__).resolve().parent.parent
-    if (root / "bench" / "options.py").is_file() and str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    try:
-        import bench.options  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name != "bench":  # the bench is there but broken: say so rather than "not shipped"
-            raise
-        return False
-    return True
-
-
-def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    if _bench_checkout():
-        from bench.options import add_bench_parser
-
-        add_bench_parser(commands)
-        return
-    stub = commands.add_parser(
-        "bench",
-        help="the load generator (source checkout only: python -m bench)",
-        description=BENCH_MISSING,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    # whatever options follow, the answer is where the load generator is, not "unrecognized arguments"
-    stub.set_defaults(bench_missing=True)
-
-
-#: option dest -> the declared setting, for every setting with a `worker run` option
-_OPTION_ENV = {
-    s.env.option.lstrip("-").replace("-", "_"): s.env for s in declared() if s.env.option is not None
+#: option dest -> the field of the setting it overrides, for every setting with a `worker run` option
+_OPTION_FIELD = {
+    s.env.option.lstrip("-").replace("-", "_"): s.path[-1] for s in declared() if s.env.option is not None
 }
 
 
 def settings_for(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """The settings of a command: ``env`` with the command's options on top, read by the same rules (an
     option overrides the setting's ``_FILE`` variable too). Raises :class:`SettingsError`."""
-    merged = dict(env)
-    for option, setting in _OPTION_ENV.items():
-        value = getattr(args, option, None)
-        if value is not None:
-            merged[setting.var] = str(value)
-            merged.pop(setting.file_var, None)
-    return load_settings(merged)
+    options = {field: getattr(args, option, None) for option, field in _OPTION_FIELD.items()}
+    return load_settings(overridden_env(env, **options))
 
 
 #: the exit code of a command whose settings cannot be read or whose connection URL can never work: `dlq`'s
@@ -181,9 +160,7 @@ def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> i
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worker`` console script."""
     parser = _parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "bench_missing", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     try:
         settings = settings_for(args, os.environ)
     except SettingsError as exc:  # before logging is set up: its format is a setting too
@@ -230,13 +207,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problems:
             return _settings_refused("demo", "; ".join(problems.values()))
         return run_demo(args, settings)
-    if args.command == "bench":
-        if getattr(args, "bench_missing", False):
-            print(f"worker bench: {BENCH_MISSING}", end="", file=sys.stderr)
-            return 2
-        from bench.run import main as bench
-
-        return bench(args)
     return 2
 
 

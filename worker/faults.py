@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import ssl
 
 import aio_pika.exceptions
 import aiormq.exceptions
 import asyncpg
 import redis.exceptions
 
-from worker.config import redact_url
+# what went wrong, in words, lives with the redaction (worker/redact.py); named here too, where callers look
+from worker.redact import CERTIFICATE_REFUSED, certificate_failure, describe
+
+__all__ = [
+    "CERTIFICATE_REFUSED",
+    "TransientError",
+    "certificate_failure",
+    "describe",
+    "is_certificate_problem",
+    "is_name_resolution_failure",
+    "is_transient",
+]
 
 #: SQLSTATE classes and codes that mean "try again": connection exceptions (08), transaction rollback
 #: incl. deadlock and serialization failure (40), insufficient resources (53), operator intervention
@@ -63,34 +73,6 @@ def _is_transient_one(exc: BaseException) -> bool:
     )
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what caused it, each once (aiormq's chains loop)."""
-    found: list[BaseException] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        found.append(current)
-        current = current.__cause__ or current.__context__
-    return found
-
-
-#: how :func:`describe` begins for a TLS certificate the client did not accept
-CERTIFICATE_REFUSED = "TLS certificate not accepted"
-
-
-def certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The TLS verification failure behind ``exc`` (the server's certificate is not signed by the CA the
-    URL names, has expired, or is not for the host connected to), else None.
-
-    asyncpg raises it as it is (it is also a ``ValueError``, which must not pass for a malformed
-    connection string), aio-pika and redis-py wrap it in their connection errors."""
-    for current in _chain(exc):
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return current
-    return None
-
-
 def is_name_resolution_failure(exc: BaseException) -> bool:
     """True when ``exc`` or an exception behind it is a failed host name lookup (``socket.gaierror``): a
     configuration problem (a misspelt host) more often than an outage."""
@@ -107,18 +89,3 @@ def is_name_resolution_failure(exc: BaseException) -> bool:
 def is_certificate_problem(problem: str) -> bool:
     """True for a one-line reason :func:`describe` gave for a certificate failure (logged at ERROR)."""
     return problem.startswith(CERTIFICATE_REFUSED)
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line (at most 500 characters), for logs, dead-letter headers and the operator
-    commands; a password the message quotes (a URL, a ``password=`` parameter) is redacted, and a TLS
-    certificate the client refused says so first (``TLS certificate not accepted (...): ...``)."""
-    text = " ".join(redact_url(str(exc)).split()) or "(no message)"
-    line = f"{type(exc).__name__}: {text}"
-    refused = certificate_failure(exc)
-    if refused is not None:
-        reason = refused.verify_message or "verification failed"
-        if refused is not exc and refused.strerror and refused.strerror not in text:
-            line += f" ({' '.join(refused.strerror.split())})"
-        line = f"{CERTIFICATE_REFUSED} ({reason}): {line}"
-    return line[:500]

@@ -17,6 +17,7 @@ from tests.e2e.harness import REPO, WorkerProcess
 from tests.e2e.outages import PrivateRedis, find_redis_server
 from tests.e2e.pgbouncer import PgBouncer, find_pgbouncer
 from tests.factories import BotRows
+from worker.config import env_of
 from worker.store.migrate import apply_migrations
 
 if TYPE_CHECKING:
@@ -37,15 +38,17 @@ class Stack:
     def env(self, **overrides: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
         env.update(
-            LTM_POSTGRES_DSN=self.postgres_dsn,
-            LTM_RABBITMQ_URL=self.rabbitmq_url,
-            LTM_REDIS_URL=self.redis_url,
-            LTM_LOG_FORMAT="json",
-            LTM_RETRY_BASE_DELAY_MS="200",
-            LTM_RETRY_MAX_DELAY_MS="1000",
-            LTM_SHUTDOWN_GRACE_SECONDS="10",
-            PYTHONUNBUFFERED="1",
+            env_of(
+                postgres_dsn=self.postgres_dsn,
+                rabbitmq_url=self.rabbitmq_url,
+                redis_url=self.redis_url,
+                log_format="json",
+                retry_base_delay_ms=200,
+                retry_max_delay_ms=1000,
+                shutdown_grace_seconds=10,
+            )
         )
+        env["PYTHONUNBUFFERED"] = "1"
         env.update(overrides)
         return env
 

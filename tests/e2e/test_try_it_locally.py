@@ -25,9 +25,9 @@ import pytest
 
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import REPO
-from worker.config import redact_url
 from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID
 from worker.pipeline.outcome import CRITICAL_STATE_MISSING
+from worker.redact import redact_url
 
 README = REPO / "README.md"
 

@@ -1,4 +1,4 @@
-"""``worker bench`` end to end on a tiny workload: correctness only, never a timing (DESIGN.md)."""
+"""``python -m bench`` end to end on a tiny workload: correctness only, never a timing (DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from bench.shards import ClosedLoop, Progress, Shards
 from bench.workload import build_workload, by_shard
 from bench.world import build_world
 from tests.services import RABBITMQ, Services
-from worker.config import Limits, Topology
+from worker.config import Limits, Topology, env_of
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ async def test_bench_latency_prints_a_row_per_rate_and_path(
         f"--postgres-dsn={postgres_dsn}",
         f"--redis-url={redis_url}",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, "LTM_RABBITMQ_URL": rabbitmq_url, **extra},
+        env={**os.environ, **env_of(rabbitmq_url=rabbitmq_url), **extra},
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), timeout=300)
     assert process.returncode == 0, err.decode(errors="replace")[-3000:]

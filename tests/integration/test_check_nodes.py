@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.harness import free_port
 from tests.integration.test_cli import worker
+from worker.config import env_of
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def closed_node(url: str) -> str:
 
 @pytest.fixture
 def services(migrated_dsn: str, redis_url: str) -> dict[str, str]:
-    return {"LTM_POSTGRES_DSN": migrated_dsn, "LTM_REDIS_URL": redis_url}
+    return env_of(postgres_dsn=migrated_dsn, redis_url=redis_url)
 
 
 def test_one_answering_node_is_enough_and_the_others_are_warnings(

@@ -21,13 +21,14 @@ import pytest
 
 from tests.e2e.harness import REPO, WorkerProcess
 from tests.services import redact
+from worker.config import env_of
 
 pytestmark = pytest.mark.integration
 
 
 def cli_env(**settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-    env.update({"PYTHONUNBUFFERED": "1", "LTM_LOG_FORMAT": "json", **settings})
+    env.update({"PYTHONUNBUFFERED": "1", **env_of(log_format="json"), **settings})
     return env
 
 

@@ -67,7 +67,7 @@ from worker.broker.topology import (
     retry_queue_name,
     work_queue_arguments,
 )
-from worker.config import Settings, Topology
+from worker.config import Settings, Topology, env_of
 from worker.observability.metrics import Metrics
 from worker.observability.sampler import Sampler
 from worker.pipeline.outcome import internal_error
@@ -609,12 +609,12 @@ async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
     to a shard connected as its own user, a DLQ publish, stop."""
     with imported(test_services, with_topology=True) as deployed:
         env = {key: value for key, value in os.environ.items() if not key.startswith("LTM_")}
-        env |= {
-            "LTM_RABBITMQ_URL": deployed.urls["worker"],
-            "LTM_POSTGRES_DSN": migrated_dsn,
-            "LTM_REDIS_URL": redis_url,
-            "LTM_LOG_FORMAT": "json",
-        }
+        env |= env_of(
+            rabbitmq_url=deployed.urls["worker"],
+            postgres_dsn=migrated_dsn,
+            redis_url=redis_url,
+            log_format="json",
+        )
         log_path = tmp_path / "worker.log"
         process = await asyncio.to_thread(start_worker_run, env, log_path)
         try:
@@ -879,7 +879,7 @@ async def test_a_user_is_refused_what_it_does_not_need(deployed: Deployed, user:
 
 
 async def test_the_shard_simulations_need_only_what_a_shard_user_may(deployed: Deployed) -> None:
-    """`worker bench`'s shards and the e2e harness's shard, each connected as its shard's user: each
+    """`python -m bench`'s shards and the e2e harness's shard, each connected as its shard's user: each
     checks the exchanges, declares and binds its own `tomori.shard.<id>.*` queues, and receives what the
     worker routes to it."""
     bench_id, harness_id = SHARD_ID + 1, SHARD_ID + 2

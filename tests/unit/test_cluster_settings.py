@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from worker.broker.urls import split_urls
-from worker.config import load_settings, redact_url
+from worker.config import load_settings
+from worker.redact import redact_url
 
 
 def test_a_comma_separated_list_is_split_in_order() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from worker.config import (
+    Limits,
     Settings,
     SettingsError,
     connection_problems,
@@ -15,7 +16,7 @@ from worker.config import (
     load_settings,
     redact_url,
 )
-from worker.faults import describe
+from worker.redact import describe
 
 SECRET = "S3cret"
 
@@ -224,10 +225,10 @@ def test_the_bench_gives_its_workers_its_own_services_whichever_form_the_operato
     operator = {f"{var}_FILE": f"/run/secrets/{var}" for var in (PG, AMQP, REDIS)} | {"LTM_TRACING": "off"}
     env = worker_environment(
         operator,
+        Settings(),
         postgres_dsn="postgresql://b/db",
         rabbitmq_url="amqp://b/",
         redis_url="redis://b/0",
-        overrides={},
     )
 
     settings = load_settings(env)  # both forms at once would be an error
@@ -237,3 +238,15 @@ def test_the_bench_gives_its_workers_its_own_services_whichever_form_the_operato
         "redis://b/0",
     )
     assert settings.from_files == ()
+
+
+def test_the_bench_gives_its_workers_its_own_settings_quiet_and_without_a_port() -> None:
+    from bench.fleet import worker_environment
+
+    bench = Settings(prefetch=7, limits=Limits(max_server_memories=10**8), tracing="console", http_port=9109)
+    env = worker_environment({"HOME": "/home/b"}, bench, postgres_dsn="postgresql://b/db")
+
+    settings = load_settings(env)
+    quiet = {"log_level": "warning", "log_format": "json", "http_port": 0}
+    assert settings == bench.model_copy(update={"postgres_dsn": "postgresql://b/db", **quiet})
+    assert (env["HOME"], env["PYTHONUNBUFFERED"]) == ("/home/b", "1")

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from worker.config import Limits, Settings, configuration_table, declared, load_settings, variable_of
+from worker.config import (
+    Limits,
+    Settings,
+    configuration_table,
+    declared,
+    env_of,
+    env_with,
+    load_settings,
+    overridden_env,
+    variable_of,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -17,7 +29,7 @@ def test_the_readme_table_is_the_declaration() -> None:
     start = text.index("| variable | default | meaning |")
     table = text[start : text.index("\n\n", start)]
 
-    # on a difference: paste `python -c "from worker.config import configuration_table as t; print(t())"`
+    # on a difference: paste what `python -m worker.config` prints
     assert table.splitlines() == configuration_table().splitlines()
 
 
@@ -91,3 +103,48 @@ def test_a_field_names_its_variable() -> None:
         "LTM_POSTGRES_POOL_SIZE",
         "MAX_MEMORY_LENGTH",
     ]
+
+
+def test_the_table_is_printed_by_python_m_worker_config() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.config"], capture_output=True, text=True, timeout=60, check=True
+    )
+
+    assert done.stdout == configuration_table() + "\n"
+
+
+def test_env_with_writes_every_setting_with_the_named_ones_changed() -> None:
+    settings = Settings(concurrency=3)
+
+    env = env_with(settings, prefetch=8, max_server_memories=5, tracing="console")
+
+    changed = {"LTM_PREFETCH": "8", "MAX_SERVER_MEMORIES": "5", "LTM_TRACING": "console"}
+    assert env == settings.as_env() | changed
+    assert load_settings(env) == settings.model_copy(
+        update={"prefetch": 8, "tracing": "console", "limits": Limits(max_server_memories=5)}
+    )
+
+
+def test_env_of_names_only_the_settings_given_and_refuses_an_unknown_one() -> None:
+    assert env_of(postgres_dsn="postgresql://h/db", http_port=0) == {
+        "LTM_POSTGRES_DSN": "postgresql://h/db",
+        "LTM_HTTP_PORT": "0",
+    }
+    with pytest.raises(TypeError, match="not a declared setting: prefech"):
+        env_of(prefech=8)
+    with pytest.raises(TypeError, match="not a declared setting: pool_size"):
+        env_with(Settings(), pool_size=8)
+
+
+def test_an_override_replaces_the_variable_and_its_file_form_and_none_leaves_both() -> None:
+    env = {"LTM_REDIS_URL_FILE": "/run/secrets/redis", "LTM_CONCURRENCY": "4"}
+
+    merged = overridden_env(env, redis_url="redis://b/0", prefetch="12abc", concurrency=None)
+
+    assert merged == {
+        "LTM_REDIS_URL": "redis://b/0",
+        "LTM_PREFETCH": "12abc",
+        "LTM_CONCURRENCY": "4",
+    }
+    assert env["LTM_REDIS_URL_FILE"] == "/run/secrets/redis", "the given mapping is not changed"
+    assert load_settings(merged).prefetch == 12, "an override is read by the variable's rule"

@@ -27,8 +27,8 @@ import redis.exceptions
 import structlog
 
 from contracts.models import invalidation_id
-from worker.faults import describe
 from worker.invalidation.redis import InvalidationPublisher
+from worker.redact import describe
 from worker.store import repository as repo
 
 log = structlog.get_logger("worker.outbox")

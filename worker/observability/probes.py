@@ -8,9 +8,9 @@ from typing import Any
 
 import asyncpg
 
-from worker.faults import certificate_failure, describe
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.metrics import Metrics
+from worker.redact import certificate_failure, describe
 from worker.store.migrate import pending_migrations
 
 
@@ -38,7 +38,9 @@ async def migrations_problem(dsn: str) -> str | None:
     except Exception as exc:
         # asyncpg's ClientConfigurationError is a ValueError, and so is ssl's SSLCertVerificationError
         if isinstance(exc, ValueError) and certificate_failure(exc) is None:
-            raise InvalidSetting(f"invalid Postgres connection string: {' '.join(str(exc).split())}") from exc
+            # the message alone (describe's, a password it quotes hidden), as `worker migrate` words it
+            reason = describe(exc).partition(": ")[2]
+            raise InvalidSetting(f"invalid Postgres connection string: {reason}") from exc
         return describe(exc)
     if pending:
         return f"schema not migrated (run `worker migrate`): {', '.join(pending)}"

@@ -28,8 +28,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from worker.broker.topology import retry_delays, retry_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
-from worker.faults import describe
 from worker.observability.metrics import Metrics
+from worker.redact import describe
 
 log = structlog.get_logger("worker.sampler")
 

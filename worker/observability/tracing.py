@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import structlog
 
+from worker.redact import describe
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
@@ -145,7 +147,7 @@ class _RecordedSpan:
         from opentelemetry.trace import Status, StatusCode
 
         self._span.record_exception(exc)
-        self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+        self._span.set_status(Status(StatusCode.ERROR, describe(exc)))
 
     @contextmanager
     def step(

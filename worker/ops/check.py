@@ -21,8 +21,8 @@ import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
 from worker.config import Fallback, Settings, connection_problems, expected_value
-from worker.config import redact_url as redact
-from worker.faults import describe
+from worker.redact import describe
+from worker.redact import redact_url as redact
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
 

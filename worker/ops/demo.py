@@ -37,8 +37,8 @@ from contracts.models import ShardQueueKind, Status, shard_queue
 from worker.broker.events import tool_call_message
 from worker.broker.topology import retry_delays, retry_queue_name
 from worker.broker.urls import connect_any
-from worker.config import Settings, redact_url
-from worker.faults import describe
+from worker.config import Settings
+from worker.redact import describe, redact_url
 from worker.store.pool import connect_once
 
 # --- the contract's example (CONTRACT.md section 3) -----------------------------------------------------
@@ -97,7 +97,8 @@ def add_demo_parser(
     epilog: str,
     add_options: Callable[..., None],
 ) -> None:
-    """``worker demo seed | send | clean``; ``add_options`` adds the connection options (worker/config.py)."""
+    """``worker demo seed | send | clean``; ``add_options`` adds the connection options (worker/cli.py
+    ``add_setting_options``)."""
     demo = commands.add_parser(
         "demo",
         help="a first save on a development machine: seed the example's rows, send its event, clean up",

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from worker.faults import certificate_failure, describe
+from worker.redact import certificate_failure, describe
 
 
 def _encode_json(value: Any) -> str:

@@ -9,7 +9,6 @@ what the CLI runs.
 
 from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339
 from worker.broker.urls import vhost_of
-from worker.config import redact_url as redact
 from worker.ops.dlq.commands import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -23,6 +22,7 @@ from worker.ops.dlq.letters import DeadLetter, Selection, describe_dead_letter, 
 from worker.ops.dlq.operations import browse, purge, replay
 from worker.ops.dlq.render import format_age
 from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
+from worker.redact import redact_url as redact
 
 __all__ = [
     "DEFAULT_BATCH",

@@ -22,8 +22,8 @@ import asyncpg
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.config import redact_url as redact
 from worker.ops.dlq.sweep import error_text
+from worker.redact import redact_url as redact
 from worker.store.pool import connect_once
 
 CONNECT_TIMEOUT = 10.0

@@ -19,8 +19,7 @@ import orjson
 
 from contracts.models import DeadLetterKind
 from worker.broker.urls import vhost_of
-from worker.config import Settings, Topology, add_setting_options, environment_help
-from worker.config import redact_url as redact
+from worker.config import Settings, Topology, environment_help
 from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation, default_actor
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
 from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
@@ -34,6 +33,7 @@ from worker.ops.dlq.render import (
     terminal_safe,
 )
 from worker.ops.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, error_text, open_dead_letters
+from worker.redact import redact_url as redact
 
 EXIT_OK = 0  # also when nothing was selected: an empty list, or nothing to replay or purge, is an answer
 EXIT_FAILED = 1  # show: not found; replay: some could not be republished; purge: declined
@@ -480,15 +480,18 @@ _READS = {
 }
 
 
-def add_dlq_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``worker dlq`` and its actions to the ``worker`` parser."""
+def add_dlq_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], add_options: Callable[..., None]
+) -> None:
+    """Add ``worker dlq`` and its actions to the ``worker`` parser; ``add_options`` adds the options of the
+    settings named (worker/cli.py ``add_setting_options``)."""
 
     def epilog(action: str | None = None) -> str:
         fields = _READS[action] if action else ("rabbitmq_url", "postgres_dsn", *_LOGS)
         return EXIT_CODES_HELP + environment_help(*fields)
 
     connection = argparse.ArgumentParser(add_help=False)
-    add_setting_options(connection, "rabbitmq_url")
+    add_options(connection, "rabbitmq_url")
     connection.add_argument(
         "--batch",
         type=_positive_int,
@@ -496,7 +499,7 @@ def add_dlq_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
     )
     database = argparse.ArgumentParser(add_help=False)
-    add_setting_options(database, "postgres_dsn")
+    add_options(database, "postgres_dsn")
     audited = argparse.ArgumentParser(add_help=False)
     audited.add_argument(
         "--by",

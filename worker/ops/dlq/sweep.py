@@ -19,8 +19,8 @@ from aiormq.abc import DeliveredMessage
 
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
-from worker.config import redact_url as redact
 from worker.ops.dlq.letters import DeadLetter, Selection, read_dead_letter
+from worker.redact import redact_url as redact
 
 DEFAULT_BATCH = 1000
 CONNECT_TIMEOUT = 10.0

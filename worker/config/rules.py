@@ -1,0 +1,224 @@
+"""How a variable's text becomes a setting's value, and the :class:`Env` metadata that names the variable.
+
+A rule falls back instead of failing: a value it does not take raises :class:`Invalid` with the text the
+fallback records, and "not set" is :data:`UNSET` (the field's default). The connection URLs are checked by
+:func:`url_problem`, which never quotes the URL (a password may spill into any part of it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+def _port_text(host: str) -> str | None:
+    """The port written after ``host`` (``[::1]:5432``, ``pg-a:5432``), or None when none is."""
+    if host.startswith("["):
+        _, bracket, after = host.partition("]")
+        return after[1:] if bracket and after.startswith(":") else None
+    _, colon, port = host.rpartition(":")
+    return port if colon else None
+
+
+def url_problem(text: str, schemes: tuple[str, ...], *, hosts_listed: bool = False) -> str | None:
+    """Why ``text`` is not one URL of ``schemes`` that the client libraries read as written, or None.
+
+    Never quotes ``text``: what a password with an unencoded ``/``, ``?``, ``#`` or ``@`` spills into (a
+    port, a path, a fragment, a host) is what the libraries' own errors quote (``invalid literal for int()
+    with base 10: 'S3c'``). ``hosts_listed``: a libpq multi-host URI (``postgresql://u:p@a:5432,b:5433/db``).
+    """
+    scheme, sep, rest = text.strip().partition("://")
+    wanted = " or ".join(f"{s}://" for s in schemes)
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return f"not a URL (expected {wanted}...)"
+    if scheme.lower() not in schemes:
+        return f"the scheme is not {wanted}"
+    if "#" in rest:
+        return "it holds a `#` (a fragment, which no connection URL has)"
+    authority = re.split(r"[/?]", rest, maxsplit=1)[0]
+    path, _, query = rest[len(authority) :].partition("?")
+    if authority.count("@") > 1:
+        return "more than one `@` before the host"
+    hosts = authority.rpartition("@")[2]
+    for host in hosts.split(",") if hosts_listed else [hosts]:
+        port = _port_text(host)
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            return "a port that is not a number 1..65535"
+    if "@" in path or any("@" in field.partition("=")[0] for field in query.split("&")):
+        return "an `@` after the host"
+    return None
+
+
+_LEADING_INT = re.compile(r"^\s*([+-]?\d+)")
+
+
+def parse_positive_int(raw: str | None, default: int) -> tuple[int, bool]:
+    """Parse like JS ``parseInt(raw, 10)``; return ``(value, fell_back)``.
+
+    ``fell_back`` is true when ``raw`` was given but is not an integer > 0 (the default is used).
+    """
+    if raw is None or raw == "":
+        return default, False
+    match = _LEADING_INT.match(raw)
+    if match is None:
+        return default, True
+    value = int(match.group(1))
+    if value <= 0:
+        return default, True
+    return value, False
+
+
+def parse_port(raw: str) -> int | None:
+    """A TCP port 0..65535 (empty is 0: off), or None when ``raw`` is not one."""
+    text = raw.strip()
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        return None
+    return int(text)
+
+
+class Invalid(Exception):
+    """The text is not a value the setting takes; ``shown`` is the text the fallback records."""
+
+    def __init__(self, shown: str) -> None:
+        super().__init__(shown)
+        self.shown = shown
+
+
+#: what a rule returns for "not set": the field's default, no fallback
+UNSET: Any = object()
+
+
+class Rule:
+    """How one variable's text becomes a value; ``expected`` says what it takes, for the fallback message."""
+
+    expected = "a valid value"
+
+    def read(self, raw: str) -> Any:
+        """The value of ``raw``, or ``UNSET`` (use the default); raises ``Invalid`` to fall back."""
+        raise NotImplementedError
+
+
+class Text(Rule):
+    """Taken as written (``strip``: without surrounding blanks); empty is the default. Never falls back."""
+
+    def __init__(self, *, strip: bool = False) -> None:
+        self.strip = strip
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip() if self.strip else raw
+        return text or UNSET
+
+
+class Url(Text):
+    """A connection URL, taken as written like :class:`Text`; :meth:`problem` says why it can never work.
+
+    ``listed``: one URL or several, comma-separated (the nodes of a RabbitMQ cluster); ``hosts_listed``: a
+    libpq multi-host URI. ``keywords``: what to say about a string of ``key=value`` words (libpq's keyword
+    form, which asyncpg does not take).
+    """
+
+    def __init__(
+        self,
+        schemes: tuple[str, ...],
+        *,
+        listed: bool = False,
+        hosts_listed: bool = False,
+        keywords: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.schemes = schemes
+        self.listed = listed
+        self.hosts_listed = hosts_listed
+        self.keywords = keywords
+
+    def problem(self, value: str) -> str | None:
+        """Why ``value`` can never work as this setting (never quoting it), or None."""
+        if self.keywords and "://" not in value and "=" in value:
+            return self.keywords
+        urls = [part.strip() for part in value.split(",")] if self.listed else [value]
+        if not any(urls):
+            return "no URL given"
+        for url in urls:
+            problem = url_problem(url, self.schemes, hosts_listed=self.hosts_listed)
+            if problem is not None:
+                return (
+                    f"{problem}; percent-encode any `/` `?` `#` `@` `,` in a password (%2F %3F %23 %40 %2C)"
+                )
+        return None
+
+
+class PositiveInt(Rule):
+    """The bot's ``parseInt`` rule: leading digits count; anything but an integer > 0 falls back."""
+
+    expected = "an integer > 0"
+
+    def read(self, raw: str) -> Any:
+        value, fell_back = parse_positive_int(raw, 0)
+        if fell_back:
+            raise Invalid(raw)
+        return value or UNSET
+
+
+class NonNegativeInt(Rule):
+    """Digits only, 0 included (0 is the useful value: off); empty is the default."""
+
+    expected = "an integer >= 0 (0: off)"
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip()
+        if not text:
+            return UNSET
+        if not (text.isascii() and text.isdigit()):
+            raise Invalid(text)
+        return int(text)
+
+
+class Port(Rule):
+    """A TCP port 0..65535; 0 or empty is off."""
+
+    expected = "a port number 0..65535 (0 or empty: off)"
+
+    def read(self, raw: str) -> Any:
+        port = parse_port(raw)
+        if port is None:
+            raise Invalid(raw)
+        return port
+
+
+class Choice(Rule):
+    """One of a few words, any case, blanks around ignored; empty is the default."""
+
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
+        self.expected = "one of " + ", ".join(choices)
+
+    def read(self, raw: str) -> Any:
+        value = raw.strip().lower()
+        if not value:
+            return UNSET
+        if value not in self.choices:
+            raise Invalid(raw)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """Field metadata: the variable a setting is read from, how, and the ``worker run`` option, if any.
+
+    ``note`` follows the default in the README table (``0`` (off)). ``file``: a secret, which may also be read
+    from the file that ``<var>_FILE`` names (as the official images of Postgres, RabbitMQ and Redis do).
+    """
+
+    var: str
+    rule: Rule
+    option: str | None = None
+    note: str | None = None
+    file: bool = False
+
+    @property
+    def file_var(self) -> str:
+        """``LTM_POSTGRES_DSN_FILE``: the variable naming a file that holds the value."""
+        return f"{self.var}_FILE"

@@ -1,0 +1,184 @@
+"""The settings model: every field's default, meaning and (as :class:`Env` metadata) its variable.
+
+:class:`Settings` nests :class:`Limits` (the ``MAX_*`` variables of SPEC.md) and :class:`Topology` (the
+contract's names, not settings). ``Settings()`` is the defaults; reading the environment is
+worker/config/env.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.config.rules import Choice, Env, NonNegativeInt, Port, PositiveInt, Text, Url
+
+TracingMode = Literal["off", "otlp", "console"]
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+#: LTM_TRACING values (worker/observability/tracing.py)
+TRACING_MODES: tuple[str, ...] = get_args(TracingMode)
+#: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/observability/logs.py)
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+
+DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: the schemes each client library takes (asyncpg, aio-pika, redis-py)
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+AMQP_SCHEMES = ("amqp", "amqps")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+_KEYWORDS = (
+    "a libpq keyword string (host=... password=...), which asyncpg does not take: write it as a "
+    "postgresql:// URI (parameters such as sslmode go in its query)"
+)
+#: where the probe and metrics endpoint listens unless LTM_HTTP_HOST says otherwise: this host only
+DEFAULT_HTTP_HOST = "127.0.0.1"
+
+_MODEL = ConfigDict(frozen=True, extra="forbid")
+
+
+class Limits(BaseModel):
+    """Memory limits of SPEC.md (defaults of the current bot)."""
+
+    model_config = _MODEL
+
+    max_server_memories: Annotated[int, Env("MAX_SERVER_MEMORIES", PositiveInt())] = Field(
+        100, gt=0, description="server-wide memories per `(server, persona lineage)`"
+    )
+    max_personal_memories: Annotated[int, Env("MAX_PERSONAL_MEMORIES", PositiveInt())] = Field(
+        100, gt=0, description="personal memories per `(user, persona lineage)`, lineage 0 included"
+    )
+    max_memory_length: Annotated[int, Env("MAX_MEMORY_LENGTH", PositiveInt())] = Field(
+        1000, gt=0, description="maximum memory length in UTF-16 code units"
+    )
+    notice_preview_limit: Annotated[int, Env("MEMORY_NOTICE_PREVIEW_LIMIT", PositiveInt())] = Field(
+        600, gt=0, description="code points shown in the notice preview"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Exchange, queue and channel names of CONTRACT.md. The defaults are the contract (not settings)."""
+
+    tool_calls_exchange: str = "tomori.tool_calls"
+    work_queue: str = "ltm.create_memory"
+    routing_keys: tuple[str, ...] = ("tool.create_long_term_memory", "tool.remember_this_fact")
+    results_exchange: str = "tomori.tool_results"
+    notifications_exchange: str = "tomori.notifications"
+    dead_letter_exchange: str = "tomori.dead_letter"
+    dead_letter_queue: str = "ltm.create_memory.dlq"
+    retry_queue_prefix: str = "ltm.create_memory.retry"
+    invalidation_channel: str = "tomori:cache-invalidation"
+
+
+#: a setting that fell back: (variable, the text given, the default used)
+Fallback = tuple[str, str, int | str]
+
+
+class Settings(BaseModel):
+    """Everything the worker is configured with; ``Settings()`` holds the defaults."""
+
+    model_config = _MODEL
+
+    postgres_dsn: Annotated[
+        str,
+        Env(
+            "LTM_POSTGRES_DSN",
+            Url(POSTGRES_SCHEMES, hosts_listed=True, keywords=_KEYWORDS),
+            "--postgres-dsn",
+            file=True,
+        ),
+    ] = Field(
+        DEFAULT_POSTGRES_DSN,
+        description="Postgres connection string (libpq URI; the multi-host form "
+        '`postgresql://u:p@pg-a,pg-b/db?target_session_attrs=read-write` works, see "Past one machine")',
+    )
+    #: 0 (off) also works through a transaction-pooling PgBouncer, which a cache breaks (worker/store/pool.py)
+    postgres_statement_cache_size: Annotated[
+        int, Env("LTM_POSTGRES_STATEMENT_CACHE_SIZE", NonNegativeInt(), note="off")
+    ] = Field(
+        0,
+        ge=0,
+        description="asyncpg's prepared statements cached per connection; off works through a "
+        "transaction-pooling PgBouncer, `100` saves Postgres CPU where the worker connects directly "
+        '(see "Past one machine")',
+    )
+    rabbitmq_url: Annotated[
+        str, Env("LTM_RABBITMQ_URL", Url(AMQP_SCHEMES, listed=True), "--rabbitmq-url", file=True)
+    ] = Field(
+        DEFAULT_RABBITMQ_URL,
+        description="AMQP URL, vhost included; for a cluster, one URL per node, comma-separated",
+    )
+    redis_url: Annotated[str, Env("LTM_REDIS_URL", Url(REDIS_SCHEMES), "--redis-url", file=True)] = Field(
+        DEFAULT_REDIS_URL, description="Redis URL"
+    )
+    limits: Limits = Field(default_factory=Limits)
+    retry_max_attempts: Annotated[int, Env("LTM_RETRY_MAX_ATTEMPTS", PositiveInt())] = Field(
+        5, gt=0, description="processing attempts for a transient fault, the first included"
+    )
+    retry_base_delay_ms: Annotated[int, Env("LTM_RETRY_BASE_DELAY_MS", PositiveInt())] = Field(
+        1000, gt=0, description="first retry delay; doubles per attempt"
+    )
+    retry_max_delay_ms: Annotated[int, Env("LTM_RETRY_MAX_DELAY_MS", PositiveInt())] = Field(
+        60000, gt=0, description="cap of the retry delay"
+    )
+    prefetch: Annotated[int, Env("LTM_PREFETCH", PositiveInt(), "--prefetch")] = Field(
+        64, gt=0, description="deliveries RabbitMQ may push to one worker ahead of processing"
+    )
+    concurrency: Annotated[int, Env("LTM_CONCURRENCY", PositiveInt(), "--concurrency")] = Field(
+        32, gt=0, description="events one worker processes at once"
+    )
+    postgres_pool_size: Annotated[int, Env("LTM_POSTGRES_POOL_SIZE", PositiveInt())] = Field(
+        10,
+        gt=0,
+        description="Postgres connections per worker; at most this many batches of events are at Postgres "
+        'at once (usually one: see "Batches" below)',
+    )
+    shutdown_grace_seconds: Annotated[
+        int, Env("LTM_SHUTDOWN_GRACE_SECONDS", PositiveInt(), "--grace-seconds")
+    ] = Field(30, gt=0, description="how long SIGTERM waits for in-flight events")
+    http_port: Annotated[int, Env("LTM_HTTP_PORT", Port(), "--http-port", note="off")] = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="port of `/healthz`, `/readyz`, `/metrics`: 0..65535, `0` or empty is off",
+    )
+    http_host: Annotated[str, Env("LTM_HTTP_HOST", Text(strip=True), "--http-host")] = Field(
+        DEFAULT_HTTP_HOST,
+        description="address that endpoint listens on; `0.0.0.0` for every interface (the container image, "
+        "compose and the Kubernetes ConfigMap set it)",
+    )
+    #: sampled by worker/observability/sampler.py
+    metrics_interval_seconds: Annotated[int, Env("LTM_METRICS_INTERVAL_SECONDS", PositiveInt())] = Field(
+        15,
+        gt=0,
+        description="how often a worker with the HTTP port on samples queue depths and dependency state "
+        "for `/metrics`",
+    )
+    log_format: Annotated[LogFormat, Env("LTM_LOG_FORMAT", Choice(LOG_FORMATS), "--log-format")] = Field(
+        "auto", description="`json`, `console`, or `auto` (console on a terminal, JSON otherwise)"
+    )
+    log_level: Annotated[LogLevel, Env("LTM_LOG_LEVEL", Choice(LOG_LEVELS), "--log-level")] = Field(
+        "info", description="`debug`, `info`, `warning` or `error`; `debug` also logs memory contents"
+    )
+    tracing: Annotated[TracingMode, Env("LTM_TRACING", Choice(TRACING_MODES), "--tracing")] = Field(
+        "off",
+        description="`otlp` (configured by the `OTEL_EXPORTER_OTLP_*` variables) or `console`: an "
+        "OpenTelemetry span per event (needs "
+        "`pip install 'tomoribot-ltm-worker[tracing]'`)",
+    )
+    topology: Topology = Field(default_factory=Topology)
+    #: settings that were given but invalid, as (variable, raw value, default used)
+    fallbacks: tuple[Fallback, ...] = ()
+    #: the variables whose value was read from the file their ``_FILE`` variable names
+    from_files: tuple[str, ...] = ()
+
+    def as_env(self) -> dict[str, str]:
+        """Every declared setting as the variable that gives it this value (for a worker process to start)."""
+        from worker.config.env import as_env  # the environment side imports this model
+
+        return as_env(self)
