@@ -17,7 +17,7 @@ from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
 from worker.broker.publisher import Publisher
-from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
+from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.config import redact_url
 from worker.faults import describe
 from worker.runtime.handler import EventHandler, delivery_tag
@@ -61,8 +61,7 @@ class Consumer:
             publish_channel.close_callbacks.add(lambda *_: lost.set())
             watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
             policy = self._services.policy
-            delays = retry_delays(policy.base_delay_ms, policy.max_delay_ms, policy.max_attempts)
-            declared = await declare_topology(publish_channel, topology, delays)
+            declared = await declare_topology(publish_channel, topology, policy.tiers())
             consume_channel = await connection.channel(publisher_confirms=False)
             consume_channel.close_callbacks.add(lambda *_: lost.set())
             await consume_channel.set_qos(prefetch_count=settings.prefetch)
