@@ -18,6 +18,7 @@ from worker.broker.acks import Acks
 from worker.config import Topology
 from worker.faults import TransientError
 from worker.observability.metrics import Metrics
+from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import UntracedEvents
 from worker.runtime.handler import EventHandler
 from worker.runtime.settle import RetryPolicy
@@ -85,12 +86,12 @@ class FakePublisher:
             raise self.fail["outputs"]
         self.outputs.append((str(kwargs["event_id"]), published(result)))
 
-    async def dead_letter(self, message: FakeMessage, *, kind: str, error: str, attempts: int) -> None:
+    async def dead_letter(self, message: Any, *, kind: str, error: str, attempts: int) -> None:
         if "dead_letter" in self.fail:
             raise self.fail["dead_letter"]
         self.dead_letters.append((kind, attempts))
 
-    async def retry_later(self, message: FakeMessage, *, queue: str, attempts: int, delay_ms: int) -> None:
+    async def retry_later(self, message: Any, *, queue: str, attempts: int, delay_ms: int) -> None:
         if "retry" in self.fail:
             raise self.fail["retry"]
         self.retries.append((queue, attempts, delay_ms))
@@ -137,11 +138,10 @@ def handler_with(
     sink = FakeInvalidations()
     handler = EventHandler(
         processor=processor,
-        publisher=publisher,  # type: ignore[arg-type]
+        publisher=publisher,
         acks=Acks(message.channel),
         invalidations=sink,
-        metrics=Metrics(),
-        tracer=UntracedEvents(),
+        telemetry=EventTelemetry(Metrics(), UntracedEvents(), Topology()),
         policy=POLICY,
         topology=Topology(),
         stopping=asyncio.Event(),
@@ -240,7 +240,7 @@ async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_c
 async def test_a_refused_copy_hands_the_delivery_back_once(
     operation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("worker.runtime.handler.UNSETTLED_REQUEUE_SECONDS", 0.01)
+    monkeypatch.setattr("worker.runtime.delivery.UNSETTLED_REQUEUE_SECONDS", 0.01)
     publisher = FakePublisher(fail={operation: TransientError("refused")})
     answer = TransientError("db down") if operation == "retry" else ZeroDivisionError("bug")
     message = delivery(EVENT)

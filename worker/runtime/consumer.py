@@ -20,7 +20,9 @@ from worker.broker.publisher import Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.config import redact_url
 from worker.faults import describe
-from worker.runtime.handler import EventHandler, delivery_tag
+from worker.observability.telemetry import EventTelemetry
+from worker.runtime.delivery import delivery_tag
+from worker.runtime.handler import EventHandler
 from worker.runtime.settle import Slots
 
 log = structlog.get_logger("worker")
@@ -79,8 +81,7 @@ class Consumer:
                 ),
                 acks=self._acks,
                 invalidations=self._services.outbox,
-                metrics=self._services.metrics,
-                tracer=self._services.tracer,
+                telemetry=EventTelemetry(self._services.metrics, self._services.tracer, topology),
                 policy=policy,
                 topology=topology,
                 stopping=self._stopping,
