@@ -23,17 +23,9 @@ from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.faults import describe
 from worker.observability.telemetry import EventTelemetry, EventTrace
+from worker.runtime import settle
 from worker.runtime.aio import side_by_side
 from worker.runtime.delivery import Delivery
-from worker.runtime.settle import (
-    CONFLICT_ERROR,
-    DeadLetter,
-    Retry,
-    RetryPolicy,
-    route_conflict,
-    route_failure,
-    route_unreadable,
-)
 from worker.service.process import ProcessedEvent
 
 log = structlog.get_logger("worker")
@@ -86,7 +78,7 @@ class EventHandler:
         acks: Acks,
         invalidations: InvalidationSink,
         telemetry: EventTelemetry,
-        policy: RetryPolicy,
+        policy: settle.RetryPolicy,
         topology: Topology,
         stopping: asyncio.Event,
     ) -> None:
@@ -115,8 +107,9 @@ class EventHandler:
         event = read_event(message.body, message.message_id)
         if isinstance(event, Unreadable):
             try:
+                decision = settle.route_unreadable(event)
                 await delivery.dead_letter(
-                    route_unreadable(event), event.error, event.ids, traceparent=traceparent_of(message)
+                    decision, event.error, event.ids, traceparent=traceparent_of(message)
                 )
             except Exception as exc:  # the DLQ copy was refused or not confirmed: nothing was acked
                 self._telemetry.unreadable(event, refused=exc)
@@ -134,17 +127,23 @@ class EventHandler:
                         await self._publish(event, processed, trace)
                 except Exception as exc:
                     trace.failed(exc)
-                    await self._fail(
-                        delivery, event, attempt, exc, committed=processed is not None, trace=trace
+                    if delivery.channel_closed:  # neither routed nor acked: redelivered after the reconnect
+                        log.warning("connection lost mid-event; it will be redelivered", error=describe(exc))
+                        return
+                    failed = settle.route_failure(
+                        exc, attempt, committed=processed is not None, policy=self._policy
                     )
+                    trace.routing(failed, exc)
+                    await self._route(delivery, failed, describe(exc), event, trace)
                     return
                 if processed.conflict is not None:  # the event's id is in the ledger for a different event
                     trace.conflict(processed.conflict.stored_shard_id)
-                    await self._route(delivery, route_conflict(attempt), CONFLICT_ERROR, event, trace)
+                    await self._route(
+                        delivery, settle.route_conflict(attempt), settle.CONFLICT_ERROR, event, trace
+                    )
                     return
-            if (
-                await delivery.ack()
-            ):  # False: the channel closed; the broker redelivers it, the ledger answers it
+            # False: the channel closed; the broker redelivers the event, and the ledger answers it
+            if await delivery.ack():
                 trace.answered(processed)
 
     async def _publish(self, event: ToolCallEvent, processed: ProcessedEvent, trace: EventTrace) -> None:
@@ -167,38 +166,18 @@ class EventHandler:
         invalidate = self._invalidations.publish(event.event_id, processed.invalidation)
         await side_by_side(outputs, trace.invalidating(invalidate))
 
-    async def _fail(
-        self,
-        delivery: Delivery,
-        event: ToolCallEvent,
-        attempt: int,
-        exc: Exception,
-        *,
-        committed: bool,
-        trace: EventTrace,
-    ) -> None:
-        """Carry out :func:`route_failure`'s decision for a failed attempt."""
-        if delivery.channel_closed:
-            # the connection is gone: this delivery can be neither routed nor acked, and the broker
-            # redelivers it after the reconnect (answered from the ledger if it committed)
-            log.warning("connection lost mid-event; it will be redelivered", error=describe(exc))
-            return
-        decision = route_failure(exc, attempt, committed=committed, policy=self._policy)
-        trace.routing(decision, exc)
-        await self._route(delivery, decision, describe(exc), event, trace)
-
     async def _route(
         self,
         delivery: Delivery,
-        decision: Retry | DeadLetter,
+        decision: settle.Retry | settle.DeadLetter,
         error: str,
         event: ToolCallEvent,
         trace: EventTrace,
     ) -> None:
-        """Park the delivery in its retry queue or dead-letter it, then ack it. A copy the broker refuses
+        """Park a failed event in its retry queue or dead-letter it, then ack it. A copy the broker refuses
         leaves it unacked: handed back (:meth:`Delivery.hand_back`), or requeued with a lost channel."""
         try:
-            if isinstance(decision, Retry):
+            if isinstance(decision, settle.Retry):
                 await delivery.retry(decision, retry_queue_name(self._topology, decision.tier_ms))
             else:
                 ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
