@@ -42,8 +42,9 @@ from bench.fleet import Processes, SpawnedFleet, worker_environment
 from bench.report import percentile
 from bench.sandbox import Sandbox
 from sim.shard import ShardLink
-from worker.broker.topology import declare_topology, retry_delays
+from worker.broker.topology import declare_topology
 from worker.config import load_settings, overridden_env
+from worker.runtime.settle import RetryPolicy
 from worker.store.migrate import apply_migrations
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,9 +165,7 @@ async def run(args: argparse.Namespace, rates: list[float], paths: list[str]) ->
         commit_ms = await time_commits(dsn, args.commits)
         connection = await aio_pika.connect(url, timeout=10)
         try:
-            delays = retry_delays(
-                settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
-            )
+            delays = RetryPolicy.of(settings).tiers()
             await declare_topology(await connection.channel(), topology, delays)
         finally:
             await connection.close()

@@ -40,10 +40,11 @@ from bench.shards import ClosedLoop, LoadMode, OpenLoop, PhaseResult, Progress, 
 from bench.workload import SAVED, PlannedEvent, Workload, WorldTooSmall, build_workload, by_shard
 from bench.world import World, build_world
 from sim.process import ProcessFailed
-from worker.broker.topology import declare_topology, retry_delays
+from worker.broker.topology import declare_topology
 from worker.broker.urls import first_answering
 from worker.config import Settings, load_settings, overridden_env
 from worker.redact import redact_url as redact
+from worker.runtime.settle import RetryPolicy
 from worker.store.pool import create_pool
 
 DEFAULT_RESULT_BYTES = 450
@@ -243,9 +244,7 @@ async def _declare(url: str, settings: Settings) -> None:
     connection = await aio_pika.connect(url, timeout=10)
     try:
         channel = await connection.channel()
-        delays = retry_delays(
-            settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
-        )
+        delays = RetryPolicy.of(settings).tiers()
         await declare_topology(channel, settings.topology, delays)
     finally:
         await connection.close()

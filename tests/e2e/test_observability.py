@@ -15,8 +15,9 @@ from tests.e2e.harness import Shard, free_port, get, metric, wait_for_metric
 from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
 from tests.monitoring import exposed_names, metric_names_used
-from worker.broker.topology import retry_delays, retry_queue_name
+from worker.broker.topology import retry_queue_name
 from worker.config import Topology, load_settings
+from worker.runtime.settle import RetryPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -58,9 +59,7 @@ async def test_every_metric_the_dashboard_and_the_alerts_use_exists_after_real_e
 
     # the sampler saw every queue the worker declared; one consumer (this worker) on the work queue
     settings = load_settings(env)
-    delays = retry_delays(
-        settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
-    )
+    delays = RetryPolicy.of(settings).tiers()
     for queue in [retry_queue_name(settings.topology, delay) for delay in delays]:
         assert await metric(port, f'ltm_queue_messages{{queue="{queue}"}}') == 0
     assert await metric(port, f'ltm_queue_consumers{{queue="{WORK}"}}') == 1

@@ -35,8 +35,9 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
-from worker.broker.topology import declare_topology, retry_delays
+from worker.broker.topology import declare_topology
 from worker.config import Topology
+from worker.runtime.settle import RetryPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -149,7 +150,8 @@ async def eventually(condition: Callable[[], bool], what: str, timeout: float = 
 async def declare_through(node: Node, vhost: str) -> None:
     connection = await aio_pika.connect(node.url(vhost))
     try:
-        await declare_topology(await connection.channel(), Topology(), retry_delays(200, 1000, 5))
+        tiers = RetryPolicy(max_attempts=5, base_delay_ms=200, max_delay_ms=1000).tiers()
+        await declare_topology(await connection.channel(), Topology(), tiers)
     finally:
         await connection.close()
 

@@ -62,7 +62,6 @@ from worker.broker.publisher import Publisher
 from worker.broker.topology import (
     dead_letter_queue_arguments,
     declare_topology,
-    retry_delays,
     retry_queue_arguments,
     retry_queue_name,
     work_queue_arguments,
@@ -71,6 +70,7 @@ from worker.config import Settings, Topology, env_of
 from worker.observability.metrics import Metrics
 from worker.observability.sampler import Sampler
 from worker.pipeline.outcome import internal_error
+from worker.runtime.settle import RetryPolicy
 from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.integration
@@ -80,9 +80,7 @@ DEFINITIONS_FILE = REPO / "deploy" / "rabbitmq" / "definitions.json"
 TOPOLOGY = Topology()
 _DEFAULTS = Settings()
 #: the retry tiers `worker run` declares with the default settings
-DEFAULT_DELAYS = retry_delays(
-    _DEFAULTS.retry_base_delay_ms, _DEFAULTS.retry_max_delay_ms, _DEFAULTS.retry_max_attempts
-)
+DEFAULT_DELAYS = RetryPolicy.of(_DEFAULTS).tiers()
 #: development passwords (deploy/README.md); the file holds only their hashes
 DEV_PASSWORDS = {
     "shard-0": "shard-0-dev-password",
@@ -749,7 +747,7 @@ async def test_the_worker_user_may_sample_every_queue_for_metrics(deployed: Depl
     """The metrics sampler of `worker run` passively declares every queue it reports, as `worker`."""
     queues = [
         TOPOLOGY.work_queue,
-        *[retry_queue_name(TOPOLOGY, delay) for delay in retry_delays(1000, 60000, 5)],
+        *[retry_queue_name(TOPOLOGY, delay) for delay in RetryPolicy().tiers()],  # the defaults
         TOPOLOGY.dead_letter_queue,
     ]
 

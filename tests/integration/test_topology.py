@@ -8,8 +8,9 @@ import time
 import aio_pika
 import pytest
 
-from worker.broker.topology import DEFAULT_DELIVERY_LIMIT, declare_topology, retry_delays, retry_queue_name
+from worker.broker.topology import DEFAULT_DELIVERY_LIMIT, declare_topology, retry_queue_name
 from worker.config import Topology
+from worker.runtime.settle import RetryPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ async def test_a_message_redelivered_past_the_delivery_limit_reaches_the_dlq(rab
 
 
 async def test_a_retry_queue_hands_the_message_back_after_its_delay(rabbitmq_url: str) -> None:
-    delays = retry_delays(200, 1000, 3)
+    delays = RetryPolicy(max_attempts=3, base_delay_ms=200, max_delay_ms=1000).tiers()
     assert delays == [200, 400]
     connection = await aio_pika.connect(rabbitmq_url)
     try:

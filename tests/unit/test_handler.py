@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from contracts.models import SAVED_MESSAGE, DeadLetterKind, Status, ToolResult
 from tests.factories import event_body, published
@@ -18,10 +19,12 @@ from worker.broker.acks import Acks
 from worker.config import Topology
 from worker.faults import TransientError
 from worker.observability.metrics import Metrics
+from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import UntracedEvents
+from worker.pipeline import outcome
 from worker.runtime.handler import EventHandler
 from worker.runtime.settle import RetryPolicy
-from worker.service.process import ProcessedEvent
+from worker.service.process import Conflict, ProcessedEvent
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)
 
@@ -85,12 +88,12 @@ class FakePublisher:
             raise self.fail["outputs"]
         self.outputs.append((str(kwargs["event_id"]), published(result)))
 
-    async def dead_letter(self, message: FakeMessage, *, kind: str, error: str, attempts: int) -> None:
+    async def dead_letter(self, message: Any, *, kind: str, error: str, attempts: int) -> None:
         if "dead_letter" in self.fail:
             raise self.fail["dead_letter"]
         self.dead_letters.append((kind, attempts))
 
-    async def retry_later(self, message: FakeMessage, *, queue: str, attempts: int, delay_ms: int) -> None:
+    async def retry_later(self, message: Any, *, queue: str, attempts: int, delay_ms: int) -> None:
         if "retry" in self.fail:
             raise self.fail["retry"]
         self.retries.append((queue, attempts, delay_ms))
@@ -131,17 +134,16 @@ def saved(event_id: str) -> ProcessedEvent:
 
 
 def handler_with(
-    processor: FakeProcessor, publisher: FakePublisher, message: FakeMessage
+    processor: FakeProcessor, publisher: FakePublisher, message: FakeMessage, metrics: Metrics | None = None
 ) -> tuple[EventHandler, FakeInvalidations]:
-    """A handler for the deliveries of ``message``'s channel."""
+    """A handler for the deliveries of ``message``'s channel (counting into ``metrics`` when given)."""
     sink = FakeInvalidations()
     handler = EventHandler(
         processor=processor,
-        publisher=publisher,  # type: ignore[arg-type]
+        publisher=publisher,
         acks=Acks(message.channel),
         invalidations=sink,
-        metrics=Metrics(),
-        tracer=UntracedEvents(),
+        telemetry=EventTelemetry(metrics or Metrics(), UntracedEvents(), Topology()),
         policy=POLICY,
         topology=Topology(),
         stopping=asyncio.Event(),
@@ -240,7 +242,7 @@ async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_c
 async def test_a_refused_copy_hands_the_delivery_back_once(
     operation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("worker.runtime.handler.UNSETTLED_REQUEUE_SECONDS", 0.01)
+    monkeypatch.setattr("worker.runtime.delivery.UNSETTLED_REQUEUE_SECONDS", 0.01)
     publisher = FakePublisher(fail={operation: TransientError("refused")})
     answer = TransientError("db down") if operation == "retry" else ZeroDivisionError("bug")
     message = delivery(EVENT)
@@ -267,3 +269,77 @@ async def test_a_failed_ack_after_publishing_does_not_route_the_event_again() ->
     await handler.handle(message)
     assert publisher.retries == publisher.dead_letters == []
     assert len(publisher.outputs) == 1
+
+
+async def test_an_event_id_conflict_is_dead_lettered_and_answered_with_the_refusal_only() -> None:
+    publisher = FakePublisher()
+    message = delivery(EVENT)
+    refusal = saved(EVENT["event_id"]).result.model_copy(update={"status": Status.INTERNAL_ERROR})
+    conflict = ProcessedEvent(Status.INTERNAL_ERROR, None, refusal, None, None, False, Conflict(9))
+    handler, sink = handler_with(FakeProcessor(conflict), publisher, message)
+    with capture_logs() as logs:
+        await handler.handle(message)
+    assert publisher.dead_letters == [(DeadLetterKind.EVENT_CONFLICT, 1)]
+    [(_, result)] = publisher.outputs
+    assert result["data"]["reason"] == outcome.EVENT_CONFLICT_REASON  # the settle policy's refusal
+    assert sink.published == []
+    assert message.settled == ["ack"]
+    assert {"event": "event id conflict", "stored_shard_id": 9, "log_level": "warning"} in logs
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+async def test_an_answered_event_is_counted_timed_and_logged_once() -> None:
+    metrics = Metrics()
+    message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), FakePublisher(), message, metrics)
+    with capture_logs() as logs:
+        await handler.handle(message)
+    assert sample(metrics, "ltm_events_total", status=Status.SAVED) == 1
+    assert sample(metrics, "ltm_event_duration_seconds_count") == 1
+    assert sample(metrics, "ltm_event_age_seconds_count") == 1
+    assert sample(metrics, "ltm_events_in_flight") == 0
+    [line] = [line for line in logs if line["event"] == "event processed"]
+    assert {key: line[key] for key in ("status", "memory_id", "replayed", "log_level")} == {
+        "status": Status.SAVED,
+        "memory_id": 7,
+        "replayed": False,
+        "log_level": "info",
+    }
+    assert isinstance(line["duration_ms"], float)
+
+
+async def test_a_retry_and_a_dead_letter_are_counted_and_logged() -> None:
+    metrics = Metrics()
+    retried = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(TransientError("db down")), FakePublisher(), retried, metrics)
+    with capture_logs() as logs:
+        await handler.handle(retried)
+    assert sample(metrics, "ltm_retries_total") == 1
+    assert [(line["event"], line["retry_in_ms"]) for line in logs if "retry_in_ms" in line] == [
+        ("transient fault; retrying later", 100)
+    ]
+    failed = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(ZeroDivisionError("oops")), FakePublisher(), failed, metrics)
+    with capture_logs() as logs:
+        await handler.handle(failed)
+    assert sample(metrics, "ltm_dead_letters_total", kind="internal") == 1
+    assert [line["event"] for line in logs] == ["internal error; dead-lettered"]
+    assert sample(metrics, "ltm_events_total", status=Status.SAVED) is None  # neither was answered
+
+
+async def test_an_unreadable_body_is_counted_as_its_kind_and_logged() -> None:
+    metrics = Metrics()
+    message = delivery(b"not json")
+    handler, _ = handler_with(
+        FakeProcessor(AssertionError("never processed")), FakePublisher(), message, metrics
+    )
+    with capture_logs() as logs:
+        await handler.handle(message)
+    assert sample(metrics, "ltm_dead_letters_total", kind="malformed") == 1
+    assert sample(metrics, "ltm_event_age_seconds_count") == 0  # no event, no age
+    assert [(line["event"], line["kind"]) for line in logs] == [
+        ("dead-lettered unreadable event", "malformed")
+    ]

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
 import pytest
 import redis.exceptions
 
 from contracts.models import DeadLetterKind, Status
+from worker.broker.envelope import RoutableIds, Unreadable
 from worker.faults import TransientError
-from worker.runtime.settle import DeadLetter, Retry, RetryPolicy, route_failure
+from worker.pipeline import outcome
+from worker.runtime.settle import (
+    DeadLetter,
+    Retry,
+    RetryPolicy,
+    route_conflict,
+    route_failure,
+    route_unreadable,
+)
 
 POLICY = RetryPolicy(max_attempts=4, base_delay_ms=1000, max_delay_ms=3000, draw=lambda low, high: high)
 
@@ -67,3 +78,40 @@ def test_a_cause_chain_reaching_a_transient_fault_is_transient() -> None:
     except RuntimeError as outer:
         decision = route_failure(outer, 1, committed=False, policy=POLICY)
     assert isinstance(decision, Retry)
+
+
+def test_the_tiers_double_from_the_base_up_to_the_cap_one_per_retry_queue() -> None:
+    assert POLICY.tiers() == [1000, 2000, 3000]
+    assert RetryPolicy().tiers() == [1000, 2000, 4000, 8000]
+    assert RetryPolicy(max_attempts=1).tiers() == []  # no retry, no retry queue
+    assert RetryPolicy(max_attempts=9, base_delay_ms=500, max_delay_ms=1000).tiers() == [500, 1000]
+
+
+@pytest.mark.parametrize("policy", [POLICY, RetryPolicy(), RetryPolicy(max_attempts=9, max_delay_ms=5000)])
+def test_every_retry_goes_to_a_declared_tier(policy: RetryPolicy) -> None:
+    used = {
+        decision.tier_ms
+        for attempt in range(1, policy.max_attempts)
+        if isinstance(
+            decision := route_failure(TransientError("x"), attempt, committed=False, policy=policy), Retry
+        )
+    }
+    assert used == set(policy.tiers())
+
+
+def test_an_unreadable_body_is_dead_lettered_at_once_and_answered_only_when_its_ids_were_read() -> None:
+    ids = RoutableIds(uuid.uuid4(), "call_1", 7, "create_long_term_memory")
+    answered = route_unreadable(Unreadable(DeadLetterKind.SCHEMA, "arguments: not an object", ids))
+    assert (answered.kind, answered.attempts) == (DeadLetterKind.SCHEMA, 1)
+    assert answered.failure is not None
+    assert answered.failure.status == Status.INTERNAL_ERROR
+    unanswered = route_unreadable(Unreadable(DeadLetterKind.MALFORMED, "not JSON"))
+    assert unanswered == DeadLetter(DeadLetterKind.MALFORMED, 1, None)
+
+
+def test_a_conflicting_event_is_dead_lettered_with_the_refusal() -> None:
+    decision = route_conflict(3)
+    assert (decision.kind, decision.attempts) == (DeadLetterKind.EVENT_CONFLICT, 3)
+    assert decision.failure is not None
+    assert decision.failure.status == Status.INTERNAL_ERROR
+    assert decision.failure.data["reason"] == outcome.EVENT_CONFLICT_REASON

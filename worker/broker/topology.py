@@ -55,16 +55,6 @@ def retry_queue_arguments(topology: Topology) -> dict[str, Any]:
     }
 
 
-def backoff_tier(base_ms: int, max_ms: int, attempt: int) -> int:
-    """The nominal delay (ms) before ``attempt`` (2 = the first retry): doubling from ``base_ms``, capped."""
-    return min(base_ms << max(0, attempt - 2), max_ms)
-
-
-def retry_delays(base_ms: int, max_ms: int, max_attempts: int) -> list[int]:
-    """Every backoff tier a retry can use (attempts 2 to ``max_attempts``): one retry queue each."""
-    return sorted({backoff_tier(base_ms, max_ms, n) for n in range(2, max_attempts + 1)})
-
-
 def retry_queue_name(topology: Topology, delay_ms: int) -> str:
     return f"{topology.retry_queue_prefix}.{delay_ms}"
 

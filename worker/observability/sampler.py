@@ -25,11 +25,12 @@ import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from worker.broker.topology import retry_delays, retry_queue_name
+from worker.broker.topology import retry_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.observability.metrics import Metrics
 from worker.redact import describe
+from worker.runtime.settle import RetryPolicy
 
 log = structlog.get_logger("worker.sampler")
 
@@ -39,9 +40,7 @@ DEFAULT_INTERVAL_SECONDS = 15
 def sampled_queues(settings: Settings) -> list[str]:
     """The queues whose depth /metrics reports: the work queue, every retry tier, the DLQ."""
     topology = settings.topology
-    delays = retry_delays(
-        settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
-    )
+    delays = RetryPolicy.of(settings).tiers()
     return [
         topology.work_queue,
         *[retry_queue_name(topology, delay) for delay in delays],

@@ -35,10 +35,11 @@ import asyncpg
 from contracts.example import EXAMPLE_EVENT
 from contracts.models import ShardQueueKind, Status, shard_queue
 from worker.broker.events import tool_call_message
-from worker.broker.topology import retry_delays, retry_queue_name
+from worker.broker.topology import retry_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings
 from worker.redact import describe, redact_url
+from worker.runtime.settle import RetryPolicy
 from worker.store.pool import connect_once
 
 # --- the contract's example (CONTRACT.md section 3) -----------------------------------------------------
@@ -414,9 +415,7 @@ async def clean(settings: Settings, *, topology: bool, out: Callable[[str], None
     exchanges: list[str] = []
     if topology:
         t = settings.topology
-        delays = retry_delays(
-            settings.retry_base_delay_ms, settings.retry_max_delay_ms, settings.retry_max_attempts
-        )
+        delays = RetryPolicy.of(settings).tiers()
         names += [t.work_queue, *(retry_queue_name(t, d) for d in delays), t.dead_letter_queue]
         exchanges = [
             t.tool_calls_exchange,

@@ -17,10 +17,12 @@ from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
 from worker.broker.publisher import Publisher
-from worker.broker.topology import declare_topology, retry_delays, work_queue_arguments
+from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.config import redact_url
 from worker.faults import describe
-from worker.runtime.handler import EventHandler, delivery_tag
+from worker.observability.telemetry import EventTelemetry
+from worker.runtime.delivery import delivery_tag
+from worker.runtime.handler import EventHandler
 from worker.runtime.settle import Slots
 
 log = structlog.get_logger("worker")
@@ -61,8 +63,7 @@ class Consumer:
             publish_channel.close_callbacks.add(lambda *_: lost.set())
             watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
             policy = self._services.policy
-            delays = retry_delays(policy.base_delay_ms, policy.max_delay_ms, policy.max_attempts)
-            declared = await declare_topology(publish_channel, topology, delays)
+            declared = await declare_topology(publish_channel, topology, policy.tiers())
             consume_channel = await connection.channel(publisher_confirms=False)
             consume_channel.close_callbacks.add(lambda *_: lost.set())
             await consume_channel.set_qos(prefetch_count=settings.prefetch)
@@ -80,8 +81,7 @@ class Consumer:
                 ),
                 acks=self._acks,
                 invalidations=self._services.outbox,
-                metrics=self._services.metrics,
-                tracer=self._services.tracer,
+                telemetry=EventTelemetry(self._services.metrics, self._services.tracer, topology),
                 policy=policy,
                 topology=topology,
                 stopping=self._stopping,

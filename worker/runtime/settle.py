@@ -1,7 +1,10 @@
 """How a delivery ends, decided over values: the retry-or-dead-letter policy, and the processing slots.
 
-:func:`route_failure` is the whole policy for a failed attempt; the handler only carries out what it returns
-(README "How an event can end"). No I/O here.
+:func:`route_failure` (a failed attempt), :func:`route_unreadable` (a body that is no event) and
+:func:`route_conflict` (an event id the ledger holds for another event) are the whole policy: they alone
+pick where a failed delivery goes and what its shard is told; the handler only carries out what they
+return (README "How an event can end"). :meth:`RetryPolicy.tiers` is the one place that says which retry
+queues exist. No I/O here.
 """
 
 from __future__ import annotations
@@ -11,12 +14,18 @@ import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.models import DeadLetterKind
-from worker.broker.topology import backoff_tier
 from worker.faults import is_transient
 from worker.pipeline import outcome
+
+if TYPE_CHECKING:
+    from worker.broker.envelope import Unreadable
+    from worker.config import Settings
+
+#: the error a conflicting event's dead letter carries (``x-ltm-error``)
+CONFLICT_ERROR = "event_id conflict: the ledger holds this event_id for a different event"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +38,20 @@ class RetryPolicy:
     #: draws the jitter factor between the two bounds (seedable in tests)
     draw: Callable[[float, float], float] = field(default=random.uniform, compare=False)
 
+    @classmethod
+    def of(cls, settings: Settings) -> RetryPolicy:
+        """The policy the ``LTM_RETRY_*`` settings give."""
+        return cls(settings.retry_max_attempts, settings.retry_base_delay_ms, settings.retry_max_delay_ms)
+
     def tier_before(self, attempt: int) -> int:
-        """The retry queue's nominal delay before ``attempt`` (2 = first retry)."""
-        return backoff_tier(self.base_delay_ms, self.max_delay_ms, attempt)
+        """The retry queue's nominal delay (ms) before ``attempt`` (2 = the first retry): doubling from
+        ``base_delay_ms``, capped at ``max_delay_ms``."""
+        return min(self.base_delay_ms << max(0, attempt - 2), self.max_delay_ms)
+
+    def tiers(self) -> list[int]:
+        """Every tier a retry can use (attempts 2 to ``max_attempts``), ascending: one retry queue each,
+        declared at start-up and sampled for ``/metrics``."""
+        return sorted({self.tier_before(attempt) for attempt in range(2, self.max_attempts + 1)})
 
     def delay_before(self, attempt: int) -> int:
         """The tier's delay with jitter (75-100 %), so a burst of failures does not come back as one."""
@@ -74,6 +94,18 @@ def route_failure(
             DeadLetterKind.TRANSIENT_EXHAUSTED, attempt, None if committed else outcome.database_error()
         )
     return Retry(policy.tier_before(attempt + 1), policy.delay_before(attempt + 1), attempt)
+
+
+def route_unreadable(parsed: Unreadable) -> DeadLetter:
+    """A body that is no event is dead-lettered at once as its kind (``malformed``, ``schema``), on its
+    first attempt; its shard is answered with an internal error when the envelope's ids could be read."""
+    return DeadLetter(parsed.kind, 1, outcome.internal_error(parsed.kind) if parsed.ids else None)
+
+
+def route_conflict(attempt: int) -> DeadLetter:
+    """An event whose id the ledger holds for a different event is dead-lettered as ``event_conflict`` and
+    answered with the refusal: never the stored outcome, never a notice or an invalidation."""
+    return DeadLetter(DeadLetterKind.EVENT_CONFLICT, attempt, outcome.event_conflict())
 
 
 class Slots:

@@ -1,0 +1,135 @@
+"""One delivery of the work queue and every way it can be settled: acked, parked in a retry queue,
+dead-lettered (its shard answered when it can be), or handed back to the queue.
+
+:mod:`worker.runtime.settle` decides which. This module carries it out. Only a lost channel leaves a
+delivery to the broker, which requeues it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import aio_pika.exceptions
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+
+from worker.broker.acks import Acks
+from worker.broker.envelope import RoutableIds
+from worker.faults import describe
+from worker.runtime.settle import DeadLetter, Retry
+from worker.service.process import failure_answer
+
+if TYPE_CHECKING:
+    from worker.runtime.handler import Outputs
+
+log = structlog.get_logger("worker")
+
+#: pause before a delivery the worker could not route is handed back (no hot loop through the broker)
+UNSETTLED_REQUEUE_SECONDS = 1.0
+
+
+class Delivery:
+    """A delivery, settled through its channel's :class:`~worker.broker.acks.Acks` and copied by
+    ``publisher``."""
+
+    __slots__ = ("_acks", "_publisher", "message")
+
+    def __init__(self, message: AbstractIncomingMessage, acks: Acks, publisher: Outputs) -> None:
+        self.message = message
+        self._acks = acks
+        self._publisher = publisher
+
+    @property
+    def channel_closed(self) -> bool:
+        """True when the delivery's channel is gone (its connection lost): the broker requeues it then."""
+        try:
+            return bool(self.message.channel.is_closed)
+        except aio_pika.exceptions.ChannelInvalidStateError:  # aio-pika's way of saying "closed"
+            return True
+
+    async def ack(self) -> bool:
+        """Ack the delivery (with the acks of its turn: :class:`worker.broker.acks.Acks`); False when its
+        channel is gone (the broker then redelivers it)."""
+        try:
+            await self._acks.ack(delivery_tag(self.message))
+        except Exception as exc:
+            log.warning(
+                "ack failed; the broker redelivers the event",
+                message_id=self.message.message_id,
+                error=describe(exc),
+            )
+            return False
+        return True
+
+    async def retry(self, decision: Retry, queue: str) -> None:
+        """Park a copy in the retry queue ``queue`` (confirmed), then ack. Raises when the broker refuses
+        the copy: nothing is acked then."""
+        await self._publisher.retry_later(
+            self.message, queue=queue, attempts=decision.attempts, delay_ms=decision.delay_ms
+        )
+        await self.ack()
+
+    async def dead_letter(
+        self, decision: DeadLetter, error: str, ids: RoutableIds | None, *, traceparent: str | None
+    ) -> None:
+        """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack. Raises
+        when the broker refuses the DLQ copy: nothing is acked then.
+
+        Once the DLQ copy is confirmed the delivery is acked whatever becomes of the failure result: the
+        dead letter is the record (a replay answers the shard), and an unacked delivery would come back
+        and be dead-lettered again. The DLQ copy keeps the event's own headers; the failure result carries
+        ``traceparent``."""
+        kind = decision.kind
+        await self._publisher.dead_letter(self.message, kind=kind, error=error, attempts=decision.attempts)
+        if ids is not None and decision.failure is not None:
+            try:
+                await self._publisher.publish_outputs(
+                    event_id=ids.event_id,
+                    tool_call_id=ids.tool_call_id,
+                    shard_id=ids.shard_id,
+                    result=failure_answer(ids, decision.failure),
+                    notification=None,
+                    traceparent=traceparent,
+                )
+            except Exception as exc:
+                log.warning(
+                    "failure result not delivered; the dead letter keeps the event",
+                    event_id=str(ids.event_id),
+                    shard_id=ids.shard_id,
+                    kind=kind,
+                    error=describe(exc),
+                )
+        await self.ack()
+
+    async def hand_back(self, stopping: asyncio.Event) -> None:
+        """Every delivery ends settled: one the handler could neither ack nor route (the broker refused a
+        retry or dead-letter copy) is handed back after a pause, so it does not hold a prefetch slot until
+        the connection closes. Each hand-back counts toward the work queue's delivery limit, so a delivery
+        that can never be routed reaches the DLQ through the broker, never loops for ever.
+
+        Nothing is done for a delivery already settled, or whose channel is gone (the broker requeues it).
+        The pause ends early when the worker starts ``stopping``."""
+        message = self.message
+        if self._acks.settled(delivery_tag(message)) or self.channel_closed:
+            return
+        log.warning(
+            "delivery not settled; handing it back to the queue",
+            message_id=message.message_id,
+            delivery_tag=message.delivery_tag,
+            retry_in_s=UNSETTLED_REQUEUE_SECONDS,
+        )
+        if not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=UNSETTLED_REQUEUE_SECONDS)
+        try:
+            await self._acks.nack(delivery_tag(message), requeue=True)
+        except Exception as exc:
+            log.warning("could not hand a delivery back; the broker requeues it", error=describe(exc))
+
+
+def delivery_tag(message: AbstractIncomingMessage) -> int:
+    """The delivery's tag on its channel (every delivery of a consumer has one)."""
+    assert message.delivery_tag is not None
+    return message.delivery_tag
