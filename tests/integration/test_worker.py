@@ -196,10 +196,15 @@ async def ledger_has(rows: BotRows, event_id: str) -> bool:
 # --- the broker closing the worker's connection --------------------------------------------------------
 
 
-def rabbitmqctl(url: str) -> str:
+async def rabbitmqctl(url: str) -> str:
+    """The ``rabbitmqctl`` of the test's broker, to close the worker's connection the way a broker does;
+    skips where there is none (a broker elsewhere, or in a container while a local one runs here)."""
     ctl = shutil.which("rabbitmqctl")
     if ctl is None or not is_this_machine(urlsplit(url).hostname or ""):
         pytest.skip("needs rabbitmqctl on the broker's machine to close a connection")
+    code, text = await run_command(ctl, "list_vhosts", "name", "--quiet", "--no-table-headers", timeout=60)
+    if code != 0 or unquote(urlsplit(url).path[1:]) not in text.splitlines():
+        pytest.skip("this machine's rabbitmqctl manages another broker than the test's")
     return ctl
 
 
@@ -232,9 +237,9 @@ async def consumers(url: str, queue: str = WORK_QUEUE) -> int | None:
         await connection.close()
 
 
-def event(rows_world_persona: int, content: str, **kwargs: Any) -> dict[str, Any]:
+def event(persona_id: int, content: str, **kwargs: Any) -> dict[str, Any]:
     return event_body(
-        {"memory_content": content, "memory_scope": "server_wide"}, persona_id=rows_world_persona, **kwargs
+        {"memory_content": content, "memory_scope": "server_wide"}, persona_id=persona_id, **kwargs
     )
 
 
@@ -308,7 +313,7 @@ async def test_a_lost_connection_abandons_the_events_in_flight_to_the_broker(
     """The broker closes the worker's connection while events wait at Postgres: the worker cancels them
     (nothing published, nothing acked), the broker requeues them, the worker reconnects, takes them again
     and answers each once; no delivery is settled twice (that would close the channel: another loss)."""
-    ctl = rabbitmqctl(rabbitmq_url)
+    ctl = await rabbitmqctl(rabbitmq_url)
     world = await rows.world()
     await hold_at_postgres(rows)
     await workers.start(postgres_pool_size=6)
@@ -340,7 +345,7 @@ async def test_a_lost_connection_abandons_the_events_in_flight_to_the_broker(
 async def test_a_connection_the_broker_drops_is_made_again(
     workers: Workers, rows: BotRows, rabbitmq_url: str
 ) -> None:
-    ctl = rabbitmqctl(rabbitmq_url)
+    ctl = await rabbitmqctl(rabbitmq_url)
     world = await rows.world()
     worker = await workers.start()
     [first] = await connections(ctl, rabbitmq_url)
