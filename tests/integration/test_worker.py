@@ -39,7 +39,7 @@ WAIT = 60.0
 WORK_QUEUE = "ltm.create_memory"
 DLQ = "ltm.create_memory.dlq"
 NOBODY = 77  # a shard with no queue bound to shard.77
-#: the advisory lock the tests hold to keep events waiting at Postgres (see ``held_at_postgres``)
+#: the advisory lock the tests hold to keep events waiting at Postgres (see :func:`hold_at_postgres`)
 LOCK = 4242
 LOST = "rabbitmq connection lost; reconnecting"
 
@@ -160,7 +160,8 @@ async def release(rows: BotRows) -> None:
 
 
 async def waiting_at_postgres(rows: BotRows) -> int:
-    """How many of the worker's transactions wait for the lock."""
+    """How many of the worker's transactions wait for a lock (the test's, or the scope lock of an event
+    ahead of them that waits for the test's)."""
     return int(
         await rows.conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -179,6 +180,10 @@ async def publish_each_to_postgres(shard: Shard, rows: BotRows, bodies: list[dic
 
 async def _at_least(count: Any, n: int) -> bool:
     return bool(await count >= n)
+
+
+async def _is(count: Any, n: int) -> bool:
+    return bool(await count == n)
 
 
 async def memories(rows: BotRows) -> int:
@@ -301,10 +306,6 @@ async def test_a_stop_finishes_the_events_in_flight_and_takes_no_more(
     assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 1
     assert workers.count("stopped cleanly") == 1
     assert workers.count("grace period over: in-flight events are requeued") == 0
-
-
-async def _is(count: Any, n: int) -> bool:
-    return bool(await count == n)
 
 
 async def test_a_lost_connection_abandons_the_events_in_flight_to_the_broker(
