@@ -2,7 +2,11 @@
 
 :func:`open_services` is the only place that knows every part: metrics, the probe server, tracing, the Redis
 publisher, then (once Postgres is migrated and Redis answers) the pool, the batcher and the invalidation
-outbox. Everything it yields is ready; nothing downstream checks for ``None``.
+outbox. Everything it yields is ready; nothing downstream checks for ``None``. A test may hand it its own
+Postgres pool, Redis publisher or tracer (it then neither builds nor closes them).
+
+:meth:`Services.handler_for` is the other half: the wiring of one connection's :class:`EventHandler`, the
+same for the consumer and for the tests that build one.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from dataclasses import dataclass
 
 import asyncpg
 import structlog
+from aio_pika.abc import AbstractChannel
 
+from worker.broker.acks import Acks
+from worker.broker.publisher import Publisher
+from worker.broker.topology import Declared
 from worker.broker.urls import Nodes
 from worker.config import Settings, connection_problems
 from worker.faults import describe, is_certificate_problem
@@ -24,8 +32,10 @@ from worker.observability.http_server import HealthServer
 from worker.observability.metrics import Metrics
 from worker.observability.probes import InvalidSetting, Readiness, migrations_problem, probe
 from worker.observability.sampler import Sampler, sampled_queues
+from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import EventTracer, create_tracer
 from worker.runtime.backoff import Backoff
+from worker.runtime.handler import EventHandler
 from worker.runtime.settle import RetryPolicy
 from worker.service.batcher import Batcher
 from worker.store.pool import create_pool
@@ -51,12 +61,41 @@ class Services:
     #: the RabbitMQ nodes of LTM_RABBITMQ_URL; each reconnect starts with the node after the last one used
     nodes: Nodes
 
+    def handler_for(
+        self, publish_channel: AbstractChannel, declared: Declared, acks: Acks, stopping: asyncio.Event
+    ) -> EventHandler:
+        """The handler of one connection: it publishes on ``publish_channel`` (confirm mode) to the exchanges
+        ``declared`` on it, and settles the deliveries of the consume channel through ``acks``."""
+        return EventHandler(
+            processor=self.batcher,
+            publisher=Publisher.for_topology(publish_channel, declared),
+            acks=acks,
+            invalidations=self.outbox,
+            telemetry=EventTelemetry(self.metrics, self.tracer, self.settings.topology),
+            policy=self.policy,
+            topology=self.settings.topology,
+            stopping=stopping,
+        )
+
+
+class Stopped(Exception):
+    """The worker was stopped while :func:`open_services` still waited for Postgres or Redis."""
+
 
 @contextlib.asynccontextmanager
-async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIterator[Services | None]:
+async def open_services(
+    settings: Settings,
+    stopping: asyncio.Event,
+    *,
+    pool: asyncpg.Pool | None = None,
+    cache: InvalidationPublisher | None = None,
+    tracer: EventTracer | None = None,
+) -> AsyncIterator[Services]:
     """Build the worker's parts, waiting (with backoff, logged) until Postgres is migrated and Redis answers.
 
-    Yields ``None`` when ``stopping`` is set before that. On exit everything is closed in reverse order.
+    ``pool``, ``cache`` and ``tracer`` replace the ones built from ``settings``; whoever passes one closes
+    it. Raises :class:`Stopped` when ``stopping`` is set before the dependencies answer. On exit everything
+    is closed in reverse order.
     """
     problems = connection_problems(settings)
     if problems:  # a URL that can never work: nothing to wait for
@@ -67,10 +106,12 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
         raise InvalidSetting(f"invalid LTM_RABBITMQ_URL: {exc}") from exc
     async with contextlib.AsyncExitStack() as stack:
         metrics = Metrics()
-        tracer = create_tracer(settings.tracing, settings.topology.work_queue)
-        stack.callback(tracer.shutdown)
-        cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
-        stack.push_async_callback(cache.close)
+        if tracer is None:
+            tracer = create_tracer(settings.tracing, settings.topology.work_queue)
+            stack.callback(tracer.shutdown)
+        if cache is None:
+            cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
+            stack.push_async_callback(cache.close)
         readiness = Readiness(cache, metrics)
         if settings.http_port > 0:
             http = HealthServer(settings.http_port, readiness.check, metrics, host=settings.http_host)
@@ -87,11 +128,11 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
             )
             sampler.start()
             stack.push_async_callback(sampler.close)
-        pool = await _wait_for_dependencies(settings, cache, stopping)
         if pool is None:
-            yield None
-            return
-        stack.push_async_callback(_close_pool, pool)
+            pool = await _wait_for_dependencies(settings, cache, stopping)
+            stack.push_async_callback(_close_pool, pool)
+        else:
+            await _wait_for_dependencies(settings, cache, stopping, given=pool)
         readiness.pool = pool
         # at most as many batches at Postgres at once as the pool has connections (usually one: see
         # Batcher); a batch holds at most the events the worker processes at once
@@ -119,12 +160,16 @@ async def open_services(settings: Settings, stopping: asyncio.Event) -> AsyncIte
 
 
 async def _wait_for_dependencies(
-    settings: Settings, cache: InvalidationPublisher, stopping: asyncio.Event
-) -> asyncpg.Pool | None:
-    """Wait until Postgres (migrated) and Redis answer; the pool, or None if stopped first. RabbitMQ is the
-    runner's."""
+    settings: Settings,
+    cache: InvalidationPublisher,
+    stopping: asyncio.Event,
+    *,
+    given: asyncpg.Pool | None = None,
+) -> asyncpg.Pool:
+    """Wait until Postgres (migrated) and Redis answer; the pool (``given``, else a new one). Raises
+    :class:`Stopped` if stopped first. RabbitMQ is the runner's."""
     backoff = Backoff()
-    pool: asyncpg.Pool | None = None
+    pool: asyncpg.Pool | None = given
     while not stopping.is_set():
         problems: dict[str, str] = {}
         postgres = await migrations_problem(settings.postgres_dsn)
@@ -143,6 +188,7 @@ async def _wait_for_dependencies(
         if redis is not None:
             problems["redis"] = redis
         if not problems:
+            assert pool is not None  # no Postgres problem: the pool exists
             return pool
         delay = backoff.next()
         for name, problem in problems.items():
@@ -152,9 +198,9 @@ async def _wait_for_dependencies(
             report("waiting for dependency", dependency=name, problem=problem, retry_in_s=round(delay, 2))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), timeout=delay)
-    if pool is not None:
+    if pool is not None and pool is not given:
         await _close_pool(pool)
-    return None
+    raise Stopped
 
 
 async def _close_pool(pool: asyncpg.Pool) -> None:

@@ -503,13 +503,7 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
         # worker run: the start-up declares (PRECONDITION_FAILED here if the file's arguments drifted)
         publish_channel = await worker.channel(publisher_confirms=True, on_return_raises=True)
         declared = await declare_topology(publish_channel, TOPOLOGY, DEFAULT_DELAYS)
-        publisher = Publisher(
-            channel=publish_channel,
-            results=declared.results,
-            notifications=declared.notifications,
-            dead_letter=declared.dead_letter,
-            default=publish_channel.default_exchange,
-        )
+        publisher = Publisher.for_topology(publish_channel, declared)
         consume_channel = await worker.channel()
         await consume_channel.set_qos(prefetch_count=8)
         work = await consume_channel.declare_queue(

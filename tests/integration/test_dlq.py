@@ -177,13 +177,7 @@ async def seeded(broker: Broker) -> Seeded:
     )
     # C: the worker's own path: a trip through a retry queue (broker x-death, x-ltm-routing-key),
     # then Publisher.dead_letter
-    publisher = Publisher(
-        channel=broker.channel,
-        results=broker.declared.results,
-        notifications=broker.declared.notifications,
-        dead_letter=broker.declared.dead_letter,
-        default=broker.channel.default_exchange,
-    )
+    publisher = Publisher.for_topology(broker.channel, broker.declared)
     seed.sent["C"] = shard_message(body("C", 5), event_id=ids["C"])
     await broker.declared.tool_calls.publish(seed.sent["C"], ALIAS_KEY)
     first = await broker.declared.work_queue.get(timeout=5)
@@ -514,13 +508,7 @@ async def test_replay_restores_key_properties_and_body(broker: Broker, seeded: S
 
 async def test_replaying_again_counts_replays_and_resets_attempts(broker: Broker, seeded: Seeded) -> None:
     only_a = dlq.Selection(event_ids=frozenset({seeded.ids["A"]}))
-    publisher = Publisher(
-        channel=broker.channel,
-        results=broker.declared.results,
-        notifications=broker.declared.notifications,
-        dead_letter=broker.declared.dead_letter,
-        default=broker.channel.default_exchange,
-    )
+    publisher = Publisher.for_topology(broker.channel, broker.declared)
     for replay_count in (1, 2):
         async with dlq.open_dead_letters(broker.url, TOPOLOGY) as queue:
             assert (await dlq.replay(queue, only_a)).removed == 1

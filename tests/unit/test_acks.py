@@ -1,51 +1,20 @@
 """Acks of one channel leave together, and never settle a delivery that is not done or settle one twice:
-checked against a model of the broker's bookkeeping (what a real channel would close on)."""
+checked against a model of the broker's bookkeeping (what a real channel would close on): tests/fakes.py's
+FakeChannel."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
 
 import pytest
 
+from tests.fakes import FakeChannel
 from worker.broker.acks import Acks, AlreadySettled
 
 
-@dataclass
-class Broker:
-    """The broker's side of one channel: outstanding deliveries and how each was settled. A frame for a tag
-    that is not outstanding is what closes a real channel (PRECONDITION_FAILED, unknown delivery tag)."""
-
-    outstanding: set[int] = field(default_factory=set)
-    settled: dict[int, str] = field(default_factory=dict)
-    frames: list[tuple[str, int, bool]] = field(default_factory=list)
-
-    def deliver(self, count: int) -> list[int]:
-        first = len(self.outstanding) + len(self.settled) + 1
-        tags = list(range(first, first + count))
-        self.outstanding.update(tags)
-        return tags
-
-    async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
-        self._settle("ack", delivery_tag, multiple)
-
-    async def basic_nack(
-        self, delivery_tag: int, multiple: bool = False, requeue: bool = True, wait: bool = True
-    ) -> None:
-        self._settle("nack", delivery_tag, multiple)
-
-    def _settle(self, kind: str, tag: int, multiple: bool) -> None:
-        self.frames.append((kind, tag, multiple))
-        assert tag in self.outstanding, f"{kind} of unknown delivery tag {tag}"
-        for covered in sorted(self.outstanding):
-            if covered == tag or (multiple and covered < tag):
-                self.outstanding.discard(covered)
-                self.settled[covered] = kind
-
-
 async def test_acks_of_one_turn_leave_as_one_frame() -> None:
-    broker = Broker()
+    broker = FakeChannel()
     acks = Acks(broker)
     tags = broker.deliver(8)
     await asyncio.gather(*(acks.ack(tag) for tag in reversed(tags)))
@@ -55,7 +24,7 @@ async def test_acks_of_one_turn_leave_as_one_frame() -> None:
 
 
 async def test_a_delivery_in_flight_is_never_covered() -> None:
-    broker = Broker()
+    broker = FakeChannel()
     acks = Acks(broker)
     broker.deliver(5)
     await asyncio.gather(acks.ack(1), acks.ack(2), acks.ack(4), acks.ack(5))  # 3 is still in flight
@@ -68,7 +37,7 @@ async def test_a_delivery_in_flight_is_never_covered() -> None:
 
 
 async def test_a_nack_leaves_at_once_and_the_next_multiple_ack_passes_over_it() -> None:
-    broker = Broker()
+    broker = FakeChannel()
     acks = Acks(broker)
     broker.deliver(3)
     await acks.nack(2, requeue=True)
@@ -79,7 +48,7 @@ async def test_a_nack_leaves_at_once_and_the_next_multiple_ack_passes_over_it() 
 
 
 async def test_settling_twice_is_refused() -> None:
-    broker = Broker()
+    broker = FakeChannel()
     acks = Acks(broker)
     broker.deliver(2)
     await acks.ack(1)
@@ -92,11 +61,7 @@ async def test_settling_twice_is_refused() -> None:
 
 
 async def test_an_ack_on_a_closed_channel_raises_for_every_waiter() -> None:
-    class Closed(Broker):
-        async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
-            raise ConnectionError("channel closed")
-
-    broker = Closed()
+    broker = FakeChannel(is_closed=True)
     acks = Acks(broker)
     broker.deliver(2)
     results = await asyncio.gather(acks.ack(1), acks.ack(2), return_exceptions=True)
@@ -108,7 +73,7 @@ async def test_random_settling_in_random_turns_settles_each_delivery_once_as_ask
     """Deliveries finish in any order over many turns of the loop, some handed back: the broker sees every
     tag settled exactly once, the way it was asked, and never a frame for an unknown tag."""
     rng = random.Random(seed)
-    broker = Broker()
+    broker = FakeChannel()
     acks = Acks(broker)
     asked: dict[int, str] = {}
     waiting: list[int] = []

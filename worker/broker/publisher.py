@@ -39,6 +39,7 @@ from worker.broker.headers import (
     own_headers,
     rfc3339,
 )
+from worker.broker.topology import Declared
 from worker.faults import TransientError
 from worker.runtime.aio import side_by_side
 
@@ -67,6 +68,17 @@ class Publisher:
         self._notifications = notifications
         self._dead_letter = dead_letter
         self._default = default
+
+    @classmethod
+    def for_topology(cls, channel: AbstractChannel, declared: Declared) -> Publisher:
+        """A publisher on ``channel`` to the exchanges :func:`declare_topology` declared on it."""
+        return cls(
+            channel=channel,
+            results=declared.results,
+            notifications=declared.notifications,
+            dead_letter=declared.dead_letter,
+            default=channel.default_exchange,
+        )
 
     async def publish_outputs(
         self,

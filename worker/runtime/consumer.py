@@ -16,11 +16,9 @@ from worker.bootstrap import Services
 from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
-from worker.broker.publisher import Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.config import redact_url
 from worker.faults import describe
-from worker.observability.telemetry import EventTelemetry
 from worker.runtime.delivery import delivery_tag
 from worker.runtime.handler import EventHandler
 from worker.runtime.settle import Slots
@@ -70,22 +68,7 @@ class Consumer:
             # delivery tags are per channel: a new channel, new acks
             underlay = await consume_channel.get_underlay_channel()
             self._acks = Acks(underlay)
-            self._handler = EventHandler(
-                processor=self._services.batcher,
-                publisher=Publisher(
-                    channel=publish_channel,
-                    results=declared.results,
-                    notifications=declared.notifications,
-                    dead_letter=declared.dead_letter,
-                    default=publish_channel.default_exchange,
-                ),
-                acks=self._acks,
-                invalidations=self._services.outbox,
-                telemetry=EventTelemetry(self._services.metrics, self._services.tracer, topology),
-                policy=policy,
-                topology=topology,
-                stopping=self._stopping,
-            )
+            self._handler = self._services.handler_for(publish_channel, declared, self._acks, self._stopping)
             queue = await consume_channel.declare_queue(
                 topology.work_queue, durable=True, arguments=work_queue_arguments(topology)
             )

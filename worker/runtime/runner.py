@@ -13,7 +13,7 @@ import time
 
 import structlog
 
-from worker.bootstrap import open_services
+from worker.bootstrap import Stopped, open_services
 from worker.config import Settings, redact_url
 from worker.faults import describe, is_certificate_problem, is_name_resolution_failure
 from worker.observability.logs import log_fallbacks
@@ -40,9 +40,11 @@ class Worker:
         self._slots = Slots(settings.concurrency, self._stopping)
         self._consumer: Consumer | None = None
 
-    async def run(self) -> int:
-        """Run until stopped; the exit code (0 after a graceful stop)."""
-        self._install_signal_handlers()
+    async def run(self, *, signals: bool = True) -> int:
+        """Run until stopped; the exit code (0 after a graceful stop). Without ``signals`` (a worker in a
+        test's event loop) SIGTERM and SIGINT are left alone: :meth:`stop` stops it."""
+        if signals:
+            self._install_signal_handlers()
         log_fallbacks(self.settings.fallbacks)
         self._log_targets()
         try:
@@ -66,10 +68,18 @@ class Worker:
             prefetch=s.prefetch,
         )
 
+    def stop(self) -> None:
+        """A graceful stop, as on the first signal: no new events, the ones in flight finish."""
+        self._stopping.set()
+
     async def _run(self) -> int:
+        try:
+            return await self._serve()
+        except Stopped:
+            return 0
+
+    async def _serve(self) -> int:
         async with open_services(self.settings, self._stopping) as services:
-            if services is None:
-                return 0
             # start-up's objects out of the collector's way, and fewer young collections (runtime/heap.py)
             heap.freeze_startup()
             backoff = Backoff()

@@ -1,0 +1,568 @@
+"""The worker's consume loop in the test's own event loop (``Worker.run(signals=False)``) on the real
+Postgres, RabbitMQ and Redis, each test on its own database and vhost: an event answered end to end, the
+drain on a stop, the abandon on a lost connection, the consumer the broker cancels, the reconnect, and
+every way a delivery ends settled exactly once. Assertions read what the broker, Postgres and Redis hold
+(and the worker's log events); waits are on those, never on time alone.
+
+Crashes (SIGKILL), signals, dependency outages, clusters and PgBouncer stay in tests/e2e, with the worker
+as a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aio_pika
+import aio_pika.exceptions
+import pytest
+import structlog
+
+from contracts.models import DeadLetterKind, Status
+from tests.e2e.harness import InvalidationListener, Shard, queue_depth, take_dead_letters
+from tests.factories import BotRows, event_body
+from tests.services import is_this_machine, run_command
+from worker.broker.topology import retry_queue_arguments
+from worker.config import Settings, Topology
+from worker.runtime.runner import Worker
+
+#: every wait's deadline: generous, for a loaded machine; a passing test never waits it out
+WAIT = 60.0
+WORK_QUEUE = "ltm.create_memory"
+DLQ = "ltm.create_memory.dlq"
+NOBODY = 77  # a shard with no queue bound to shard.77
+#: the advisory lock the tests hold to keep events waiting at Postgres (see :func:`hold_at_postgres`)
+LOCK = 4242
+LOST = "rabbitmq connection lost; reconnecting"
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
+    """Wait until ``condition()`` (a value or an awaitable) is true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Workers:
+    """Worker lives in this test's event loop, one after another or side by side, and their captured log."""
+
+    settings: Settings
+    log: list[dict[str, Any]]
+    running: list[tuple[Worker, asyncio.Task[int]]] = field(default_factory=list)
+
+    def count(self, event: str) -> int:
+        return sum(1 for line in self.log if line.get("event") == event)
+
+    def lines(self, event: str) -> list[dict[str, Any]]:
+        return [line for line in self.log if line.get("event") == event]
+
+    async def wait_for_log(self, event: str, *, at_least: int = 1) -> None:
+        def logged() -> bool:
+            for _, task in self.running:
+                if task.done():
+                    raise AssertionError(f"a worker ended before logging {event!r}: {task.result()}")
+            return self.count(event) >= at_least
+
+        await until(logged, f"the worker logs {event!r} {at_least} time(s)")
+
+    async def start(self, **overrides: Any) -> Worker:
+        """One more worker life; returns once it consumes."""
+        consuming = self.count("consuming")
+        worker = Worker(self.settings.model_copy(update=overrides))
+        self.running.append((worker, asyncio.create_task(worker.run(signals=False))))
+        await self.wait_for_log("consuming", at_least=consuming + 1)
+        return worker
+
+    async def stop(self, worker: Worker) -> int:
+        """Stop ``worker`` gracefully; its exit code."""
+        [task] = [t for w, t in self.running if w is worker]
+        worker.stop()
+        code = await asyncio.wait_for(task, WAIT)
+        self.running = [(w, t) for w, t in self.running if w is not worker]
+        return code
+
+    async def restart_twice(self, url: str) -> tuple[int, int]:
+        """Two more worker lives on the same queues, each from its start to a graceful stop; then (work
+        queue depth, DLQ depth) with no worker. A delivery a worker left unacked is back in the queue once
+        its connection is closed: the depth counts it."""
+        for _ in range(2):
+            worker = await self.start()
+            assert await self.stop(worker) == 0
+        return await queue_depth(url, WORK_QUEUE), await queue_depth(url, DLQ)
+
+
+@pytest.fixture
+def captured() -> Iterator[list[dict[str, Any]]]:
+    """The structlog events logged while the test runs (the worker's loggers are structlog's)."""
+    with structlog.testing.capture_logs() as log:
+        yield log
+
+
+@pytest.fixture
+async def workers(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str, captured: list[dict[str, Any]]
+) -> AsyncIterator[Workers]:
+    settings = Settings(
+        postgres_dsn=migrated_dsn,
+        rabbitmq_url=rabbitmq_url,
+        redis_url=redis_url,
+        http_port=0,
+        retry_base_delay_ms=200,
+        retry_max_delay_ms=1000,
+        shutdown_grace_seconds=WAIT,
+    )
+    workers = Workers(settings, captured)
+    try:
+        yield workers
+    finally:
+        for worker, _ in workers.running:
+            worker.stop()
+        for _, task in workers.running:
+            try:
+                await asyncio.wait_for(task, WAIT)
+            except BaseException:
+                task.cancel()
+
+
+# --- Postgres that keeps events waiting ---------------------------------------------------------------
+
+
+async def hold_at_postgres(rows: BotRows) -> None:
+    """From now on every memory insert waits for the advisory lock ``LOCK``, which ``rows``' connection
+    holds until :func:`release`: the events stay in flight, at Postgres."""
+    await rows.conn.execute(f"""
+        CREATE FUNCTION held_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_advisory_xact_lock({LOCK}); RETURN NEW; END $$;
+        CREATE TRIGGER held_insert BEFORE INSERT ON server_memories
+            FOR EACH ROW EXECUTE FUNCTION held_insert();
+    """)
+    await rows.conn.execute(f"SELECT pg_advisory_lock({LOCK})")
+
+
+async def release(rows: BotRows) -> None:
+    await rows.conn.execute(f"SELECT pg_advisory_unlock({LOCK})")
+
+
+async def waiting_at_postgres(rows: BotRows) -> int:
+    """How many of the worker's transactions wait for a lock (the test's, or the scope lock of an event
+    ahead of them that waits for the test's)."""
+    return int(
+        await rows.conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+    )
+
+
+async def publish_each_to_postgres(shard: Shard, rows: BotRows, bodies: list[dict[str, Any]]) -> None:
+    """Publish ``bodies`` one at a time, each once the one before waits at Postgres: every event is then
+    in flight in a batch of its own (the worker's pool has a connection for each)."""
+    for n, body in enumerate(bodies, start=1):
+        await shard.publish(body)
+        await until(lambda n=n: _at_least(waiting_at_postgres(rows), n), f"{n} event(s) wait at Postgres")
+
+
+async def _at_least(count: Any, n: int) -> bool:
+    return bool(await count >= n)
+
+
+async def _is(count: Any, n: int) -> bool:
+    return bool(await count == n)
+
+
+async def memories(rows: BotRows) -> int:
+    return int(await rows.conn.fetchval("SELECT count(*) FROM server_memories"))
+
+
+async def ledger_has(rows: BotRows, event_id: str) -> bool:
+    return bool(
+        await rows.conn.fetchval(
+            "SELECT count(*) FROM ltm_processed_events WHERE event_id = $1", uuid.UUID(event_id)
+        )
+    )
+
+
+# --- the broker closing the worker's connection --------------------------------------------------------
+
+
+async def rabbitmqctl(url: str) -> str:
+    """The ``rabbitmqctl`` of the test's broker, to close the worker's connection the way a broker does;
+    skips where there is none (a broker elsewhere, or in a container while a local one runs here)."""
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None or not is_this_machine(urlsplit(url).hostname or ""):
+        pytest.skip("needs rabbitmqctl on the broker's machine to close a connection")
+    code, text = await run_command(ctl, "list_vhosts", "name", "--quiet", "--no-table-headers", timeout=60)
+    if code != 0 or unquote(urlsplit(url).path[1:]) not in text.splitlines():
+        pytest.skip("this machine's rabbitmqctl manages another broker than the test's")
+    return ctl
+
+
+async def connections(ctl: str, url: str) -> list[str]:
+    """The broker's connection ids on ``url``'s vhost."""
+    vhost = unquote(urlsplit(url).path[1:])
+    code, text = await run_command(
+        ctl, "list_connections", "pid", "vhost", "--quiet", "--no-table-headers", timeout=60
+    )
+    assert code == 0, text
+    return [row.split("\t")[0] for row in text.splitlines() if row.endswith(f"\t{vhost}")]
+
+
+async def close_connection(ctl: str, connection: str) -> None:
+    code, text = await run_command(ctl, "close_connection", connection, "closed by the test", timeout=60)
+    assert code == 0, text
+
+
+async def consumers(url: str, queue: str = WORK_QUEUE) -> int | None:
+    """The consumers of ``queue``; None when it does not exist."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return None
+        return int(declared.declaration_result.consumer_count or 0)
+    finally:
+        await connection.close()
+
+
+def event(persona_id: int, content: str, **kwargs: Any) -> dict[str, Any]:
+    return event_body(
+        {"memory_content": content, "memory_scope": "server_wide"}, persona_id=persona_id, **kwargs
+    )
+
+
+# --- the tests ------------------------------------------------------------------------------------------
+
+
+async def test_a_saved_event_is_answered_end_to_end(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    world = await rows.world()
+    worker = await workers.start()
+    body = event(world.persona_id, "kept in process")
+    async with InvalidationListener(workers.settings.redis_url) as listener, Shard(rabbitmq_url) as shard:
+        await shard.publish(body)
+        await shard.wait_for_results([body["event_id"]], timeout=WAIT)
+        await until(lambda: listener.of(body["event_id"]), "the invalidation on Redis")
+    [result] = shard.received.results[body["event_id"]]
+    assert (result["success"], result["status"]) == (True, Status.SAVED)
+    assert await rows.conn.fetchval("SELECT content FROM server_memories") == "kept in process"
+    assert await ledger_has(rows, body["event_id"])
+    assert await workers.stop(worker) == 0
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
+    assert workers.count("stopped cleanly") == 1
+
+
+async def test_a_stop_finishes_the_events_in_flight_and_takes_no_more(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    """The drain: on a stop the consumer is cancelled at once, the events in flight (here waiting at
+    Postgres) finish, are answered and acked; an event published after the stop stays in the queue. (The
+    work queue is a quorum queue: its consumer count still includes a cancelled consumer while it holds
+    unacked deliveries, so the cancel shows only in what is delivered.)"""
+    world = await rows.world()
+    await hold_at_postgres(rows)
+    worker = await workers.start(postgres_pool_size=6)
+    bodies = [event(world.persona_id, f"in flight {n}") for n in range(3)]
+    late = event(world.persona_id, "after the stop")
+    async with Shard(rabbitmq_url) as shard:
+        await publish_each_to_postgres(shard, rows, bodies)
+        worker.stop()
+        # taken by no one: the consumer is cancelled (a delivery that raced the cancel is handed back)
+        await shard.publish(late)
+        await until(
+            lambda: _is(queue_depth(rabbitmq_url, WORK_QUEUE), 1), "the late event waits in the queue"
+        )
+        [(_, task)] = workers.running
+        assert not task.done()  # still draining: the events wait at Postgres
+        await release(rows)
+        assert await asyncio.wait_for(task, WAIT) == 0
+        workers.running.clear()
+        await shard.wait_for_results([b["event_id"] for b in bodies], timeout=WAIT)
+        await shard.settle(timeout=WAIT)
+    for body in bodies:
+        [result] = shard.received.results[body["event_id"]]
+        assert result["success"] is True
+    assert late["event_id"] not in shard.received.results
+    assert await memories(rows) == 3
+    # the drained events were acked; only the late one is left, ready for the next worker
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 1
+    assert workers.count("stopped cleanly") == 1
+    assert workers.count("grace period over: in-flight events are requeued") == 0
+
+
+async def test_a_lost_connection_abandons_the_events_in_flight_to_the_broker(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    """The broker closes the worker's connection while events wait at Postgres: the worker cancels them
+    (nothing published, nothing acked), the broker requeues them, the worker reconnects, takes them again
+    and answers each once; no delivery is settled twice (that would close the channel: another loss)."""
+    ctl = await rabbitmqctl(rabbitmq_url)
+    world = await rows.world()
+    await hold_at_postgres(rows)
+    await workers.start(postgres_pool_size=6)
+    [connection] = await connections(ctl, rabbitmq_url)
+    bodies = [event(world.persona_id, f"abandoned {n}") for n in range(3)]
+    async with Shard(rabbitmq_url) as shard:
+        await publish_each_to_postgres(shard, rows, bodies)
+        await close_connection(ctl, connection)
+        await workers.wait_for_log(LOST)
+        # the cancelled transactions let go of Postgres; the broker has the deliveries back
+        await workers.wait_for_log("consuming", at_least=2)
+        await until(lambda: _at_least(waiting_at_postgres(rows), 1), "the redelivered events wait again")
+        assert shard.received.results == {}  # the abandoned events published nothing
+        await release(rows)
+        await shard.wait_for_results([b["event_id"] for b in bodies], timeout=WAIT)
+        [(worker, _)] = workers.running
+        assert await workers.stop(worker) == 0
+        await shard.settle(timeout=WAIT)
+    for body in bodies:
+        [result] = shard.received.results[body["event_id"]]
+        assert result["success"] is True
+    assert await memories(rows) == 3
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
+    # one loss, the test's: a delivery settled twice would have closed the channel, another loss
+    assert workers.count(LOST) == 1
+    assert workers.count("consuming") == 2
+
+
+async def test_a_connection_the_broker_drops_is_made_again(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    ctl = await rabbitmqctl(rabbitmq_url)
+    world = await rows.world()
+    worker = await workers.start()
+    [first] = await connections(ctl, rabbitmq_url)
+    await close_connection(ctl, first)
+    await workers.wait_for_log(LOST)
+    await workers.wait_for_log("consuming", at_least=2)
+    [second] = await connections(ctl, rabbitmq_url)
+    assert second != first
+    body = event(world.persona_id, "after the reconnect")
+    async with Shard(rabbitmq_url) as shard:
+        await shard.publish(body)
+        await shard.wait_for_results([body["event_id"]], timeout=WAIT)
+    assert shard.received.results[body["event_id"]][0]["success"] is True
+    assert await workers.stop(worker) == 0
+
+
+async def test_a_deleted_work_queue_is_declared_again_and_consumed(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    """The broker cancels the consumer (its queue was deleted): aio-pika does not restore it, the worker
+    starts over on a new connection: declares the topology again and consumes."""
+    world = await rows.world()
+    worker = await workers.start()
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        await channel.queue_delete(WORK_QUEUE)
+    finally:
+        await connection.close()
+    await workers.wait_for_log("rabbitmq cancelled the consumer; reconnecting")
+    await workers.wait_for_log("consuming", at_least=2)
+    assert await consumers(rabbitmq_url) == 1
+    body = event(world.persona_id, "after the queue came back")
+    async with Shard(rabbitmq_url) as shard:
+        await shard.publish(body)
+        await shard.wait_for_results([body["event_id"]], timeout=WAIT)
+    assert shard.received.results[body["event_id"]][0]["success"] is True
+    assert await workers.stop(worker) == 0
+
+
+# --- every delivery settled once (from tests/e2e/test_settlement.py) --------------------------------------
+
+
+async def test_unreadable_event_for_an_unbound_shard_is_dead_lettered_once(
+    workers: Workers, rabbitmq_url: str
+) -> None:
+    """A schema dead letter whose ids are readable, for a shard nobody listens for: the DLQ copy is
+    confirmed, the failure result comes back unroutable, and the delivery is acked anyway; later lives of
+    the worker find nothing to copy again."""
+    worker = await workers.start()
+    body = {"schema_version": 1, "event_id": str(uuid.uuid4()), "tool_call_id": "c", "shard_id": NOBODY}
+    async with Shard(rabbitmq_url) as shard:
+        await shard.publish(json.dumps(body).encode())
+        await workers.wait_for_log("dead-lettered unreadable event")
+    await workers.wait_for_log("failure result not delivered; the dead letter keeps the event")
+    assert await workers.stop(worker) == 0
+
+    [line] = workers.lines("failure result not delivered; the dead letter keeps the event")
+    assert line["event_id"] == body["event_id"]
+    assert line["shard_id"] == NOBODY
+    assert "was not delivered" in line["error"]
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
+    assert await queue_depth(rabbitmq_url, DLQ) == 1
+
+    assert await workers.restart_twice(rabbitmq_url) == (0, 1)
+    [letter] = await take_dead_letters(rabbitmq_url, 1)
+    assert letter.headers["x-ltm-error-kind"] == DeadLetterKind.SCHEMA
+    assert json.loads(letter.body) == body
+
+
+async def test_internal_failure_for_an_unbound_shard_is_dead_lettered_once(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    """A valid event that hits a bug, for a shard nobody listens for: its failure result cannot be routed
+    either, and the delivery is still acked once its DLQ copy is confirmed."""
+    world = await rows.world()
+    await rows.conn.execute("""
+        CREATE FUNCTION forced_failure() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'forced failure'; END $$;
+        CREATE TRIGGER forced_failure BEFORE INSERT ON server_memories
+            FOR EACH ROW EXECUTE FUNCTION forced_failure();
+    """)
+    worker = await workers.start()
+    body = event(world.persona_id, "boom", shard_id=NOBODY)
+    async with Shard(rabbitmq_url) as shard:
+        await shard.publish(body)
+        await workers.wait_for_log("failure result not delivered; the dead letter keeps the event")
+    assert await workers.stop(worker) == 0
+
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
+    assert await workers.restart_twice(rabbitmq_url) == (0, 1)
+    [letter] = await take_dead_letters(rabbitmq_url, 1)
+    assert letter.headers["x-ltm-error-kind"] == DeadLetterKind.INTERNAL
+    assert letter.message_id == body["event_id"]
+
+
+async def test_a_refused_retry_copy_hands_the_delivery_back(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    """The broker refuses the retry copy (its retry queue was deleted under the worker): the delivery is
+    handed back to the work queue instead of being held unacked, comes back, and once the retry queue
+    exists again ends where a transient fault should (here: the DLQ, since its shard is never bound)."""
+    world = await rows.world()
+    worker = await workers.start(retry_max_attempts=2, retry_base_delay_ms=100)
+    retry_queue = "ltm.create_memory.retry.100"
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        await channel.queue_delete(retry_queue)
+        body = event(world.persona_id, "handed back", shard_id=NOBODY)
+        async with Shard(rabbitmq_url) as shard:
+            await shard.publish(body)
+            # the result is unroutable (transient), the retry copy is refused: handed back, and again
+            await workers.wait_for_log("delivery not settled; handing it back to the queue", at_least=2)
+            assert workers.count("could not route a failed event; it will be redelivered") >= 2
+            await channel.declare_queue(
+                retry_queue, durable=True, arguments=retry_queue_arguments(Topology())
+            )
+            [letter] = await take_dead_letters(rabbitmq_url, 1, timeout=WAIT)
+    finally:
+        await connection.close()
+    assert await workers.stop(worker) == 0
+
+    assert letter.headers["x-ltm-error-kind"] == DeadLetterKind.TRANSIENT_EXHAUSTED
+    assert letter.message_id == body["event_id"]
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
+    # handed back, redelivered and answered from the ledger: the memory was saved once
+    assert await memories(rows) == 1
+
+
+# --- every failure ends somewhere a person can see (from tests/e2e/test_failures.py) ----------------------
+
+KIND, ERROR, ATTEMPTS, FAILED_AT = "x-ltm-error-kind", "x-ltm-error", "x-ltm-attempts", "x-ltm-failed-at"
+
+
+def assert_headers(headers: dict[str, Any], kind: str, attempts: int, error_contains: str) -> None:
+    assert headers[KIND] == kind
+    assert headers[ATTEMPTS] == attempts
+    assert error_contains in headers[ERROR]
+    assert "\n" not in headers[ERROR]
+    assert datetime.fromisoformat(headers[FAILED_AT].replace("Z", "+00:00")).tzinfo is not None
+
+
+async def test_unreadable_bodies_are_dead_lettered_at_once(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    world = await rows.world()
+    worker = await workers.start()
+    unknown_version = event(world.persona_id, "x")
+    unknown_version["schema_version"] = 2
+    missing_id = event_body({}, persona_id=world.persona_id)
+    del missing_id["event_id"]
+    huge = event(world.persona_id, "x" * 300 * 1024)
+    cases = {
+        "not-json": (b"\xff\xfe not json at all", DeadLetterKind.MALFORMED, "not UTF-8 JSON"),
+        "array": (b"[1, 2, 3]", DeadLetterKind.MALFORMED, "is not an object"),
+        "missing-id": (json.dumps(missing_id).encode(), DeadLetterKind.SCHEMA, "event_id"),
+        "version": (json.dumps(unknown_version).encode(), DeadLetterKind.SCHEMA, "schema_version"),
+        "huge": (json.dumps(huge).encode(), DeadLetterKind.SCHEMA, "byte limit"),
+    }
+    async with Shard(rabbitmq_url) as shard:
+        for name, (body, _, _) in cases.items():
+            await shard.publish(
+                body, headers={"test-case": name, "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
+            )
+        letters = await take_dead_letters(rabbitmq_url, len(cases), timeout=WAIT)
+        # only the unknown schema_version still has readable ids: its shard is answered
+        await shard.wait_for_results([unknown_version["event_id"]], timeout=WAIT)
+        assert await workers.stop(worker) == 0  # the worker went on to the end
+        await shard.settle(timeout=WAIT)
+    assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0  # every delivery acked
+
+    by_case = {letter.headers["test-case"]: letter for letter in letters}
+    assert set(by_case) == set(cases)
+    for name, (body, kind, error) in cases.items():
+        letter = by_case[name]
+        assert_headers(letter.headers, kind, 1, error)
+        assert letter.body == body  # body unchanged
+        assert letter.routing_key == "tool.create_long_term_memory"
+        assert letter.type is None or letter.type == "tool_call.v1"
+    [result] = shard.received.results[unknown_version["event_id"]]
+    assert result["status"] == Status.INTERNAL_ERROR
+    assert result["success"] is False
+    assert set(shard.received.results) == {unknown_version["event_id"]}
+
+
+async def test_a_step_that_raises_is_an_internal_dead_letter_and_the_worker_goes_on(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    world = await rows.world()
+    # a real failure inside the transaction that the worker does not expect (SQLSTATE P0001)
+    await rows.conn.execute("""
+        CREATE FUNCTION forced_failure() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'forced failure for %', NEW.content; END $$;
+        CREATE TRIGGER forced_failure BEFORE INSERT ON server_memories
+            FOR EACH ROW WHEN (NEW.content = 'boom') EXECUTE FUNCTION forced_failure();
+    """)
+    worker = await workers.start()
+    bad = event(world.persona_id, "boom")
+    good = event(world.persona_id, "fine")
+    async with Shard(rabbitmq_url) as shard:
+        await shard.publish(bad)
+        await shard.publish(good)
+        await shard.wait_for_results([bad["event_id"], good["event_id"]], timeout=WAIT)
+        [letter] = await take_dead_letters(rabbitmq_url, 1, timeout=WAIT)
+    assert await workers.stop(worker) == 0
+
+    assert_headers(letter.headers, DeadLetterKind.INTERNAL, 1, "RaiseError: forced failure for boom")
+    assert letter.message_id == bad["event_id"]
+    [failure] = shard.received.results[bad["event_id"]]
+    assert failure["status"] == Status.INTERNAL_ERROR
+    assert failure["error"] == "Internal bot error: the memory could not be processed"
+    assert shard.received.results[good["event_id"]][0]["success"] is True
+    # the failed event wrote nothing: no memory, no outcome, so a replay processes it for real
+    assert not await ledger_has(rows, bad["event_id"])
+    assert await memories(rows) == 1
+    # logged with its traceback (rendered as text by the log configuration: tests/unit/test_logs.py)
+    [internal] = workers.lines("internal error; dead-lettered")
+    assert internal.get("exc_info")
