@@ -25,7 +25,7 @@ from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared
 from worker.broker.urls import Nodes
 from worker.config import Settings, connection_problems
-from worker.faults import describe, is_certificate_problem
+from worker.faults import is_certificate_problem
 from worker.invalidation.outbox import InvalidationOutbox
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.http_server import HealthServer
@@ -34,9 +34,10 @@ from worker.observability.probes import InvalidSetting, Readiness, migrations_pr
 from worker.observability.sampler import Sampler, sampled_queues
 from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import EventTracer, create_tracer
+from worker.redact import describe
 from worker.runtime.backoff import Backoff
 from worker.runtime.handler import EventHandler
-from worker.runtime.settle import RetryPolicy
+from worker.runtime.policy import RetryPolicy
 from worker.service.batcher import Batcher
 from worker.store.pool import create_pool
 
@@ -167,7 +168,7 @@ async def _wait_for_dependencies(
     given: asyncpg.Pool | None = None,
 ) -> asyncpg.Pool:
     """Wait until Postgres (migrated) and Redis answer; the pool (``given``, else a new one). Raises
-    :class:`Stopped` if stopped first. RabbitMQ is the runner's."""
+    :class:`Stopped` if stopped first. RabbitMQ is the consumer's (each connection's)."""
     backoff = Backoff()
     pool: asyncpg.Pool | None = given
     while not stopping.is_set():

@@ -15,14 +15,10 @@ import aiormq.exceptions
 import asyncpg
 import redis.exceptions
 
-# what went wrong, in words, lives with the redaction (worker/redact.py); named here too, where callers look
-from worker.redact import CERTIFICATE_REFUSED, certificate_failure, describe
+from worker.redact import CERTIFICATE_REFUSED
 
 __all__ = [
-    "CERTIFICATE_REFUSED",
     "TransientError",
-    "certificate_failure",
-    "describe",
     "is_certificate_problem",
     "is_name_resolution_failure",
     "is_transient",

@@ -11,13 +11,8 @@ import asyncpg
 import pytest
 import redis.exceptions
 
-from worker.faults import (
-    TransientError,
-    certificate_failure,
-    describe,
-    is_certificate_problem,
-    is_transient,
-)
+from worker.faults import TransientError, is_certificate_problem, is_transient
+from worker.redact import certificate_failure, describe
 from worker.store.pool import describe_failure
 
 

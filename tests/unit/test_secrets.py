@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import (
-    Limits,
-    Settings,
-    SettingsError,
-    connection_problems,
-    declared,
-    load_settings,
-    redact_url,
-)
-from worker.redact import describe
+from worker.config import Limits, Settings, SettingsError, connection_problems, declared, load_settings
+from worker.redact import describe, redact_url
 
 SECRET = "S3cret"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.runtime.settle import Slots
+from worker.runtime.slots import Slots
 
 
 def slots_of(concurrency: int) -> tuple[Slots, asyncio.Event]:

@@ -11,8 +11,6 @@ is read, and the ``worker run`` option that overrides it. ``load_settings``, the
 - env.py: the environment read (:func:`load_settings`) and written (:func:`as_env`, :func:`env_with`,
   :func:`env_of`, :func:`overridden_env`): the one place that knows the variables' names;
 - render.py: the README table and the commands' epilogs (``python -m worker.config`` prints the table).
-
-``redact_url`` is worker/redact.py's, named here too for the modules that import it from here.
 """
 
 from worker.config.env import (
@@ -54,7 +52,6 @@ from worker.config.settings import (
     Topology,
     TracingMode,
 )
-from worker.redact import redact_url
 
 __all__ = [
     "AMQP_SCHEMES",
@@ -89,7 +86,6 @@ __all__ = [
     "overridden_env",
     "parse_port",
     "parse_positive_int",
-    "redact_url",
     "url_problem",
     "variable_of",
 ]

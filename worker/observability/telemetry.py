@@ -22,10 +22,10 @@ from worker.broker.content_header import undecodable
 from worker.broker.envelope import Unreadable
 from worker.broker.headers import traceparent_of
 from worker.config import Topology
-from worker.faults import describe
 from worker.observability.metrics import Metrics
 from worker.observability.tracing import Attribute, EventSpan, EventTracer, in_step
-from worker.runtime.settle import DeadLetter, Retry
+from worker.redact import describe
+from worker.runtime.policy import DeadLetter, Retry
 from worker.service.process import ProcessedEvent
 
 log = structlog.get_logger("worker")

@@ -16,7 +16,7 @@ event started that task; the aio-pika one would add a second CONSUMER span per e
 While the span is open, the event's log lines carry its ``trace_id`` and ``span_id`` (structlog context
 variables), so logs and traces join on them.
 
-The runner only sees :class:`EventTracer` and :class:`EventSpan`; the SDK stays in this module.
+The event path (telemetry, handler) only sees :class:`EventTracer` and :class:`EventSpan`; the SDK stays in this module.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ T = TypeVar("T")
 
 
 class EventSpan(Protocol):
-    """The span of one event, as the runner sees it."""
+    """The span of one event, as the event path sees it."""
 
     @property
     def traceparent(self) -> str | None:
@@ -66,7 +66,7 @@ class EventSpan(Protocol):
         """Add what became known while handling the event (status, memory id)."""
 
     def fail(self, exc: BaseException) -> None:
-        """Record an exception the runner handled itself and mark the span as failed."""
+        """Record an exception the worker handled itself and mark the span as failed."""
 
     def step(
         self, name: str, attributes: Mapping[str, Attribute], *, kind: StepKind = "internal"

@@ -39,7 +39,7 @@ from worker.broker.topology import retry_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings
 from worker.redact import describe, redact_url
-from worker.runtime.settle import RetryPolicy
+from worker.runtime.policy import RetryPolicy
 from worker.store.pool import connect_once
 
 # --- the contract's example (CONTRACT.md section 3) -----------------------------------------------------

@@ -1,4 +1,6 @@
-"""Two awaitables side by side, with one task where ``asyncio.gather`` makes two.
+"""Small asyncio helpers: :func:`side_by_side`, :func:`first_of`, :func:`close_quietly`.
+
+:func:`side_by_side`: two awaitables side by side, with one task where ``asyncio.gather`` makes two.
 
 The hot path awaits pairs (a result and its notice, the AMQP outputs and the Redis invalidation): gather
 wraps each coroutine in a task of its own; here the first runs in the caller's task and only the second gets
@@ -9,8 +11,13 @@ the first's failure is raised, else the second's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Coroutine
-from typing import Any
+from typing import Any, Protocol
+
+
+class Closable(Protocol):
+    async def close(self) -> Any: ...
 
 
 async def side_by_side(first: Awaitable[Any], second: Coroutine[Any, Any, Any]) -> None:
@@ -27,3 +34,19 @@ async def side_by_side(first: Awaitable[Any], second: Coroutine[Any, Any, Any]) 
             other.exception()  # observed: the first failure is the one raised
         raise
     await other
+
+
+async def first_of(*waits: Any) -> None:
+    """Wait until the first of ``waits`` completes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def close_quietly(closable: Closable) -> None:
+    """Close a connection or channel, at most 5 s, whatever state it is in; a failure is not raised."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(closable.close(), timeout=5)

@@ -10,18 +10,18 @@ import time
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from worker.bootstrap import Services
 from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
 from worker.broker.topology import declare_topology, work_queue_arguments
-from worker.config import redact_url
-from worker.faults import describe
+from worker.redact import describe, redact_url
+from worker.runtime.aio import close_quietly, first_of
 from worker.runtime.delivery import delivery_tag
 from worker.runtime.handler import EventHandler
-from worker.runtime.settle import Slots
+from worker.runtime.slots import Slots
 
 log = structlog.get_logger("worker")
 
@@ -84,7 +84,7 @@ class Consumer:
                 concurrency=settings.concurrency,
                 node=redact_url(nodes.current or ""),
             )
-            await _first(self._stopping.wait(), lost.wait())
+            await first_of(self._stopping.wait(), lost.wait())
             if self._stopping.is_set() and not lost.is_set():
                 await self._drain(queue, tag)
             else:
@@ -93,7 +93,7 @@ class Consumer:
         finally:
             self._services.readiness.set_consuming(False)
             block.end("connection closed")
-            await _close_quietly(connection)
+            await close_quietly(connection)
 
     def _consumer_cancelled(self, lost: asyncio.Event) -> None:
         if not self._stopping.is_set():
@@ -156,18 +156,3 @@ class Consumer:
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         return len(self._inflight) + stuck_batches
-
-
-async def _first(*waits: Any) -> None:
-    """Wait until the first of ``waits`` completes; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
-async def _close_quietly(connection: AbstractConnection) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(connection.close(), timeout=5)

@@ -1,7 +1,7 @@
 """One delivery of the work queue and every way it can be settled: acked, parked in a retry queue,
 dead-lettered (its shard answered when it can be), or handed back to the queue.
 
-:mod:`worker.runtime.settle` decides which. This module carries it out. Only a lost channel leaves a
+:mod:`worker.runtime.policy` decides which. This module carries it out. Only a lost channel leaves a
 delivery to the broker, which requeues it.
 """
 
@@ -17,8 +17,8 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds
-from worker.faults import describe
-from worker.runtime.settle import DeadLetter, Retry
+from worker.redact import describe
+from worker.runtime.policy import DeadLetter, Retry
 from worker.service.process import failure_answer
 
 if TYPE_CHECKING:

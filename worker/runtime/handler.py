@@ -1,5 +1,5 @@
 """One delivery, from its body to its ack: read the envelope, process the event (Postgres), publish what it
-emits, settle. Where a failed delivery goes is :mod:`worker.runtime.settle`'s choice, and
+emits, settle. Where a failed delivery goes is :mod:`worker.runtime.policy`'s choice, and
 :class:`~worker.runtime.delivery.Delivery` carries it out. What is reported about it (metrics, log lines,
 span) is :mod:`worker.observability.telemetry`'s. Every delivery ends settled on every path; only a lost
 channel leaves it to the broker, which requeues it.
@@ -21,11 +21,19 @@ from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.headers import attempts_made, traceparent_of
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology
-from worker.faults import describe
 from worker.observability.telemetry import EventTelemetry, EventTrace
-from worker.runtime import settle
+from worker.redact import describe
 from worker.runtime.aio import side_by_side
 from worker.runtime.delivery import Delivery
+from worker.runtime.policy import (
+    CONFLICT_ERROR,
+    DeadLetter,
+    Retry,
+    RetryPolicy,
+    route_conflict,
+    route_failure,
+    route_unreadable,
+)
 from worker.service.process import ProcessedEvent
 
 log = structlog.get_logger("worker")
@@ -78,7 +86,7 @@ class EventHandler:
         acks: Acks,
         invalidations: InvalidationSink,
         telemetry: EventTelemetry,
-        policy: settle.RetryPolicy,
+        policy: RetryPolicy,
         topology: Topology,
         stopping: asyncio.Event,
     ) -> None:
@@ -107,7 +115,7 @@ class EventHandler:
         event = read_event(message.body, message.message_id)
         if isinstance(event, Unreadable):
             try:
-                decision = settle.route_unreadable(event)
+                decision = route_unreadable(event)
                 await delivery.dead_letter(
                     decision, event.error, event.ids, traceparent=traceparent_of(message)
                 )
@@ -130,17 +138,13 @@ class EventHandler:
                     if delivery.channel_closed:  # neither routed nor acked: redelivered after the reconnect
                         log.warning("connection lost mid-event; it will be redelivered", error=describe(exc))
                         return
-                    failed = settle.route_failure(
-                        exc, attempt, committed=processed is not None, policy=self._policy
-                    )
+                    failed = route_failure(exc, attempt, committed=processed is not None, policy=self._policy)
                     trace.routing(failed, exc)
                     await self._route(delivery, failed, describe(exc), event, trace)
                     return
                 if processed.conflict is not None:  # the event's id is in the ledger for a different event
                     trace.conflict(processed.conflict.stored_shard_id)
-                    await self._route(
-                        delivery, settle.route_conflict(attempt), settle.CONFLICT_ERROR, event, trace
-                    )
+                    await self._route(delivery, route_conflict(attempt), CONFLICT_ERROR, event, trace)
                     return
             # False: the channel closed; the broker redelivers the event, and the ledger answers it
             if await delivery.ack():
@@ -169,7 +173,7 @@ class EventHandler:
     async def _route(
         self,
         delivery: Delivery,
-        decision: settle.Retry | settle.DeadLetter,
+        decision: Retry | DeadLetter,
         error: str,
         event: ToolCallEvent,
         trace: EventTrace,
@@ -177,7 +181,7 @@ class EventHandler:
         """Park a failed event in its retry queue or dead-letter it, then ack it. A copy the broker refuses
         leaves it unacked: handed back (:meth:`Delivery.hand_back`), or requeued with a lost channel."""
         try:
-            if isinstance(decision, settle.Retry):
+            if isinstance(decision, Retry):
                 await delivery.retry(decision, retry_queue_name(self._topology, decision.tier_ms))
             else:
                 ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)

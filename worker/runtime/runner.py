@@ -14,15 +14,16 @@ import time
 import structlog
 
 from worker.bootstrap import Stopped, open_services
-from worker.config import Settings, redact_url
-from worker.faults import describe, is_certificate_problem, is_name_resolution_failure
+from worker.config import Settings
+from worker.faults import is_certificate_problem, is_name_resolution_failure
 from worker.observability.logs import log_fallbacks
 from worker.observability.metrics import build_versions
 from worker.observability.probes import InvalidSetting
+from worker.redact import describe, redact_url
 from worker.runtime import heap
 from worker.runtime.backoff import Backoff
 from worker.runtime.consumer import Consumer
-from worker.runtime.settle import Slots
+from worker.runtime.slots import Slots
 
 log = structlog.get_logger("worker")
 

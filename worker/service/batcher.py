@@ -139,7 +139,7 @@ class Batcher:
                 )
             except Exception as exc:
                 if len(batch) == 1:
-                    _settle(batch[0], exc)
+                    _resolve(batch[0], exc)
                     return
                 # one by one, side by side: an event that breaks fails alone
                 alone = await asyncio.gather(
@@ -152,17 +152,17 @@ class Batcher:
                     return_exceptions=True,
                 )
                 for job, got in zip(batch, alone, strict=True):
-                    _settle(job, got if isinstance(got, BaseException) else got[0])
+                    _resolve(job, got if isinstance(got, BaseException) else got[0])
                 return
             for job, answer in zip(batch, answers, strict=True):
-                _settle(job, answer)
+                _resolve(job, answer)
         except BaseException:
             for job in batch:
                 job.answer.cancel()
             raise
 
 
-def _settle(job: _Job, got: ProcessedEvent | BaseException) -> None:
+def _resolve(job: _Job, got: ProcessedEvent | BaseException) -> None:
     if job.answer.done():  # the caller gave up (cancelled)
         return
     if isinstance(got, asyncio.CancelledError):

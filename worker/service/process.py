@@ -242,7 +242,7 @@ async def _write(
 
 def failure_answer(ids: EventIds, failure: Outcome, *, clock: Callable[[], datetime] = utcnow) -> ToolResult:
     """The result that goes with a dead letter (``internal_error``, ``db_error``: see
-    :func:`worker.runtime.settle.route_failure`), for an event known perhaps only by its ids."""
+    :func:`worker.runtime.policy.route_failure`), for an event known perhaps only by its ids."""
     return failure.result(ids, clock())
 
 
