@@ -16,7 +16,7 @@ event started that task; the aio-pika one would add a second CONSUMER span per e
 While the span is open, the event's log lines carry its ``trace_id`` and ``span_id`` (structlog context
 variables), so logs and traces join on them.
 
-The event path (telemetry, handler) only sees :class:`EventTracer` and :class:`EventSpan`; the SDK stays in this module.
+The event path sees only :class:`EventTracer` and :class:`EventSpan`; the SDK stays in this module.
 """
 
 from __future__ import annotations
