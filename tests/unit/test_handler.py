@@ -14,7 +14,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from contracts.models import SAVED_MESSAGE, DeadLetterKind, Status, ToolResult
-from tests.factories import event_body, published
+from tests.factories import event_body
+from tests.fakes import FakeMessage, FakeProcessor, FakePublisher
 from worker.broker.acks import Acks
 from worker.config import Topology
 from worker.faults import TransientError
@@ -27,86 +28,6 @@ from worker.runtime.policy import RetryPolicy
 from worker.service.process import Conflict, ProcessedEvent
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)
-
-
-@dataclass
-class FakeChannel:
-    """aiormq's channel as :class:`worker.broker.acks.Acks` uses it: records every settling frame."""
-
-    is_closed: bool = False
-    ack_fails: bool = False
-    frames: list[tuple[str, int, bool]] = field(default_factory=list)
-
-    async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
-        if self.is_closed or self.ack_fails:
-            raise ConnectionError("channel closed")
-        self.frames.append(("ack", delivery_tag, multiple))
-
-    async def basic_nack(
-        self, delivery_tag: int, multiple: bool = False, requeue: bool = True, wait: bool = True
-    ) -> None:
-        if self.is_closed:
-            raise ConnectionError("channel closed")
-        self.frames.append((f"nack(requeue={requeue})", delivery_tag, multiple))
-
-
-@dataclass
-class FakeMessage:
-    """What the handler uses of an aio-pika delivery; ``settled`` says how it was settled."""
-
-    body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
-    message_id: str | None = None
-    delivery_tag: int = 1
-    timestamp: datetime | None = None  # the AMQP property (ltm_queue_wait_seconds reads it)
-    redelivered: bool = False
-    channel: FakeChannel = field(default_factory=FakeChannel)
-    #: a shard's event comes through the tool-calls exchange; the worker's retry copy through the default one
-    exchange: str = "tomori.tool_calls"
-    routing_key: str = "tool.create_long_term_memory"
-
-    @property
-    def settled(self) -> list[str]:
-        """The frames that settled this delivery (a multiple ack covers every tag up to its own)."""
-        return [
-            kind
-            for kind, tag, multiple in self.channel.frames
-            if tag == self.delivery_tag or (multiple and tag > self.delivery_tag)
-        ]
-
-
-@dataclass
-class FakePublisher:
-    outputs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    dead_letters: list[tuple[str, int]] = field(default_factory=list)
-    retries: list[tuple[str, int, int]] = field(default_factory=list)
-    #: exceptions to raise, by operation ("outputs", "dead_letter", "retry")
-    fail: dict[str, Exception] = field(default_factory=dict)
-
-    async def publish_outputs(self, *, result: ToolResult, **kwargs: Any) -> None:
-        if "outputs" in self.fail:
-            raise self.fail["outputs"]
-        self.outputs.append((str(kwargs["event_id"]), published(result)))
-
-    async def dead_letter(self, message: Any, *, kind: str, error: str, attempts: int) -> None:
-        if "dead_letter" in self.fail:
-            raise self.fail["dead_letter"]
-        self.dead_letters.append((kind, attempts))
-
-    async def retry_later(self, message: Any, *, queue: str, attempts: int, delay_ms: int) -> None:
-        if "retry" in self.fail:
-            raise self.fail["retry"]
-        self.retries.append((queue, attempts, delay_ms))
-
-
-@dataclass
-class FakeProcessor:
-    answer: ProcessedEvent | Exception
-
-    async def process(self, event: Any, attempts: int = 1) -> ProcessedEvent:
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer
 
 
 @dataclass
@@ -168,7 +89,7 @@ async def test_a_processed_event_is_published_then_acked() -> None:
     message = delivery(EVENT)
     handler, sink = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher, message)
     await handler.handle(message)
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
     assert [event_id for event_id, _ in publisher.outputs] == [EVENT["event_id"]]
     assert sink.published[0]["event_id"] == EVENT["event_id"]
 
@@ -179,7 +100,7 @@ async def test_a_transient_fault_goes_to_the_retry_queue_of_its_tier_and_is_acke
     handler, _ = handler_with(FakeProcessor(TransientError("db down")), publisher, message)
     await handler.handle(message)
     assert publisher.retries == [("ltm.create_memory.retry.200", 2, 200)]
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
     assert publisher.outputs == []
 
 
@@ -191,7 +112,7 @@ async def test_the_last_attempt_is_dead_lettered_with_a_db_error_result() -> Non
     assert publisher.dead_letters == [(DeadLetterKind.TRANSIENT_EXHAUSTED, 3)]
     [(_, result)] = publisher.outputs
     assert result["status"] == Status.DB_ERROR
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
 
 
 async def test_a_bug_is_dead_lettered_with_an_internal_error_result() -> None:
@@ -202,7 +123,7 @@ async def test_a_bug_is_dead_lettered_with_an_internal_error_result() -> None:
     assert publisher.dead_letters == [(DeadLetterKind.INTERNAL, 1)]
     [(_, result)] = publisher.outputs
     assert result["status"] == Status.INTERNAL_ERROR
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
 
 
 @pytest.mark.parametrize(
@@ -225,7 +146,7 @@ async def test_an_unreadable_body_is_dead_lettered_at_once(
     await handler.handle(message)
     assert publisher.dead_letters == [(kind, 1)]
     assert bool(publisher.outputs) is answered
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
 
 
 async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_confirmed() -> None:
@@ -235,7 +156,7 @@ async def test_an_unroutable_failure_result_still_acks_once_the_dead_letter_is_c
     handler, _ = handler_with(FakeProcessor(AssertionError("never processed")), publisher, message)
     await handler.handle(message)
     assert publisher.dead_letters == [(DeadLetterKind.SCHEMA, 1)]
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
 
 
 @pytest.mark.parametrize("operation", ["dead_letter", "retry"])
@@ -248,7 +169,8 @@ async def test_a_refused_copy_hands_the_delivery_back_once(
     message = delivery(EVENT)
     handler, _ = handler_with(FakeProcessor(answer), publisher, message)
     await handler.handle(message)
-    assert message.settled == ["nack(requeue=True)"]
+    assert message.settled == "nack"
+    assert message.channel.requeued[message.delivery_tag] is True
 
 
 async def test_a_lost_channel_leaves_the_delivery_to_the_broker() -> None:
@@ -257,7 +179,7 @@ async def test_a_lost_channel_leaves_the_delivery_to_the_broker() -> None:
     handler, _ = handler_with(FakeProcessor(TransientError("connection reset")), publisher, message)
     message.channel.is_closed = True
     await handler.handle(message)
-    assert message.settled == []
+    assert message.settled is None
     assert publisher.retries == publisher.dead_letters == []
 
 
@@ -283,7 +205,7 @@ async def test_an_event_id_conflict_is_dead_lettered_and_answered_with_the_refus
     [(_, result)] = publisher.outputs
     assert result["data"]["reason"] == outcome.EVENT_CONFLICT_REASON  # the settle policy's refusal
     assert sink.published == []
-    assert message.settled == ["ack"]
+    assert message.settled == "ack"
     assert {"event": "event id conflict", "stored_shard_id": 9, "log_level": "warning"} in logs
 
 
