@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -219,3 +222,37 @@ def test_terminal_safe_escapes_what_a_terminal_acts_on(text: str, shown: str) ->
 )
 def test_json_depth_counts_nesting_outside_strings(body: bytes, depth: int) -> None:
     assert json_depth(body) == depth
+
+
+async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_cancellation() -> None:
+    # aiormq runs each RPC in a task of its own, and Python 3.11's wait_for in it may return normally when
+    # cancelled: asyncio.run's cancellation of the command was lost there and the replay ran to the end
+    default = signal.getsignal(signal.SIGINT)
+    interruption = dlq.commands.Interruption()
+    seen: list[object] = []
+
+    async def swallows() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    async def command(stop: dlq.commands.StopFn) -> int:
+        seen.append(stop())
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, taken while the next await is pending
+        seen.append(await asyncio.get_running_loop().create_task(swallows()))
+        seen.append(stop())  # what replay and purge ask between batches
+        return 0
+
+    assert await interruption.run(command) == dlq.commands.EXIT_INTERRUPTED
+    assert seen == [False, "swallowed", True]  # the cancellation was lost; the interruption was not
+    if default is signal.default_int_handler:
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+async def test_a_command_that_ends_before_ctrl_c_keeps_its_exit_code() -> None:
+    async def command(stop: dlq.commands.StopFn) -> int:
+        return 1 if not stop() else 99
+
+    assert await dlq.commands.Interruption().run(command) == 1

@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TextIO
@@ -23,7 +24,7 @@ from worker.config import Settings, Topology, environment_help
 from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation, default_actor
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
 from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
-from worker.ops.dlq.operations import Totals, browse, purge, replay
+from worker.ops.dlq.operations import StopFn, Totals, browse, purge, replay
 from worker.ops.dlq.render import (
     Progress,
     format_message,
@@ -169,8 +170,10 @@ async def replay_command(
     progress: bool = False,
     audit: Audited | None = None,
     console: Console | None = None,
+    stop: StopFn | None = None,
 ) -> int:
-    """``audit``: where the operation is recorded (the CLI always gives one; a dry run records nothing)."""
+    """``audit``: where the operation is recorded (the CLI always gives one; a dry run records nothing);
+    ``stop``: whether Ctrl-C was pressed (the CLI's :class:`Interruption`), asked between batches."""
     console = console or Console()
     journal: Operation | None = None
     outcome: Totals | None = None
@@ -196,6 +199,7 @@ async def replay_command(
                     on_found=on_found,
                     progress=meter,
                     journal=journal,
+                    stop=stop,
                 )
             finally:
                 if meter is not None:
@@ -221,7 +225,7 @@ async def replay_command(
         console.err.write(f"refusing to replay: {exc}; nothing was replayed\n")
         return EXIT_AUDIT
     try:
-        code = await audit.run(journal, _guarded(run(), url, recorder.console))
+        code = await audit.run(journal, _guarded(run(), url, recorder.console), stop=stop)
         failed = 0 if outcome is None else len(outcome.failures)
         note = f"{failed} not replayed" if failed else None
         return await audit.finish(journal, code, recorder, outcome, note)
@@ -240,9 +244,10 @@ async def purge_command(
     ask: Callable[[str], Awaitable[str]] | None = None,
     audit: Audited | None = None,
     console: Console | None = None,
+    stop: StopFn | None = None,
 ) -> int:
     """``ask`` shows the prompt and returns the answer (default: ``input`` on the terminal); ``audit``:
-    where the operation is recorded (the CLI always gives one)."""
+    where the operation is recorded (the CLI always gives one); ``stop``: as for :func:`replay_command`."""
     console = console or Console()
     journal: Operation | None = None
     outcome: Totals | None = None
@@ -275,6 +280,7 @@ async def purge_command(
                     confirm=None if yes else confirm,
                     progress=meter,
                     journal=journal,
+                    stop=stop,
                 )
             finally:
                 if meter is not None:
@@ -295,7 +301,7 @@ async def purge_command(
         console.err.write(f"refusing to purge: {exc}; nothing was deleted\n")
         return EXIT_AUDIT
     try:
-        code = await audit.run(journal, _guarded(run(), url, recorder.console))
+        code = await audit.run(journal, _guarded(run(), url, recorder.console), stop=stop)
         if declined:
             return await audit.finish(journal, code, recorder, outcome, "not confirmed", state="refused")
         return await audit.finish(journal, code, recorder, outcome, None)
@@ -349,10 +355,16 @@ class Audited:
             await self.close()
             raise
 
-    async def run(self, operation: Operation, work: Awaitable[int]) -> int:
-        """Run the operation; an interruption (Ctrl-C) is put on record before it goes on."""
+    async def run(self, operation: Operation, work: Awaitable[int], *, stop: StopFn | None = None) -> int:
+        """Run the operation; an interruption (Ctrl-C) is put on record before it goes on. ``stop`` says
+        whether Ctrl-C was pressed: an operation that ended all the same (the cancellation was lost on the
+        way and the signal came after its last batch was taken) is interrupted too, on record and by exit
+        code, never 'done' with exit 0."""
         try:
-            return await work
+            code = await work
+            if stop is not None and stop():
+                raise asyncio.CancelledError("interrupted")
+            return code
         except (asyncio.CancelledError, KeyboardInterrupt):
             with contextlib.suppress(Exception):
                 await asyncio.shield(operation.finish("interrupted", "interrupted (Ctrl-C)"))
@@ -649,8 +661,10 @@ def add_dlq_parser(
 def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
     """``worker dlq ACTION`` as parsed by :func:`add_dlq_parser`: run it, return the exit code."""
     try:
-        code = asyncio.run(_dispatch(args, settings))
-    except KeyboardInterrupt:  # the sweep's cleanup already requeued what it held
+        code = asyncio.run(Interruption().run(lambda stop: _dispatch(args, settings, stop)))
+    except KeyboardInterrupt:  # Ctrl-C before the command began, or a second one
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:  # the sweep's cleanup already requeued what it held
         print("interrupted; dead letters not yet settled stay in the DLQ", file=sys.stderr)
         return EXIT_INTERRUPTED
     try:
@@ -660,7 +674,67 @@ def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
-async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+class Interruption:
+    """Ctrl-C while a command runs: never lost, whatever the command awaits.
+
+    ``asyncio.run`` turns SIGINT into a cancellation of its task, and that cancellation can be lost on the
+    way: cancelling a task cancels what it awaits, and a task awaited may swallow its cancellation and
+    return normally. aiormq runs each RPC (every ``basic.get`` of a sweep) in a task of its own and times
+    its steps with ``asyncio.wait_for``, which on Python 3.11 returns the result instead of raising when the
+    cancellation comes as the step completes; a Ctrl-C landing there was lost, and the replay ran to the
+    end and exited 0. So SIGINT is taken here (``loop.add_signal_handler``: a flag, always set) and both
+    cancels the command and is asked (``stop``) between batches by replay and purge and at the end of the
+    operation: the operation stops at the next batch at the latest, is recorded ``interrupted``, and the
+    command exits 130. A second Ctrl-C stops at once (KeyboardInterrupt), as ``asyncio.run`` does. SIGINT
+    ignored by the parent (a background job of a script) stays ignored.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._task: asyncio.Task[int] | None = None
+
+    def __call__(self) -> bool:
+        """Whether Ctrl-C was pressed (the ``stop`` replay and purge ask)."""
+        return self.requested
+
+    def interrupt(self) -> None:
+        """What SIGINT does: the first one cancels the command, a second one stops at once."""
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def run(self, command: Callable[[StopFn], Coroutine[Any, Any, int]]) -> int:
+        """Run ``command(stop)`` with SIGINT taken; its exit code, or 130 once interrupted."""
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(command(self))
+        taken = _take_sigint(loop, self.interrupt)
+        try:
+            code = await self._task
+        except asyncio.CancelledError:
+            if not self.requested or not self._task.cancelled():
+                raise  # not ours: this task itself is being cancelled
+            return EXIT_INTERRUPTED
+        finally:
+            if taken:
+                loop.remove_signal_handler(signal.SIGINT)  # back to Python's KeyboardInterrupt
+        return EXIT_INTERRUPTED if self.requested else code
+
+
+def _take_sigint(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> bool:
+    """Handle SIGINT on the loop; False when it is ignored or left to the default action, or signals cannot
+    be handled here (not the main thread)."""
+    if not callable(signal.getsignal(signal.SIGINT)):
+        return False
+    try:
+        loop.add_signal_handler(signal.SIGINT, callback)
+    except (ValueError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+async def _dispatch(args: argparse.Namespace, settings: Settings, stop: StopFn | None = None) -> int:
     # the commands report connection failures themselves, in one line; the client libraries' own error
     # logs (aiormq logs every failed connect) would only repeat them as noise
     for name in ("aiormq", "aio_pika"):
@@ -707,9 +781,17 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             dry_run=args.dry_run,
             progress=args.progress,
             audit=audit,
+            stop=stop,
         )
     return await purge_command(
-        url, topology, selection, yes=args.yes, batch=args.batch, progress=args.progress, audit=audit
+        url,
+        topology,
+        selection,
+        yes=args.yes,
+        batch=args.batch,
+        progress=args.progress,
+        audit=audit,
+        stop=stop,
     )
 
 

@@ -52,6 +52,16 @@ class Totals:
 
 ProgressFn = Callable[[Sweep], None]
 
+#: asked between batches: True stops a replay or purge there, the way a cancellation would (Ctrl-C was
+#: pressed, and the cancellation it sent may have been lost on the way: see :class:`commands.Interruption`)
+StopFn = Callable[[], bool]
+
+
+def _stop_here(stop: StopFn | None) -> None:
+    """Raise :class:`asyncio.CancelledError` if the caller asked to stop: what the pass holds goes back."""
+    if stop is not None and stop():
+        raise asyncio.CancelledError("interrupted")
+
 
 class Journal(Protocol):
     """Where a replay or purge records each dead letter (:class:`worker.ops.dlq.audit.Operation`): ``taking``
@@ -99,12 +109,13 @@ async def replay(
     on_found: Callable[[Found, datetime], None] | None = None,
     progress: ProgressFn | None = None,
     journal: Journal | None = None,
+    stop: StopFn | None = None,
 ) -> Totals:
     """Republish the selected dead letters to the work exchange; ack each DLQ copy once confirmed.
 
     Each goes back to ``tomori.tool_calls`` with its original routing key, body and properties (confirms +
     mandatory); a crash between the confirm and the ack leaves the event in both queues, which the worker's
-    idempotency makes harmless."""
+    idempotency makes harmless. ``stop`` is asked before each batch is taken and before it moves."""
     publish_channel = None if dry_run else await dlq.work_exchange()
     try:
         exchange = (
@@ -114,7 +125,12 @@ async def replay(
         )
         failures: list[tuple[str | None, str]] = []
         async with await dlq.sweep(selection, batch=batch, limit=limit) as sweep:
-            while (found := await sweep.next_batch()) is not None:
+            while True:
+                _stop_here(stop)
+                found = await sweep.next_batch()
+                if found is None:
+                    break
+                _stop_here(stop)  # the batch is held, nothing of it moved yet
                 if on_found is not None:
                     for item in found:
                         on_found(item, sweep.now)
@@ -198,8 +214,9 @@ async def purge(
     confirm: Callable[[int], Awaitable[bool]] | None = None,
     progress: ProgressFn | None = None,
     journal: Journal | None = None,
+    stop: StopFn | None = None,
 ) -> Totals:
-    """Delete the selected dead letters.
+    """Delete the selected dead letters (``stop``: asked before each batch is taken and before any goes).
 
     Without ``confirm`` they are acked batch by batch. With it, the whole queue is scanned first and the
     selected ones stay held (invisible to anyone else) while ``confirm(count)`` decides: exactly the
@@ -207,7 +224,12 @@ async def purge(
     """
     async with await dlq.sweep(selection, batch=batch) as sweep:
         chosen: list[Taken] = []
-        while (found := await sweep.next_batch()) is not None:
+        while True:
+            _stop_here(stop)
+            found = await sweep.next_batch()
+            if found is None:
+                break
+            _stop_here(stop)
             if confirm is None:
                 await _delete(sweep, taken(found), journal)
             else:  # hold the selection by delivery tag (and what the audit records): the bodies can go
@@ -216,6 +238,7 @@ async def purge(
                 progress(sweep)
         if confirm is not None and chosen:
             if await confirm(len(chosen)):
+                _stop_here(stop)
                 await _delete(sweep, chosen, journal)
             elif journal is not None:  # declined: on record as kept
                 await journal.taking(chosen)
