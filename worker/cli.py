@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one answering "
         "node is enough, as it is for the worker; the others are warnings)",
     )
-    from worker.ops.dlq.commands import add_dlq_parser
+    from worker.ops.dlq.cli import add_dlq_parser
 
     add_dlq_parser(commands, add_setting_options)
     from worker.ops.demo import add_demo_parser
@@ -194,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render(results, settings.fallbacks, all_nodes=args.all_nodes))
         return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
-        from worker.ops.dlq.commands import run_dlq
+        from worker.ops.dlq.cli import run_dlq
 
         problem = connection_problems(settings, "rabbitmq_url").get("rabbitmq_url")
         if problem is not None:

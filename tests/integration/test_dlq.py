@@ -27,9 +27,10 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.factories import event_body
-from worker.broker.headers import ORIGINAL_ROUTING_KEY
+from worker.broker.headers import ORIGINAL_ROUTING_KEY, REPLAY_COUNT, REPLAYED_AT, rfc3339
 from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared, declare_topology, retry_queue_name
+from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
 
@@ -127,7 +128,7 @@ async def dead_letter_copy(
         "x-ltm-error": error,
         "x-ltm-error-kind": kind,
         "x-ltm-attempts": attempts,
-        "x-ltm-failed-at": dlq.rfc3339(failed_at),
+        "x-ltm-failed-at": rfc3339(failed_at),
     }
     await broker.declared.dead_letter.publish(message, routing_key, mandatory=True)
 
@@ -212,8 +213,8 @@ async def seeded(broker: Broker) -> Seeded:
 # --- calling the tool -------------------------------------------------------------------------------------
 
 
-async def letters(url: str, selection: dlq.Selection = EVERY) -> list[dlq.DeadLetter]:
-    found: list[dlq.DeadLetter] = []
+async def letters(url: str, selection: dlq.Selection = EVERY) -> list[dlq.Letter]:
+    found: list[dlq.Letter] = []
     async with dlq.open_dead_letters(url, TOPOLOGY) as queue:
         await dlq.browse(queue, selection, lambda item, _now: found.append(item.letter))
     return found
@@ -492,8 +493,8 @@ async def test_replay_restores_key_properties_and_body(broker: Broker, seeded: S
         headers = dict(message.headers or {})
         assert not DEAD_LETTER_HEADERS & set(headers), letter
         assert not [h for h in headers if h == "x-death" or h.startswith(("x-first-death", "x-last-death"))]
-        assert headers[dlq.REPLAY_COUNT] == 1
-        replayed_at = datetime.fromisoformat(headers[dlq.REPLAYED_AT].replace("Z", "+00:00"))
+        assert headers[REPLAY_COUNT] == 1
+        replayed_at = datetime.fromisoformat(headers[REPLAYED_AT].replace("Z", "+00:00"))
         assert before <= replayed_at <= datetime.now(UTC)
         if letter in seeded.sent:  # D's body is not an event
             sent = seeded.sent[letter]
@@ -515,7 +516,7 @@ async def test_replaying_again_counts_replays_and_resets_attempts(broker: Broker
         message = await broker.declared.work_queue.get(timeout=5)
         assert message.message_id == seeded.ids["A"]
         assert message.routing_key == MAIN_KEY
-        assert message.headers[dlq.REPLAY_COUNT] == replay_count
+        assert message.headers[REPLAY_COUNT] == replay_count
         assert "x-ltm-attempts" not in message.headers
         # it fails again, and the worker dead-letters it as it does every failure
         await publisher.dead_letter(message, kind="transient_exhausted", error="still down", attempts=5)
@@ -610,7 +611,7 @@ async def test_a_vhost_without_the_dlq_exits_4(rabbitmq_url: str) -> None:
         ran = await cli(*args, url=rabbitmq_url)
 
         assert ran.code == 4, (args, ran.err)
-        vhost = dlq.vhost_of(rabbitmq_url)
+        vhost = vhost_of(rabbitmq_url)
         assert f"queue ltm.create_memory.dlq does not exist on vhost '{vhost}'" in ran.err
         assert "has `worker run` ever started here?" in ran.err
 

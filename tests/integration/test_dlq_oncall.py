@@ -36,6 +36,7 @@ from tests.integration.test_dlq import (
     start_dlq,
 )
 from tests.services import Services
+from worker.broker.urls import vhost_of
 from worker.ops import dlq
 from worker.ops.dlq.commands import Audited
 from worker.ops.dlq.letters import normalise_error
@@ -195,7 +196,7 @@ async def test_replay_and_purge_are_on_record(broker: Broker, seeded: Seeded, au
     assert replay["filters"] == {"group": ["kind=schema"]}
     assert replay["letters"] == {"replayed": 1}
     assert (replay["vhost"], replay["queue"], replay["expected"], replay["scanned"]) == (
-        dlq.vhost_of(broker.url), DLQ, 5, 5,
+        vhost_of(broker.url), DLQ, 5, 5,
     )  # fmt: skip
     assert (purge["action"], purge["state"], purge["letters"]) == ("purge", "done", {"deleted": 2})
     assert "@" in purge["actor"]  # user@host when --by does not say

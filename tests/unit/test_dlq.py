@@ -9,9 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
+from worker.ops.dlq.cli import Interruption
+from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.render import json_depth, terminal_safe
+from worker.redact import redact_url
 
 TOPOLOGY = Topology()
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
@@ -132,8 +136,8 @@ def test_a_message_without_dead_letter_headers() -> None:
 
 
 def test_selection() -> None:
-    old = dlq.DeadLetter("e-1", "schema", "x", 1, NOW - timedelta(hours=3), 3, "k", message_id="m-1")
-    unknown_time = dlq.DeadLetter("e-2", "schema", "x", 1, None, 3, "k")
+    old = dlq.Letter("e-1", "schema", "x", 1, NOW - timedelta(hours=3), 3, "k", message_id="m-1")
+    unknown_time = dlq.Letter("e-2", "schema", "x", 1, None, 3, "k")
     assert dlq.Selection().matches(old, NOW)
     assert dlq.Selection(kinds=frozenset({"schema", "internal"})).matches(old, NOW)
     assert not dlq.Selection(kinds=frozenset({"internal"})).matches(old, NOW)
@@ -188,11 +192,11 @@ def test_ages(age: timedelta | None, text: str) -> None:
 
 
 def test_urls_in_messages_carry_no_password() -> None:
-    assert dlq.redact("amqp://guest:s3cret@host:5672/v") == "amqp://guest:***@host:5672/v"
-    assert dlq.redact("amqp://host/") == "amqp://host/"
-    assert dlq.vhost_of("amqp://guest:guest@host:5672/") == "/"
-    assert dlq.vhost_of("amqp://guest:guest@host:5672/%2Fprod") == "/prod"
-    assert dlq.vhost_of("amqp://host") == "/"
+    assert redact_url("amqp://guest:s3cret@host:5672/v") == "amqp://guest:***@host:5672/v"
+    assert redact_url("amqp://host/") == "amqp://host/"
+    assert vhost_of("amqp://guest:guest@host:5672/") == "/"
+    assert vhost_of("amqp://guest:guest@host:5672/%2Fprod") == "/prod"
+    assert vhost_of("amqp://host") == "/"
 
 
 @pytest.mark.parametrize(
@@ -228,7 +232,7 @@ async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_ca
     # aiormq runs each RPC in a task of its own, and Python 3.11's wait_for in it may return normally when
     # cancelled: asyncio.run's cancellation of the command was lost there and the replay ran to the end
     default = signal.getsignal(signal.SIGINT)
-    interruption = dlq.commands.Interruption()
+    interruption = Interruption()
     seen: list[object] = []
 
     async def swallows() -> str:
@@ -238,7 +242,7 @@ async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_ca
             return "swallowed"
         return "slept"
 
-    async def command(stop: dlq.commands.StopFn) -> int:
+    async def command(stop: StopFn) -> int:
         seen.append(stop())
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, taken while the next await is pending
         seen.append(await asyncio.get_running_loop().create_task(swallows()))
@@ -252,7 +256,7 @@ async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_ca
 
 
 async def test_a_command_that_ends_before_ctrl_c_keeps_its_exit_code() -> None:
-    async def command(stop: dlq.commands.StopFn) -> int:
+    async def command(stop: StopFn) -> int:
         return 1 if not stop() else 99
 
-    assert await dlq.commands.Interruption().run(command) == 1
+    assert await Interruption().run(command) == 1

@@ -10,13 +10,13 @@ import pytest
 
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Grouping
-from worker.ops.dlq.letters import DeadLetter, Selection, group_value, parse_group
+from worker.ops.dlq.letters import Letter, Selection, group_value, parse_group
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
 
-def letter(kind: str, error: str, shard: int | None, minutes: int, event_id: str | None = None) -> DeadLetter:
-    return DeadLetter(
+def letter(kind: str, error: str, shard: int | None, minutes: int, event_id: str | None = None) -> Letter:
+    return Letter(
         event_id=event_id or str(uuid.uuid4()),
         kind=kind,
         error=error,

@@ -17,7 +17,12 @@ from typing import Any, Protocol
 
 
 class Closable(Protocol):
-    async def close(self) -> Any: ...
+    """An aio-pika connection or channel, as :func:`close_quietly` uses it."""
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    def close(self) -> Awaitable[Any]: ...
 
 
 async def side_by_side(first: Awaitable[Any], second: Coroutine[Any, Any, Any]) -> None:
@@ -48,5 +53,7 @@ async def first_of(*waits: Any) -> None:
 
 async def close_quietly(closable: Closable) -> None:
     """Close a connection or channel, at most 5 s, whatever state it is in; a failure is not raised."""
+    if closable.is_closed:
+        return
     with contextlib.suppress(Exception):
         await asyncio.wait_for(closable.close(), timeout=5)

@@ -4,11 +4,9 @@
 them back (``Reading``: the read-only pass with one consumer), ``operations`` browses, replays and purges,
 ``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays and purges in
 Postgres, ``answer`` rebuilds the failure result a shard got, ``page`` is ``worker dlq ui``, ``commands`` are
-what the CLI runs.
+what the CLI runs, ``cli`` their options and a Ctrl-C.
 """
 
-from worker.broker.headers import REPLAY_COUNT, REPLAYED_AT, rfc3339
-from worker.broker.urls import vhost_of
 from worker.ops.dlq.commands import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -18,20 +16,17 @@ from worker.ops.dlq.commands import (
     replay_command,
     show_command,
 )
-from worker.ops.dlq.letters import DeadLetter, Selection, describe_dead_letter, parse_duration, replay_headers
+from worker.ops.dlq.letters import Letter, Selection, describe_dead_letter, parse_duration, replay_headers
 from worker.ops.dlq.operations import browse, purge, replay
 from worker.ops.dlq.render import format_age
 from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
-from worker.redact import redact_url as redact
 
 __all__ = [
     "DEFAULT_BATCH",
     "EXIT_CODES_HELP",
     "EXIT_INTERRUPTED",
-    "REPLAYED_AT",
-    "REPLAY_COUNT",
     "Console",
-    "DeadLetter",
+    "Letter",
     "Selection",
     "browse",
     "describe_dead_letter",
@@ -41,11 +36,8 @@ __all__ = [
     "parse_duration",
     "purge",
     "purge_command",
-    "redact",
     "replay",
     "replay_command",
     "replay_headers",
-    "rfc3339",
     "show_command",
-    "vhost_of",
 ]

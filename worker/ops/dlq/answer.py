@@ -15,7 +15,7 @@ import orjson
 
 from contracts.models import MAX_BODY_BYTES, DeadLetterKind
 from worker.broker.envelope import routable_ids
-from worker.ops.dlq.letters import DeadLetter
+from worker.ops.dlq.letters import Letter
 from worker.pipeline import outcome
 
 
@@ -32,7 +32,7 @@ _COMMITTED_CAVEAT = (
 )
 
 
-def shard_answer(letter: DeadLetter, body: bytes) -> Answer:
+def shard_answer(letter: Letter, body: bytes) -> Answer:
     """What the worker sent to the shard with this dead letter, as far as the kind and body say."""
     try:
         kind = DeadLetterKind(letter.kind)

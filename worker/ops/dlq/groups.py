@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.ops.dlq.letters import DeadLetter, group_value
+from worker.ops.dlq.letters import Letter, group_value
 from worker.ops.dlq.render import terminal_safe
 
 
@@ -35,7 +35,7 @@ class Group:
         """What ``--group`` takes to select exactly this group."""
         return f"{self.by}={self.value}"
 
-    def add(self, letter: DeadLetter) -> None:
+    def add(self, letter: Letter) -> None:
         self.count += 1
         if self.sample_event_id is None:
             self.sample_event_id = letter.event_id
@@ -72,14 +72,14 @@ class Grouping:
         self.field = field
         self._groups: dict[str, Group] = {}
 
-    def add(self, letter: DeadLetter) -> None:
+    def add(self, letter: Letter) -> None:
         value = group_value(letter, self.field)
         group = self._groups.get(value)
         if group is None:
             group = self._groups[value] = Group(self.field, value)
         group.add(letter)
 
-    def extend(self, letters: Iterable[DeadLetter]) -> Grouping:
+    def extend(self, letters: Iterable[Letter]) -> Grouping:
         for letter in letters:
             self.add(letter)
         return self

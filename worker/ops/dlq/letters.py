@@ -43,7 +43,7 @@ _BROKER_REASONS = {
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class Letter:
     """What a dead letter says about itself, from the worker's ``x-ltm-*`` headers or the broker's x-death."""
 
     event_id: str | None
@@ -73,7 +73,7 @@ class DeadLetter:
         }
 
 
-def read_dead_letter(message: AbstractIncomingMessage, topology: Topology) -> DeadLetter:
+def read_dead_letter(message: AbstractIncomingMessage, topology: Topology) -> Letter:
     """Describe a message taken from the DLQ."""
     return describe_dead_letter(
         message.body,
@@ -91,7 +91,7 @@ def describe_dead_letter(
     message_id: str | None,
     routing_key: str,
     topology: Topology,
-) -> DeadLetter:
+) -> Letter:
     """Describe a dead letter from its parts (pure: no broker needed)."""
     event_id, shard_id = _ids_from_body(body)
     if event_id is None:
@@ -101,7 +101,7 @@ def describe_dead_letter(
 
     kind = header_text(headers.get(ERROR_KIND))
     if kind:  # the worker dead-lettered it: its headers say everything
-        return DeadLetter(
+        return Letter(
             event_id=event_id,
             kind=kind,
             error=header_text(headers.get(ERROR)) or "",
@@ -126,7 +126,7 @@ def describe_dead_letter(
             error = f"{error} in {queue}"
     else:
         error = "no dead-letter headers (neither x-ltm-* nor x-death)"
-    return DeadLetter(
+    return Letter(
         event_id=event_id,
         kind=reason or "unknown",
         error=error,
@@ -237,7 +237,7 @@ def normalise_error(error: str) -> str:
     return text[:MAX_ERROR_GROUP] if text else "-"
 
 
-def group_value(letter: DeadLetter, field: str) -> str:
+def group_value(letter: Letter, field: str) -> str:
     """The group ``letter`` falls in when grouped by ``field`` (one of :data:`GROUP_FIELDS`)."""
     if field == "kind":
         return letter.kind
@@ -273,7 +273,7 @@ class Selection:
     #: groups of one field are OR-ed, of different fields AND-ed, like the other filters
     groups: frozenset[tuple[str, str]] = frozenset()
 
-    def matches(self, letter: DeadLetter, now: datetime) -> bool:
+    def matches(self, letter: Letter, now: datetime) -> bool:
         if self.kinds and letter.kind not in self.kinds:
             return False
         if self.groups and not self._in_groups(letter):
@@ -287,7 +287,7 @@ class Selection:
                 return False
         return True
 
-    def _in_groups(self, letter: DeadLetter) -> bool:
+    def _in_groups(self, letter: Letter) -> bool:
         fields = {field for field, _ in self.groups}
         return all(
             group_value(letter, field) in {value for f, value in self.groups if f == field}

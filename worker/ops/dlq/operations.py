@@ -14,16 +14,16 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from worker.broker.headers import copy_message, frame_max_of
 from worker.ops.dlq.audit import Taken
-from worker.ops.dlq.letters import DeadLetter, Selection, replay_headers
+from worker.ops.dlq.letters import Letter, Selection, replay_headers
 from worker.ops.dlq.sweep import (
     DEFAULT_BATCH,
     DeadLetterQueue,
     Found,
     Reading,
     Sweep,
-    close_quietly,
     error_text,
 )
+from worker.runtime.aio import close_quietly
 
 PUBLISH_TIMEOUT = 30.0
 
@@ -191,7 +191,7 @@ async def _republish(
     return confirmed, refused
 
 
-def _publish_failure(exc: Exception, letter: DeadLetter) -> str:
+def _publish_failure(exc: Exception, letter: Letter) -> str:
     if isinstance(exc, aiormq.exceptions.PublishError):
         return f"routing key {letter.routing_key!r} is not bound to any queue (returned unroutable)"
     if isinstance(exc, aiormq.exceptions.DeliveryError):

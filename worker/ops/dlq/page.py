@@ -38,7 +38,7 @@ from worker.config import Topology
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.audit import Audit, AuditUnavailable
 from worker.ops.dlq.groups import Group, Grouping
-from worker.ops.dlq.letters import GROUP_FIELDS, DeadLetter, Selection, group_value
+from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection, group_value
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.render import _body_lines, format_age, message_properties, terminal_safe
 from worker.ops.dlq.sweep import DEFAULT_BATCH, Found, error_text, open_dead_letters
@@ -65,7 +65,7 @@ class Snapshot:
     """Every dead letter of one pass (described, not kept), and what the pass saw."""
 
     taken_at: datetime
-    letters: list[DeadLetter]
+    letters: list[Letter]
     scanned: int
     queue: str
     vhost: str
@@ -83,7 +83,7 @@ class Reader:
 
     async def snapshot(self, selection: Selection = Selection(), limit: int | None = None) -> Snapshot:
         started = time.monotonic()
-        letters: list[DeadLetter] = []
+        letters: list[Letter] = []
         async with open_dead_letters(self.url, self.topology) as dlq:
             totals = await browse(
                 dlq,
@@ -200,7 +200,7 @@ class Timeline:
         self.count = max(1, int((self.now - self.start).total_seconds() // self.step) + 1)
 
     @classmethod
-    def over(cls, letters: Iterable[DeadLetter], now: datetime) -> Timeline:
+    def over(cls, letters: Iterable[Letter], now: datetime) -> Timeline:
         times = [letter.failed_at for letter in letters if letter.failed_at is not None]
         oldest = min(times, default=now - timedelta(hours=1))
         step = _step(max(60.0, (now - oldest).total_seconds()))
@@ -212,7 +212,7 @@ class Timeline:
             return None
         return min(self.count - 1, max(0, int((moment - self.start).total_seconds() // self.step)))
 
-    def counts(self, letters: Iterable[DeadLetter]) -> list[int]:
+    def counts(self, letters: Iterable[Letter]) -> list[int]:
         counts = [0] * self.count
         for letter in letters:
             i = self.index(letter.failed_at)
@@ -273,8 +273,8 @@ def sparkline(values: list[int]) -> str:
     return f"<svg width={width} height={height} xmlns='http://www.w3.org/2000/svg'>{rects}</svg>"
 
 
-def group_table(groups: Sequence[Group], timeline: Timeline, letters: Sequence[DeadLetter]) -> str:
-    by_value: dict[str, list[DeadLetter]] = {}
+def group_table(groups: Sequence[Group], timeline: Timeline, letters: Sequence[Letter]) -> str:
+    by_value: dict[str, list[Letter]] = {}
     if groups:
         for letter in letters:
             by_value.setdefault(group_value(letter, groups[0].by), []).append(letter)

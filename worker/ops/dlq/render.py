@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.ops.dlq.letters import DeadLetter
+from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.sweep import Found, Sweep
 
 #: what a terminal acts on rather than shows: C0 controls (ESC, CR, LF, BS...), DEL, C1 controls (the 8-bit
@@ -90,7 +90,7 @@ def list_header() -> str:
     return _row(_COLUMNS)
 
 
-def list_line(letter: DeadLetter, now: datetime) -> str:
+def list_line(letter: Letter, now: datetime) -> str:
     """One human-readable line (the error last, in full, on one line)."""
     return _row(
         (
@@ -110,7 +110,7 @@ def _row(cells: Sequence[str]) -> str:
     return "  ".join([*padded, *cells[len(_WIDTHS) :]]).rstrip()
 
 
-def json_line(letter: DeadLetter) -> str:
+def json_line(letter: Letter) -> str:
     return orjson.dumps(letter.as_json()).decode()
 
 

@@ -19,8 +19,9 @@ from aiormq.abc import DeliveredMessage
 
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
-from worker.ops.dlq.letters import DeadLetter, Selection, read_dead_letter
+from worker.ops.dlq.letters import Letter, Selection, read_dead_letter
 from worker.redact import redact_url as redact
+from worker.runtime.aio import close_quietly
 
 DEFAULT_BATCH = 1000
 CONNECT_TIMEOUT = 10.0
@@ -61,7 +62,7 @@ class Found:
     """A dead letter taken from the queue and held (unacked) by a sweep."""
 
     message: AbstractIncomingMessage
-    letter: DeadLetter
+    letter: Letter
 
 
 class DeadLetterQueue:
@@ -436,11 +437,3 @@ def error_text(exc: BaseException) -> str:
     nothing."""
     text = " ".join(redact(str(exc)).split())
     return text if text else type(exc).__name__
-
-
-async def close_quietly(channel: AbstractChannel) -> None:
-    """Close a channel, at most 5 s, whatever state it is in."""
-    if channel.is_closed:
-        return
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(channel.close(), timeout=5)
