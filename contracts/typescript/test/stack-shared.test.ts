@@ -92,7 +92,9 @@ test("SIGTERM to ltm-stack while the stack starts: it exits 143 and removes what
   try {
     let stackId = "";
     for (let waited = 0; stackId === "" && waited < 120_000; waited += 100) {
-      stackId = execFileSync("docker", ["ps", "-a", "--filter", `ancestor=${probe}`, "--format", `{{.Label "${STACK_LABEL}"}}`], { encoding: "utf8" }).trim();
+      // by the image name the container was created with (an ancestor filter would match the image's other tags)
+      const rows = execFileSync("docker", ["ps", "-a", "--filter", `label=${STACK_LABEL}`, "--format", `{{.Image}}\t{{.Label "${STACK_LABEL}"}}`], { encoding: "utf8" });
+      stackId = rows.split("\n").find((row) => row.startsWith(`${probe}\t`))?.split("\t")[1] ?? "";
       if (stackId === "") await new Promise((r) => setTimeout(r, 100));
     }
     assert.notEqual(stackId, "", `no container from ${probe} within 120 s: ${stderr}`);
