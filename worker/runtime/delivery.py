@@ -9,25 +9,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
+from uuid import UUID
 
 import aio_pika.exceptions
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
+from contracts.models import DeadLetterKind, ToolResult
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds
 from worker.redact import describe
 from worker.runtime.policy import DeadLetter, Retry
 from worker.service.process import failure_answer
 
-if TYPE_CHECKING:
-    from worker.runtime.handler import Outputs
-
 log = structlog.get_logger("worker")
 
 #: pause before a delivery the worker could not route is handed back (no hot loop through the broker)
 UNSETTLED_REQUEUE_SECONDS = 1.0
+
+
+class Outputs(Protocol):
+    """Publishes an event's answer and copies a failed delivery, each confirmed by the broker
+    (:class:`worker.broker.publisher.Publisher`)."""
+
+    async def publish_outputs(
+        self,
+        *,
+        event_id: UUID | str,
+        tool_call_id: str,
+        shard_id: int,
+        result: ToolResult,
+        notification: Mapping[str, Any] | None,
+        traceparent: str | None,
+    ) -> None: ...
+
+    async def retry_later(
+        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
+    ) -> None: ...
+
+    async def dead_letter(
+        self, message: AbstractIncomingMessage, *, kind: DeadLetterKind, error: str, attempts: int
+    ) -> None: ...
 
 
 class Delivery:

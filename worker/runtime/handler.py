@@ -8,14 +8,13 @@ channel leaves it to the broker, which requeues it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any, Protocol
 from uuid import UUID
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from contracts.models import DeadLetterKind, ToolCallEvent, ToolResult
+from contracts.models import ToolCallEvent
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.headers import attempts_made, traceparent_of
@@ -24,7 +23,7 @@ from worker.config import Topology
 from worker.observability.telemetry import EventTelemetry, EventTrace
 from worker.redact import describe
 from worker.runtime.aio import side_by_side
-from worker.runtime.delivery import Delivery
+from worker.runtime.delivery import Delivery, Outputs
 from worker.runtime.policy import (
     CONFLICT_ERROR,
     DeadLetter,
@@ -49,30 +48,6 @@ class InvalidationSink(Protocol):
     """Gets an invalidation to Redis, now or later (the outbox's :class:`InvalidationOutbox`)."""
 
     async def publish(self, event_id: UUID, invalidation: dict[str, Any]) -> None: ...
-
-
-class Outputs(Protocol):
-    """Publishes an event's answer and copies a failed delivery, each confirmed by the broker
-    (:class:`worker.broker.publisher.Publisher`)."""
-
-    async def publish_outputs(
-        self,
-        *,
-        event_id: UUID | str,
-        tool_call_id: str,
-        shard_id: int,
-        result: ToolResult,
-        notification: Mapping[str, Any] | None,
-        traceparent: str | None,
-    ) -> None: ...
-
-    async def retry_later(
-        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
-    ) -> None: ...
-
-    async def dead_letter(
-        self, message: AbstractIncomingMessage, *, kind: DeadLetterKind, error: str, attempts: int
-    ) -> None: ...
 
 
 class EventHandler:
