@@ -182,6 +182,10 @@ class DeadLetterKind(StrEnum):
     INTERNAL = "internal"
     #: the event's ``event_id`` is in the ledger for a different event (CONTRACT.md "Dead letters")
     EVENT_CONFLICT = "event_conflict"
+    #: the RabbitMQ user that published the event may not speak for its ``shard_id`` (CONTRACT.md section 2)
+    UNVERIFIED_SHARD = "unverified_shard"
+    #: the event's shard already had its bound of events waiting; it was not processed (CONTRACT.md section 2)
+    SHARD_BACKLOG_FULL = "shard_backlog_full"
 
 
 class _Model(BaseModel):

@@ -74,6 +74,8 @@ class FakeMessage:
     #: a shard's event comes through the tool-calls exchange; the worker's retry copy through the default one
     exchange: str = "tomori.tool_calls"
     routing_key: str = "tool.create_long_term_memory"
+    #: the AMQP user_id the shard set (RabbitMQ checked it against the publishing connection)
+    user_id: str | None = None
     delivery_tag: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,21 +96,27 @@ class FakePublisher:
     retries: list[tuple[str, int, int]] = field(default_factory=list)
     #: exceptions to raise, by operation ("outputs", "dead_letter", "retry")
     fail: dict[str, Exception] = field(default_factory=dict)
+    #: the sender recorded on each copy (x-ltm-user-id; "" for none), in order
+    senders: list[str] = field(default_factory=list)
 
     async def publish_outputs(self, *, result: ToolResult, **kwargs: Any) -> None:
         if "outputs" in self.fail:
             raise self.fail["outputs"]
         self.outputs.append((str(kwargs["event_id"]), published(result)))
 
-    async def dead_letter(self, message: Any, *, kind: str, error: str, attempts: int) -> None:
+    async def dead_letter(self, message: Any, *, kind: str, error: str, attempts: int, sender: Any) -> None:
         if "dead_letter" in self.fail:
             raise self.fail["dead_letter"]
         self.dead_letters.append((kind, attempts))
+        self.senders.append(sender.recorded())
 
-    async def retry_later(self, message: Any, *, queue: str, attempts: int, delay_ms: int) -> None:
+    async def retry_later(
+        self, message: Any, *, queue: str, attempts: int, delay_ms: int, sender: Any
+    ) -> None:
         if "retry" in self.fail:
             raise self.fail["retry"]
         self.retries.append((queue, attempts, delay_ms))
+        self.senders.append(sender.recorded())
 
 
 @dataclass

@@ -20,7 +20,6 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractChannel
 
-from worker.broker.acks import Acks
 from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared
 from worker.broker.urls import Nodes
@@ -39,6 +38,7 @@ from worker.runtime.backoff import Backoff
 from worker.runtime.handler import EventHandler
 from worker.runtime.policy import RetryPolicy
 from worker.service.batcher import Batcher
+from worker.service.identity import IdentityRule
 from worker.store.pool import create_pool
 
 log = structlog.get_logger("worker")
@@ -63,17 +63,17 @@ class Services:
     nodes: Nodes
 
     def handler_for(
-        self, publish_channel: AbstractChannel, declared: Declared, acks: Acks, stopping: asyncio.Event
+        self, publish_channel: AbstractChannel, declared: Declared, stopping: asyncio.Event
     ) -> EventHandler:
         """The handler of one connection: it publishes on ``publish_channel`` (confirm mode) to the exchanges
-        ``declared`` on it, and settles the deliveries of the consume channel through ``acks``."""
+        ``declared`` on it; each delivery is settled through its own channel's acks."""
         return EventHandler(
             processor=self.batcher,
             publisher=Publisher.for_topology(publish_channel, declared),
-            acks=acks,
             invalidations=self.outbox,
             telemetry=EventTelemetry(self.metrics, self.tracer, self.settings.topology),
             policy=self.policy,
+            identity=IdentityRule.of(self.settings),
             topology=self.settings.topology,
             stopping=stopping,
         )

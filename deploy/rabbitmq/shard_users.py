@@ -3,8 +3,9 @@
 
 User ``shard-<N>`` may declare, delete, bind, consume, get and purge only ``tomori.shard.<N>.results`` and
 ``tomori.shard.<N>.notifications``, bind them only with the key ``shard.<N>``, and publish tool calls
-(``tool.<name>``) to ``tomori.tool_calls``. RabbitMQ expands no variables in configure/write/read patterns
-(only in topic permissions), so each shard needs permissions of its own: this script writes them.
+(``tool.<name>``, or its own ``tool.<name>.shard.<N>``) to ``tomori.tool_calls``. RabbitMQ expands no
+variables in configure/write/read patterns (only in topic permissions), so each shard needs permissions of
+its own: this script writes them, with the user limits of :data:`USER_LIMITS` (connections and channels).
 
 Standard library only, so it runs anywhere:
 
@@ -32,9 +33,16 @@ TOOL_CALLS = "tomori.tool_calls"
 RESULTS = "tomori.tool_results"
 NOTIFICATIONS = "tomori.notifications"
 QUEUE_KINDS = ("results", "notifications")
-#: a shard publishes tool calls with `tool.<name>` keys and never binds to `tomori.tool_calls`
-TOOL_CALL_KEYS = r"^tool\.[A-Za-z0-9_]+$"
 NOTHING = "^$"
+#: what one shard's user may hold open at once (RabbitMQ user limits): a shard process needs one connection
+#: and a few channels; the limits keep one shard from exhausting the broker's connections for the others
+USER_LIMITS = {"max-connections": 4, "max-channels": 16}
+
+
+def tool_call_keys(shard_id: int) -> str:
+    """A shard publishes tool calls with `tool.<name>` (contract version 1) or its own `tool.<name>.shard.<N>`
+    (which goes straight to its own queue), never another shard's, and never binds to `tomori.tool_calls`."""
+    return rf"^tool\.[A-Za-z0-9_]+(\.shard\.{shard_id})?$"
 
 
 def user_name(shard_id: int) -> str:
@@ -63,7 +71,7 @@ def topic_permissions(shard_id: int) -> list[dict[str, str]]:
     (measured on RabbitMQ 3.10.8)."""
     own_key = rf"^shard\.{shard_id}$"
     return [
-        {"exchange": TOOL_CALLS, "write": TOOL_CALL_KEYS, "read": NOTHING},
+        {"exchange": TOOL_CALLS, "write": tool_call_keys(shard_id), "read": NOTHING},
         {"exchange": RESULTS, "write": NOTHING, "read": own_key},
         {"exchange": NOTIFICATIONS, "write": NOTHING, "read": own_key},
     ]
@@ -86,7 +94,7 @@ def definitions(shard_ids: list[int], vhost: str, passwords: dict[int, str]) -> 
                 "password_hash": password_hash(passwords[shard_id]),
                 "hashing_algorithm": "rabbit_password_hashing_sha256",
                 "tags": [],
-                "limits": {},
+                "limits": dict(USER_LIMITS),
             }
         )
         grants.append({"user": name, "vhost": vhost, **permissions(shard_id)})
@@ -111,6 +119,8 @@ def commands(shard_ids: list[int], vhost: str) -> list[str]:
     for shard_id in shard_ids:
         name = shlex.quote(user_name(shard_id))
         lines.append(f'rabbitmqctl add_user {name} "${{SHARD_{shard_id}_PASSWORD:?}}"')
+        limits = shlex.quote(json.dumps(USER_LIMITS))
+        lines.append(f"rabbitmqctl set_user_limits {name} {limits}")
         grant = permissions(shard_id)
         regexes = " ".join(shlex.quote(grant[kind]) for kind in ("configure", "write", "read"))
         lines.append(f"rabbitmqctl set_permissions -p {shlex.quote(vhost)} {name} {regexes}")

@@ -58,6 +58,7 @@ from tests.services import (
     with_path,
 )
 from worker.broker.envelope import RoutableIds
+from worker.broker.headers import Sender
 from worker.broker.publisher import Publisher
 from worker.broker.topology import (
     dead_letter_queue_arguments,
@@ -98,6 +99,9 @@ OTHER_SHARD = 5
 TEST_SHARDS = [OTHER_SHARD, SHARD_ID, SHARD_ID + 1, SHARD_ID + 2]
 WAIT_SECONDS = 15.0
 ADMIN_TIMEOUT = 60.0
+
+#: a copy of an event that carried no user_id (x-ltm-user-id "")
+NO_SENDER = Sender(None)
 
 
 def load_script(name: str) -> ModuleType:
@@ -216,13 +220,18 @@ def test_shard_users_py_merges_and_prints_commands() -> None:
     assert shard_users.shard_ids(["0-2", "5", "1"]) == [0, 1, 2, 5]
     lines = shard_users.commands([12], "/tomori")
     assert lines[0] == 'rabbitmqctl add_user shard-12 "${SHARD_12_PASSWORD:?}"'
-    assert lines[1] == (
+    assert lines[1] == 'rabbitmqctl set_user_limits shard-12 \'{"max-connections": 4, "max-channels": 16}\''
+    assert lines[2] == (
         "rabbitmqctl set_permissions -p /tomori shard-12 '^tomori\\.shard\\.12\\.(results|notifications)$' "
         "'^(tomori\\.tool_calls|tomori\\.shard\\.12\\.(results|notifications))$' "
         "'^(tomori\\.(tool_results|notifications)|tomori\\.shard\\.12\\.(results|notifications))$'"
     )
     assert (
-        lines[3]
+        lines[3] == "rabbitmqctl set_topic_permissions -p /tomori shard-12 tomori.tool_calls "
+        "'^tool\\.[A-Za-z0-9_]+(\\.shard\\.12)?$' '^$'"
+    )
+    assert (
+        lines[4]
         == "rabbitmqctl set_topic_permissions -p /tomori shard-12 tomori.tool_results '^$' '^shard\\.12$'"
     )
 
@@ -539,12 +548,16 @@ async def test_each_user_does_its_part_of_a_round_trip(deployed: Deployed) -> No
             traceparent=None,
         )
         await publisher.retry_later(
-            message, queue=retry_queue_name(TOPOLOGY, DEFAULT_DELAYS[0]), attempts=1, delay_ms=50
+            message,
+            queue=retry_queue_name(TOPOLOGY, DEFAULT_DELAYS[0]),
+            attempts=1,
+            delay_ms=50,
+            sender=NO_SENDER,
         )
         await message.ack()
         again = await asyncio.wait_for(deliveries.get(), WAIT_SECONDS)
         assert (again.message_id, again.headers["x-ltm-attempts"]) == (event_id, 1)
-        await publisher.dead_letter(again, kind="internal", error="deploy test", attempts=2)
+        await publisher.dead_letter(again, kind="internal", error="deploy test", attempts=2, sender=NO_SENDER)
         await again.ack()
 
         assert json.loads((await get_one(results, no_ack=True)).body)["event_id"] == event_id

@@ -27,7 +27,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.factories import event_body
-from worker.broker.headers import ORIGINAL_ROUTING_KEY, REPLAY_COUNT, REPLAYED_AT, rfc3339
+from worker.broker.headers import ORIGINAL_ROUTING_KEY, REPLAY_COUNT, REPLAYED_AT, Sender, rfc3339
 from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared, declare_topology, retry_queue_name
 from worker.broker.urls import vhost_of
@@ -45,6 +45,9 @@ RETRY_DELAY_MS = 1000
 JSON_KEYS = {"event_id", "kind", "error", "attempts", "failed_at", "shard_id", "routing_key"}
 MALFORMED = b"\xff\xfe not json"
 DEAD_LETTER_HEADERS = {"x-ltm-error", "x-ltm-error-kind", "x-ltm-failed-at", "x-ltm-attempts"}
+
+#: a copy of an event that carried no user_id (x-ltm-user-id "")
+NO_SENDER = Sender(None)
 
 
 # --- the broker side ------------------------------------------------------------------------------------
@@ -183,13 +186,15 @@ async def seeded(broker: Broker) -> Seeded:
     await broker.declared.tool_calls.publish(seed.sent["C"], ALIAS_KEY)
     first = await broker.declared.work_queue.get(timeout=5)
     await publisher.retry_later(
-        first, queue=retry_queue_name(TOPOLOGY, RETRY_DELAY_MS), attempts=1, delay_ms=1
+        first, queue=retry_queue_name(TOPOLOGY, RETRY_DELAY_MS), attempts=1, delay_ms=1, sender=NO_SENDER
     )
     await first.ack()
     await broker.wait_depth(TOPOLOGY.work_queue, 1)
     second = await broker.declared.work_queue.get(timeout=5)
     assert second.headers.get("x-death"), "the retry trip should have left an x-death header"
-    await publisher.dead_letter(second, kind="internal", error="KeyError: 'persona'", attempts=2)
+    await publisher.dead_letter(
+        second, kind="internal", error="KeyError: 'persona'", attempts=2, sender=NO_SENDER
+    )
     await second.ack()
     # D: not JSON at all, three days ago
     await dead_letter_copy(
@@ -519,7 +524,9 @@ async def test_replaying_again_counts_replays_and_resets_attempts(broker: Broker
         assert message.headers[REPLAY_COUNT] == replay_count
         assert "x-ltm-attempts" not in message.headers
         # it fails again, and the worker dead-letters it as it does every failure
-        await publisher.dead_letter(message, kind="transient_exhausted", error="still down", attempts=5)
+        await publisher.dead_letter(
+            message, kind="transient_exhausted", error="still down", attempts=5, sender=NO_SENDER
+        )
         await message.ack()
 
     [again] = await letters(broker.url, only_a)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from worker.cli import ENVIRONMENT_HELP, _parser, settings_for
-from worker.config import declared
+from worker.config import Settings, declared
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:
@@ -38,13 +38,14 @@ def test_an_option_overrides_the_variable_and_falls_back_like_it() -> None:
     args = _parser().parse_args(["run", "--prefetch", "0", "--concurrency", "3", "--http-port", "70000"])
     settings = settings_for(args, {"LTM_PREFETCH": "7", "LTM_CONCURRENCY": "9", "LTM_LOG_LEVEL": "debug"})
 
+    default = Settings().prefetch
     assert (settings.prefetch, settings.concurrency, settings.http_port, settings.log_level) == (
-        64,
+        default,
         3,
         0,
         "debug",
     )
-    assert settings.fallbacks == (("LTM_PREFETCH", "0", 64), ("LTM_HTTP_PORT", "70000", 0))
+    assert settings.fallbacks == (("LTM_PREFETCH", "0", default), ("LTM_HTTP_PORT", "70000", 0))
 
 
 def test_check_and_migrate_take_only_their_connection_options() -> None:

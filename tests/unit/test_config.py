@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.config import DEFAULT_HTTP_HOST, expected_value, load_settings
+from worker.config import DEFAULT_HTTP_HOST, Settings, expected_value, load_settings
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_ltm_http_port_is_a_port_or_falls_back_to_off(raw: str, port: int, fell_
         ("LTM_LOG_LEVEL", "warning", "log_level", "warning", None),
         ("LTM_TRACING", "jaeger", "tracing", "off", "off"),
         ("MAX_SERVER_MEMORIES", "abc", "limits", None, 100),
-        ("LTM_PREFETCH", "0", "prefetch", 64, 64),
+        ("LTM_PREFETCH", "0", "prefetch", Settings().prefetch, Settings().prefetch),
     ],
 )
 def test_a_value_a_setting_does_not_take_falls_back_with_a_record(

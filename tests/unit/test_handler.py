@@ -25,6 +25,7 @@ from worker.observability.tracing import UntracedEvents
 from worker.pipeline import outcome
 from worker.runtime.handler import EventHandler
 from worker.runtime.policy import RetryPolicy
+from worker.service.identity import IdentityRule
 from worker.service.process import Conflict, ProcessedEvent
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)
@@ -54,22 +55,37 @@ def saved(event_id: str) -> ProcessedEvent:
     return ProcessedEvent(Status.SAVED, 7, result, {"notice": 1}, invalidation, replayed=False)
 
 
+class ChannelHandler:
+    """The handler serving the deliveries of one channel (settled through that channel's acks)."""
+
+    def __init__(self, handler: EventHandler, acks: Acks) -> None:
+        self.handler = handler
+        self.acks = acks
+
+    async def handle(self, message: FakeMessage) -> None:
+        await self.handler.handle(message, self.acks)  # type: ignore[arg-type]
+
+
 def handler_with(
-    processor: FakeProcessor, publisher: FakePublisher, message: FakeMessage, metrics: Metrics | None = None
-) -> tuple[EventHandler, FakeInvalidations]:
+    processor: FakeProcessor,
+    publisher: FakePublisher,
+    message: FakeMessage,
+    metrics: Metrics | None = None,
+    identity: IdentityRule | None = None,
+) -> tuple[ChannelHandler, FakeInvalidations]:
     """A handler for the deliveries of ``message``'s channel (counting into ``metrics`` when given)."""
     sink = FakeInvalidations()
     handler = EventHandler(
         processor=processor,
         publisher=publisher,
-        acks=Acks(message.channel),
         invalidations=sink,
         telemetry=EventTelemetry(metrics or Metrics(), UntracedEvents(), Topology()),
         policy=POLICY,
+        identity=identity or IdentityRule(),
         topology=Topology(),
         stopping=asyncio.Event(),
     )
-    return handler, sink
+    return ChannelHandler(handler, Acks(message.channel)), sink
 
 
 def delivery(body: dict[str, Any] | bytes, attempts: int | None = None) -> FakeMessage:

@@ -10,6 +10,7 @@ event, a replay) a shard-set value is ignored and dropped from the copies the wo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -37,11 +38,24 @@ REPLAY_COUNT = "x-ltm-replay-count"
 #: what a copy left out of the original: header entries too large for the frame, values that could not be
 #: decoded (:mod:`worker.broker.content_header`); a list of one-line notes
 DROPPED = "x-ltm-dropped"
+#: the RabbitMQ user that published the event (its AMQP ``user_id``, checked by the broker), recorded on every
+#: copy the worker makes, since a copy cannot carry another user's ``user_id``; ``""`` when it had none
+USER_ID = "x-ltm-user-id"
 #: the headers only the worker may set: on a delivery that is not the worker's own copy they are ignored
-WORKER_ONLY = frozenset({ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED})
+WORKER_ONLY = frozenset({ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED, USER_ID})
 #: what the worker adds to a copy: kept whatever else has to go
 _OURS = frozenset(
-    {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, REPLAYED_AT, REPLAY_COUNT, TRACEPARENT}
+    {
+        ERROR,
+        ERROR_KIND,
+        FAILED_AT,
+        ATTEMPTS,
+        ORIGINAL_ROUTING_KEY,
+        REPLAYED_AT,
+        REPLAY_COUNT,
+        TRACEPARENT,
+        USER_ID,
+    }
 )
 #: bytes of a content header frame besides the properties: frame header and end (8), class, weight, body
 #: size (12)
@@ -71,6 +85,37 @@ def own_headers(message: AbstractIncomingMessage) -> dict[str, Any]:
     if from_worker(message):
         return headers
     return {key: value for key, value in headers.items() if key not in WORKER_ONLY}
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """Who published an event, as far as the broker vouches for it (CONTRACT.md section 2)."""
+
+    #: the RabbitMQ user, or None when the event carried no ``user_id``
+    user: str | None
+    #: a trusted publisher's own event (no sender recorded on it): it may speak for any shard
+    trusted: bool = False
+
+    def recorded(self) -> str:
+        """The value of ``x-ltm-user-id`` on a copy of the event (``""``: no ``user_id``)."""
+        return self.user or ""
+
+
+def sender_of(message: AbstractIncomingMessage, trusted: frozenset[str]) -> Sender:
+    """The user that published ``message``: its ``user_id``, which RabbitMQ checked against the publishing
+    connection. On the worker's own copy (retry, move to a shard's queue) it is the user the worker
+    recorded in ``x-ltm-user-id``; on a delivery from a ``trusted`` user (``worker dlq replay``) it is the
+    user recorded on the dead letter, and only a message with no record at all is that user's own event."""
+    headers = message.headers or {}
+    if from_worker(message):
+        return Sender(header_text(headers.get(USER_ID)) or None)
+    user = message.user_id or None
+    if user is not None and user in trusted:
+        recorded = header_text(headers.get(USER_ID))
+        if recorded is not None:
+            return Sender(recorded or None)
+        return Sender(user, trusted=True)
+    return Sender(user)
 
 
 def attempts_made(message: AbstractIncomingMessage) -> int:
@@ -178,12 +223,6 @@ def copy_message(
             room = max(0, len(error.encode()) - (size - frame_max))
             headers[ERROR] = error.encode()[:room].decode(errors="ignore")
     return aio_pika.Message(message.body, headers=headers, **properties)
-
-
-#: what the worker adds to a copy: kept whatever else has to go
-_OURS = frozenset(
-    {ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, ORIGINAL_ROUTING_KEY, REPLAYED_AT, REPLAY_COUNT, TRACEPARENT}
-)
 
 
 def _encodable(table: Mapping[str, Any], where: str, notes: list[str], depth: int) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from worker.broker.headers import (
     FAILED_AT,
     ORIGINAL_ROUTING_KEY,
     TRACEPARENT,
+    USER_ID,
+    Sender,
     copy_message,
     frame_max_of,
     original_routing_key,
@@ -45,6 +47,11 @@ from worker.runtime.aio import side_by_side
 
 PUBLISH_TIMEOUT = 10.0
 PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
+
+
+class BacklogFull(TransientError):
+    """The broker refused a publish (a nack): the queue it was routed to is at its bound
+    (``x-overflow: reject-publish``)."""
 
 
 def shard_routing_key(shard_id: int) -> str:
@@ -106,16 +113,23 @@ class Publisher:
         )
 
     async def dead_letter(
-        self, message: AbstractIncomingMessage, *, kind: DeadLetterKind, error: str, attempts: int
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        kind: DeadLetterKind,
+        error: str,
+        attempts: int,
+        sender: Sender,
     ) -> None:
         """Copy ``message`` to the dead-letter exchange with the ``x-ltm-*`` headers added (a shard's own
-        ``x-ltm-*`` values are not carried over)."""
+        ``x-ltm-*`` values are not carried over; ``sender`` is recorded in ``x-ltm-user-id``)."""
         headers = {
             **own_headers(message),
             ERROR: error,
             ERROR_KIND: kind,
             ATTEMPTS: attempts,
             FAILED_AT: rfc3339(datetime.now(UTC)),
+            USER_ID: sender.recorded(),
         }
         # a dead letter waits in the DLQ for an operator: whatever expiration the event had does not follow it
         channel, key = await self._underlay(), original_routing_key(message)
@@ -123,14 +137,25 @@ class Publisher:
         await publish_confirmed(channel, self._dead_letter.name, key, copy.body, copy.properties)
 
     async def retry_later(
-        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
+        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int, sender: Sender
     ) -> None:
-        """Park ``message`` in a retry queue for ``delay_ms``; it comes back with ``attempts`` recorded."""
-        headers = {**own_headers(message), ATTEMPTS: attempts}
+        """Park ``message`` in a retry queue for ``delay_ms``; it comes back with ``attempts`` and its
+        ``sender`` recorded."""
+        headers = {**own_headers(message), ATTEMPTS: attempts, USER_ID: sender.recorded()}
         headers[ORIGINAL_ROUTING_KEY] = original_routing_key(message)
         # the per-message expiration is the retry delay: the retry queue dead-letters it back when it ends
         channel = await self._underlay()
         copy = copy_message(message, headers, frame_max=frame_max_of(channel), expiration=delay_ms / 1000)
+        await publish_confirmed(channel, self._default.name, queue, copy.body, copy.properties)
+
+    async def move(self, message: AbstractIncomingMessage, *, queue: str, sender: Sender) -> None:
+        """Move ``message`` into ``queue`` (a shard's own queue) through the default exchange, as the worker's
+        own copy: its attempts, its routing key and its ``sender`` recorded. Raises :class:`BacklogFull` when
+        the queue is at its bound, another :class:`TransientError` when the copy is not confirmed."""
+        headers = {**own_headers(message), USER_ID: sender.recorded()}
+        headers[ORIGINAL_ROUTING_KEY] = original_routing_key(message)
+        channel = await self._underlay()
+        copy = copy_message(message, headers, frame_max=frame_max_of(channel))
         await publish_confirmed(channel, self._default.name, queue, copy.body, copy.properties)
 
     async def _underlay(self) -> aiormq.Channel:
@@ -185,6 +210,10 @@ async def publish_confirmed(
                 wait=False,
             )
     except aiormq.exceptions.DeliveryError as exc:
+        if isinstance(exc.frame, Basic.Nack):
+            raise BacklogFull(
+                f"RabbitMQ refused the publish to {exchange!r} with key {routing_key!r} (nack)"
+            ) from exc
         raise TransientError(
             f"publish to {exchange!r} with key {routing_key!r} was not delivered: {exc}"
         ) from exc

@@ -59,6 +59,41 @@ def retry_queue_name(topology: Topology, delay_ms: int) -> str:
     return f"{topology.retry_queue_prefix}.{delay_ms}"
 
 
+def shard_queue_name(topology: Topology, shard_id: int) -> str:
+    """``ltm.create_memory.shard.<N>``: shard N's own queue."""
+    return f"{topology.shard_queue_prefix}.{shard_id}"
+
+
+def shard_routing_keys(topology: Topology, shard_id: int) -> list[str]:
+    """The routing keys a shard may publish its own events with (``tool.<name>.shard.<N>``, an optional
+    addition within contract version 1): the broker routes them straight into the shard's own queue."""
+    return [f"{key}.shard.{shard_id}" for key in topology.routing_keys]
+
+
+def shard_queue_arguments(topology: Topology, delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> dict[str, Any]:
+    """A shard's own queue: the work queue's arguments (quorum, dead-lettering at least once), so an event
+    fares the same in either. Its bound is a policy (deploy/rabbitmq/definitions.json), which an operator
+    can change without deleting the queue; ``reject-publish`` refuses the shard's publishes past it."""
+    return work_queue_arguments(topology, delivery_limit)
+
+
+async def declare_shard_queue(
+    channel: AbstractChannel,
+    topology: Topology,
+    shard_id: int,
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
+) -> AbstractQueue:
+    """Declare shard ``shard_id``'s own queue and bind it with the shard's routing keys (idempotent)."""
+    queue = await channel.declare_queue(
+        shard_queue_name(topology, shard_id),
+        durable=True,
+        arguments=shard_queue_arguments(topology, delivery_limit),
+    )
+    for key in shard_routing_keys(topology, shard_id):
+        await queue.bind(topology.tool_calls_exchange, routing_key=key)
+    return queue
+
+
 @dataclass(frozen=True, slots=True)
 class Declared:
     """Handles on the declared topology for one channel."""

@@ -204,6 +204,21 @@ class Choice(Rule):
         return value
 
 
+class ShardUserFormat(Rule):
+    """The user name of shard N with ``{shard_id}`` for N, exactly once, in a name RabbitMQ takes."""
+
+    expected = "a user name with {shard_id} in it once (shard-{shard_id})"
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip()
+        if not text:
+            return UNSET
+        prefix, marker, suffix = text.partition("{shard_id}")
+        if not marker or "{" in prefix + suffix or "}" in prefix + suffix or len(text) > 200:
+            raise Invalid(raw)
+        return text
+
+
 @dataclass(frozen=True, slots=True)
 class Env:
     """Field metadata: the variable a setting is read from, how, and the ``worker run`` option, if any.

@@ -12,9 +12,10 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.config.rules import Choice, Env, NonNegativeInt, Port, PositiveInt, Text, Url
+from worker.config.rules import Choice, Env, NonNegativeInt, Port, PositiveInt, ShardUserFormat, Text, Url
 
 TracingMode = Literal["off", "otlp", "console"]
+ShardIdentity = Literal["checked", "required", "shared"]
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -23,6 +24,10 @@ TRACING_MODES: tuple[str, ...] = get_args(TracingMode)
 #: LTM_LOG_FORMAT and LTM_LOG_LEVEL values (worker/observability/logs.py)
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
+#: LTM_SHARD_IDENTITY values (worker/service/identity.py)
+SHARD_IDENTITIES: tuple[str, ...] = get_args(ShardIdentity)
+#: the RabbitMQ user each shard publishes as: ``shard-3`` for shard 3 (deploy/rabbitmq/shard_users.py)
+DEFAULT_SHARD_USER = "shard-{shard_id}"
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -72,6 +77,8 @@ class Topology:
     dead_letter_exchange: str = "tomori.dead_letter"
     dead_letter_queue: str = "ltm.create_memory.dlq"
     retry_queue_prefix: str = "ltm.create_memory.retry"
+    #: each shard's own queue, ``ltm.create_memory.shard.<N>`` (README "Fair shares")
+    shard_queue_prefix: str = "ltm.create_memory.shard"
     invalidation_channel: str = "tomori:cache-invalidation"
 
 
@@ -127,7 +134,45 @@ class Settings(BaseModel):
         60000, gt=0, description="cap of the retry delay"
     )
     prefetch: Annotated[int, Env("LTM_PREFETCH", PositiveInt(), "--prefetch")] = Field(
-        64, gt=0, description="deliveries RabbitMQ may push to one worker ahead of processing"
+        2048,
+        gt=0,
+        description="deliveries of the common work queue RabbitMQ may push to one worker ahead of "
+        'processing: the worker sorts what it holds by shard and serves the shards in turn ("Fair shares")',
+    )
+    shard_prefetch: Annotated[int, Env("LTM_SHARD_PREFETCH", PositiveInt())] = Field(
+        32,
+        gt=0,
+        description="deliveries of each shard's own queue `ltm.create_memory.shard.<N>` RabbitMQ may push to "
+        'one worker ahead of processing ("Fair shares")',
+    )
+    shard_queues_max: Annotated[int, Env("LTM_SHARD_QUEUES_MAX", PositiveInt())] = Field(
+        1024,
+        gt=0,
+        description="shards a worker gives a queue of their own (declared the first time each is seen); the "
+        'shards past it share the common work queue ("Fair shares")',
+    )
+    held_bytes_max: Annotated[int, Env("LTM_HELD_BYTES_MAX", PositiveInt())] = Field(
+        128 * 1024 * 1024,
+        gt=0,
+        description="event bodies one worker holds at most (bytes): past it, the worker stops taking from "
+        'the common work queue until half is processed or moved to the shards\' queues ("Fair shares")',
+    )
+    shard_identity: Annotated[ShardIdentity, Env("LTM_SHARD_IDENTITY", Choice(SHARD_IDENTITIES))] = Field(
+        "checked",
+        description="whether an event's RabbitMQ user may speak for its `shard_id`: `checked` (an AMQP "
+        "`user_id` that is set must be the shard's user; none is accepted, as contract version 1 allows), "
+        "`required` (it must be set and be the shard's user; the shipped manifests), `shared` (not "
+        'checked: one user for every shard); see "Fair shares"',
+    )
+    shard_user: Annotated[str, Env("LTM_SHARD_USER", ShardUserFormat())] = Field(
+        DEFAULT_SHARD_USER,
+        description="the RabbitMQ user of shard N, with `{shard_id}` standing for N (the rule "
+        "`LTM_SHARD_IDENTITY` checks)",
+    )
+    trusted_publishers: Annotated[str, Env("LTM_TRUSTED_PUBLISHERS", Text(strip=True))] = Field(
+        "operator",
+        description="RabbitMQ users, comma-separated, that may publish for any shard (`worker dlq replay` "
+        "runs as one); a replay is checked against the sender recorded on the dead letter",
     )
     concurrency: Annotated[int, Env("LTM_CONCURRENCY", PositiveInt(), "--concurrency")] = Field(
         32, gt=0, description="events one worker processes at once"

@@ -43,6 +43,9 @@ DEPENDENCIES = ("rabbitmq", "postgres", "redis")
 #: an event's age spans milliseconds (a idle worker) to hours (a replay from the DLQ)
 AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 14400)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: an event's wait by shard (from its publish to the start of its processing): few buckets, one series each
+#: per shard (README "Fair shares")
+SHARD_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)
 #: headers that say a delivery is not the event's first trip through the work queue
 _NOT_FIRST_TRIP = ("x-ltm-attempts", "x-ltm-replay-count")
 
@@ -157,6 +160,75 @@ class Metrics:
             registry=self.registry,
         )
 
+        # per shard: the shard as a label, never the guild or the user (README "Fair shares")
+        self.shard_events_received = Counter(
+            "ltm_shard_events_received_total",
+            "Events of the shard that reached this worker (the worker's own copies are not counted again).",
+            ["shard"],
+            registry=self.registry,
+        )
+        self.shard_events_answered = Counter(
+            "ltm_shard_events_answered_total",
+            "Events of the shard this worker answered and acked.",
+            ["shard"],
+            registry=self.registry,
+        )
+        self.shard_events_moved = Counter(
+            "ltm_shard_events_moved_total",
+            "Events of a shard over its share that this worker moved from the common queue to the shard's "
+            "own queue.",
+            ["shard"],
+            registry=self.registry,
+        )
+        self.shard_events_held = Gauge(
+            "ltm_shard_events_held",
+            "Events of the shard this worker holds: delivered to it and not yet settled.",
+            ["shard"],
+            registry=self.registry,
+        )
+        self.shard_events_queued = Gauge(
+            "ltm_shard_events_queued",
+            "Events waiting in the shard's own queue ltm.create_memory.shard.<N>, as this worker last "
+            "sampled it.",
+            ["shard"],
+            registry=self.registry,
+        )
+        self.shard_wait = Histogram(
+            "ltm_shard_wait_seconds",
+            "Time from an event's publish (issued_at, or the AMQP timestamp when later) to the start of its "
+            "processing, by shard; first attempts only.",
+            ["shard"],
+            buckets=SHARD_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.shard_events_without_user_id = Counter(
+            "ltm_shard_events_without_user_id_total",
+            "Events accepted with no AMQP user_id (LTM_SHARD_IDENTITY=checked): shards still to move to "
+            "their own RabbitMQ user.",
+            ["shard"],
+            registry=self.registry,
+        )
+        self._held_series: dict[int, Any] = {}
+        self._received_series: dict[int, Any] = {}
+
+    def shard_received(self, shard_id: int) -> None:
+        series = self._received_series.get(shard_id)
+        if series is None:
+            series = self._received_series[shard_id] = self.shard_events_received.labels(str(shard_id))
+        series.inc()
+
+    def shard_held(self, key: object, count: int) -> None:
+        """The events of shard ``key`` this worker holds changed to ``count`` (other keys: no shard)."""
+        if not isinstance(key, int):
+            return
+        series = self._held_series.get(key)
+        if series is None:
+            series = self._held_series[key] = self.shard_events_held.labels(str(key))
+        series.set(count)
+
+    def shard_moved(self, shard_id: int) -> None:
+        self.shard_events_moved.labels(str(shard_id)).inc()
+
     def observe_delivery(
         self,
         issued_at: datetime,
@@ -164,16 +236,21 @@ class Metrics:
         headers: Mapping[str, Any] | None,
         timestamp: datetime | None,
         redelivered: bool,
+        shard_id: int | None = None,
         now: datetime | None = None,
     ) -> None:
-        """``ltm_queue_wait_seconds`` for a delivery, when it is the event's first trip (see the module)."""
+        """``ltm_queue_wait_seconds`` (and ``ltm_shard_wait_seconds`` of ``shard_id``) for a delivery, when it
+        is the event's first trip (see the module)."""
         if redelivered or any(key in (headers or {}) for key in _NOT_FIRST_TRIP):
             return
         start = issued_at
         if timestamp is not None:
             stamped = timestamp if timestamp.tzinfo is not None else timestamp.replace(tzinfo=UTC)
             start = max(start, stamped)
-        self.queue_wait.observe(_seconds_since(start, now))
+        waited = _seconds_since(start, now)
+        self.queue_wait.observe(waited)
+        if shard_id is not None:
+            self.shard_wait.labels(str(shard_id)).observe(waited)
 
     def observe_answered(self, issued_at: datetime, now: datetime | None = None) -> None:
         """``ltm_event_age_seconds`` for an event whose answer was just acked."""

@@ -20,7 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from contracts.models import DeadLetterKind, Status, ToolCallEvent
 from worker.broker.content_header import undecodable
 from worker.broker.envelope import Unreadable
-from worker.broker.headers import traceparent_of
+from worker.broker.headers import Sender, traceparent_of
 from worker.config import Topology
 from worker.observability.metrics import Metrics
 from worker.observability.tracing import Attribute, EventSpan, EventTracer, in_step
@@ -65,16 +65,26 @@ class EventTelemetry:
 
     @contextmanager
     def delivered(
-        self, message: AbstractIncomingMessage, event: ToolCallEvent, attempt: int, started: float
+        self,
+        message: AbstractIncomingMessage,
+        event: ToolCallEvent,
+        attempt: int,
+        started: float,
+        *,
+        sender: Sender | None = None,
     ) -> Iterator[EventTrace]:
         """The event's span, around its handling. Its queue wait and age are observed. Its ids are bound to
-        every log line logged from here on."""
+        every log line logged from here on. An event with no ``sender`` is counted by shard (accepted as
+        contract version 1 allows, ``LTM_SHARD_IDENTITY=checked``)."""
         self._metrics.observe_delivery(
             event.issued_at,
             headers=message.headers,
             timestamp=message.timestamp,
             redelivered=bool(message.redelivered),
+            shard_id=event.shard_id,
         )
+        if sender is not None and sender.user is None:
+            self._metrics.shard_events_without_user_id.labels(str(event.shard_id)).inc()
         # each delivery runs in a task of its own (aiormq), so these stay with this event
         structlog.contextvars.bind_contextvars(
             event_id=str(event.event_id),
@@ -107,6 +117,25 @@ class EventTelemetry:
 
     def dead_lettered(self, kind: DeadLetterKind) -> None:
         self._metrics.dead_letters.labels(kind).inc()
+
+    def refused(
+        self, event: ToolCallEvent, reason: str, *, sender: str | None, answered_shard: int | None
+    ) -> None:
+        """An event whose sender may not speak for its shard was dead-lettered (``unverified_shard``)."""
+        self.dead_lettered(DeadLetterKind.UNVERIFIED_SHARD)
+        log.warning(
+            "event refused: its sender may not speak for its shard; dead-lettered",
+            event_id=str(event.event_id),
+            shard_id=event.shard_id,
+            sender=sender,
+            answered_shard=answered_shard,
+            reason=reason,
+        )
+
+    def turned_away(self, shard_id: int | None, error: str) -> None:
+        """An event its shard's own queue had no room for was dead-lettered (``shard_backlog_full``)."""
+        self.dead_lettered(DeadLetterKind.SHARD_BACKLOG_FULL)
+        log.warning("shard over its bound: event turned away; dead-lettered", shard_id=shard_id, error=error)
 
 
 class EventTrace:
@@ -177,6 +206,7 @@ class EventTrace:
         elapsed = time.monotonic() - self._started
         metrics.observe_answered(self._event.issued_at)
         metrics.events.labels(processed.status).inc()
+        metrics.shard_events_answered.labels(str(self._event.shard_id)).inc()
         metrics.duration.observe(elapsed)
         if processed.replayed:
             metrics.replayed.inc()

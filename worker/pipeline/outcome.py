@@ -213,11 +213,16 @@ INTERNAL_ERROR = "Internal bot error: the memory could not be processed"
 DEAD_LETTER_REASONS: dict[DeadLetterKind, str] = {
     DeadLetterKind.SCHEMA: "The tool call event breaks the worker's contract; an operator will look at it.",
     DeadLetterKind.INTERNAL: "The worker failed unexpectedly on this event; an operator will look at it.",
+    DeadLetterKind.UNVERIFIED_SHARD: "The tool call event names a shard its sender may not speak for; "
+    "nothing was saved, and an operator will look at it.",
+    DeadLetterKind.SHARD_BACKLOG_FULL: "Too many memory requests of this shard are waiting; nothing was "
+    "saved. Try again later.",
 }
 
 
 def internal_error(kind: DeadLetterKind) -> Outcome:
-    """Sent with a ``schema`` or ``internal`` dead letter (``kind``) whose ids could still be read."""
+    """Sent with a ``schema``, ``internal``, ``unverified_shard`` or ``shard_backlog_full`` dead letter
+    (``kind``) whose ids could still be read."""
     return failure(Status.INTERNAL_ERROR, INTERNAL_ERROR, DEAD_LETTER_REASONS[kind])
 
 

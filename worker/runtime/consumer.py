@@ -1,5 +1,13 @@
-"""One connection's life: channels, topology, consume with a bounded prefetch, then drain on a stop or
-abandon what is in flight when the connection is lost (the broker redelivers it, the ledger answers it).
+"""One connection's life: channels, topology, consume the common work queue and every shard's own queue,
+serve the shards in turn, then drain on a stop or abandon what is in flight when the connection is lost
+(the broker redelivers it, the ledger answers it).
+
+Fair shares (README "Fair shares"): the common queue pushes up to ``LTM_PREFETCH`` deliveries ahead, so a
+shard's burst leaves it at once and the next shard's event is not stuck behind it; every held delivery waits
+for a slot under its shard (:class:`~worker.runtime.slots.Slots`: one event per shard per turn); once the
+worker is half full, a shard holding more than its share has its next events moved to its own queue
+(:class:`~worker.runtime.hand.Hand`), where it waits under its own bound; and past ``LTM_HELD_BYTES_MAX``
+the worker stops taking from the common queue until half of that is processed or moved.
 """
 
 from __future__ import annotations
@@ -7,21 +15,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Hashable
+from functools import partial
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from worker.bootstrap import Services
 from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
+from worker.broker.envelope import shard_of
+from worker.broker.headers import from_worker, sender_of
+from worker.broker.publisher import BacklogFull, Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.redact import describe, redact_url
 from worker.runtime.aio import close_quietly, first_of
 from worker.runtime.delivery import delivery_tag
+from worker.runtime.hand import Hand
 from worker.runtime.handler import EventHandler
+from worker.runtime.shards import ShardQueues
 from worker.runtime.slots import Slots
+from worker.service.identity import IdentityRule
 
 log = structlog.get_logger("worker")
 
@@ -30,15 +46,18 @@ ABANDON_SECONDS = 5.0
 
 
 class Consumer:
-    """Consumes the work queue on one connection until the worker stops or the connection is lost."""
+    """Consumes the work queue and the shards' own queues on one connection until the worker stops or the
+    connection is lost."""
 
     def __init__(self, services: Services, slots: Slots, stopping: asyncio.Event) -> None:
         self._services = services
         self._slots = slots
         self._stopping = stopping
+        settings = services.settings
+        self._identity = IdentityRule.of(settings)
+        self._hand = Hand(settings.prefetch, settings.held_bytes_max, on_change=services.metrics.shard_held)
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._handler: EventHandler | None = None
-        self._acks: Acks | None = None
+        self._background: set[asyncio.Task[Any]] = set()
 
     @property
     def in_flight(self) -> int:
@@ -57,78 +76,177 @@ class Consumer:
         # a memory or disk alarm: logged, on /readyz and ltm_rabbitmq_blocked; publishes wait it out
         block = BrokerBlock(self._services.readiness.set_blocked)
         try:
-            publish_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            publish_channel.close_callbacks.add(lambda *_: lost.set())
+            publish_channel = await self._channel(connection, lost, confirms=True)
             watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
-            policy = self._services.policy
-            declared = await declare_topology(publish_channel, topology, policy.tiers())
-            consume_channel = await connection.channel(publisher_confirms=False)
-            consume_channel.close_callbacks.add(lambda *_: lost.set())
-            await consume_channel.set_qos(prefetch_count=settings.prefetch)
-            # delivery tags are per channel: a new channel, new acks
-            underlay = await consume_channel.get_underlay_channel()
-            self._acks = Acks(underlay)
-            self._handler = self._services.handler_for(publish_channel, declared, self._acks, self._stopping)
-            queue = await consume_channel.declare_queue(
+            declared = await declare_topology(publish_channel, topology, self._services.policy.tiers())
+            # delivery tags are per channel: each consuming channel settles its own
+            common_channel = await self._channel(connection, lost, prefetch=settings.prefetch)
+            shard_channel = await self._channel(connection, lost, prefetch=settings.shard_prefetch)
+            common_acks = Acks(await common_channel.get_underlay_channel())
+            shard_acks = Acks(await shard_channel.get_underlay_channel())
+            handler = self._services.handler_for(publish_channel, declared, self._stopping)
+            mover = Publisher.for_topology(publish_channel, declared)
+            shards = ShardQueues(
+                connection=connection,
+                consume_channel=shard_channel,
+                topology=topology,
+                pool=self._services.pool,
+                on_message=partial(self._on_message, handler, mover, shard_acks, None),
+                limit=settings.shard_queues_max,
+            )
+            queue = await common_channel.declare_queue(
                 topology.work_queue, durable=True, arguments=work_queue_arguments(topology)
             )
-            # the broker may cancel the consumer itself (the queue was deleted, a node went away): aio-pika
-            # does not restore it, so treat it like a lost connection and start over (declare, consume)
-            underlay.on_consumer_cancel_callbacks.add(lambda *_: self._consumer_cancelled(lost))
-            tag = await queue.consume(self._on_message, no_ack=False)
+            # the broker may cancel a consumer itself (the queue was deleted, a node went away): aio-pika does
+            # not restore it. The common queue's: start over (declare, consume); a shard queue's: forget it,
+            # the next refresh consumes it again if it is still recorded
+            (await common_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
+                lambda *_: self._consumer_cancelled(lost)
+            )
+            (await shard_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
+                lambda frame: shards.cancelled(frame.consumer_tag)
+            )
+            on_common = partial(self._on_message, handler, mover, common_acks, shards)
+            common = _Common(queue, on_common)
+            await common.start()
+            self._spawn(shards.follow())
+            self._spawn(self._hold_to_budget(common))
             self._services.readiness.set_consuming(True)
             log.info(
                 "consuming",
                 queue=queue.name,
                 prefetch=settings.prefetch,
+                shard_prefetch=settings.shard_prefetch,
                 concurrency=settings.concurrency,
                 node=redact_url(nodes.current or ""),
             )
             await first_of(self._stopping.wait(), lost.wait())
             if self._stopping.is_set() and not lost.is_set():
-                await self._drain(queue, tag)
+                await common.stop()
+                await shards.cancel_all()
+                await self._drain()
             else:
                 log.warning("rabbitmq connection lost; reconnecting", in_flight=len(self._inflight))
                 await self._abandon_inflight()
         finally:
+            for task in self._background:
+                task.cancel()
             self._services.readiness.set_consuming(False)
             block.end("connection closed")
             await close_quietly(connection)
+
+    async def _channel(
+        self, connection: Any, lost: asyncio.Event, *, confirms: bool = False, prefetch: int | None = None
+    ) -> AbstractChannel:
+        """A channel whose loss ends this connection's life; ``prefetch`` for the consumers started on it."""
+        channel: AbstractChannel = await connection.channel(
+            publisher_confirms=confirms, on_return_raises=confirms
+        )
+        channel.close_callbacks.add(lambda *_: lost.set())
+        if prefetch is not None:
+            await channel.set_qos(prefetch_count=prefetch)
+        return channel
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _consumer_cancelled(self, lost: asyncio.Event) -> None:
         if not self._stopping.is_set():
             log.warning("rabbitmq cancelled the consumer; reconnecting")
             lost.set()
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(
+        self,
+        handler: EventHandler,
+        mover: Publisher,
+        acks: Acks,
+        shards: ShardQueues | None,
+        message: AbstractIncomingMessage,
+    ) -> None:
+        """One delivery: held under its shard, moved to the shard's own queue when the shard holds more than
+        its share (only from the common queue: ``shards`` is given there), else processed in its turn."""
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
+        key: Hashable = shard_of(message.body)
+        size = len(message.body)
+        self._hand.add(key, size)
         try:
-            if not await self._slots.take():
+            if not from_worker(message) and isinstance(key, int):
+                self._services.metrics.shard_received(key)
+            if shards is not None and isinstance(key, int):
+                if not shards.has(key):
+                    self._spawn(shards.ensure(key))  # first sight of the shard: give it its own queue
+                elif self._hand.moves(key) and await self._move(handler, mover, acks, shards, key, message):
+                    return
+            if not await self._slots.take(key):
                 # stopping before this event started: hand it back now, so another worker takes it
                 # without waiting for this one's drain to end
-                assert self._acks is not None  # set before the consumer starts
                 with contextlib.suppress(Exception):
-                    await self._acks.nack(delivery_tag(message), requeue=True)
+                    await acks.nack(delivery_tag(message), requeue=True)
                 return
             try:
-                assert self._handler is not None  # set before the consumer starts
-                await self._handler.handle(message)
+                await handler.handle(message, acks)
             finally:
                 self._slots.release()
         except asyncio.CancelledError:
             pass
         finally:
+            self._hand.remove(key, size)
             if task is not None:
                 self._inflight.discard(task)
 
-    async def _drain(self, queue: AbstractQueue, tag: str) -> None:
-        """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""
+    async def _move(
+        self,
+        handler: EventHandler,
+        mover: Publisher,
+        acks: Acks,
+        shards: ShardQueues,
+        shard_id: int,
+        message: AbstractIncomingMessage,
+    ) -> bool:
+        """Move an event of a shard over its share to the shard's own queue, then ack it; True when it left
+        this worker (moved, or turned away because the shard's queue is full), False to process it here."""
+        sender = sender_of(message, self._identity.trusted)
         try:
-            await queue.cancel(tag)
+            await mover.move(message, queue=shards.queue_of(shard_id), sender=sender)
+        except BacklogFull as exc:
+            await handler.turn_away(message, acks, describe(exc))
+            return True
         except Exception as exc:
-            log.warning("could not cancel the consumer", error=describe(exc))
+            if message.channel.is_closed:
+                return True  # neither moved nor acked: the broker redelivers it after the reconnect
+            log.warning(
+                "could not move an event to its shard's queue; processing it here", error=describe(exc)
+            )
+            return False
+        self._services.metrics.shard_moved(shard_id)
+        with contextlib.suppress(Exception):  # a lost channel: redelivered, and answered once by the ledger
+            await acks.ack(delivery_tag(message))
+        return True
+
+    async def _hold_to_budget(self, common: _Common) -> None:
+        """Stop taking from the common queue while the bodies held are over ``LTM_HELD_BYTES_MAX``."""
+        hand = self._hand
+        while True:
+            await hand.over_budget_event.wait()
+            log.warning(
+                "holding too many event bytes; the common queue waits",
+                held_bytes=hand.bytes,
+                held_events=hand.total,
+                setting="LTM_HELD_BYTES_MAX",
+            )
+            await common.stop()
+            await hand.under_budget.wait()
+            if self._stopping.is_set():
+                return
+            await common.start()
+            log.info("the common queue is consumed again", held_bytes=hand.bytes)
+
+    async def _drain(self) -> None:
+        """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""
         deadline = time.monotonic() + self._services.settings.shutdown_grace_seconds
         while self._inflight and time.monotonic() < deadline:
             await asyncio.wait(set(self._inflight), timeout=max(0.0, deadline - time.monotonic()))
@@ -156,3 +274,26 @@ class Consumer:
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         return len(self._inflight) + stuck_batches
+
+
+class _Common:
+    """The common work queue's consumer, which the byte budget may stop and start again."""
+
+    def __init__(self, queue: AbstractQueue, on_message: Any) -> None:
+        self._queue = queue
+        self._on_message = on_message
+        self._tag: str | None = None
+
+    async def start(self) -> None:
+        if self._tag is None:
+            self._tag = await self._queue.consume(self._on_message, no_ack=False)
+
+    async def stop(self) -> None:
+        """No new deliveries; what was delivered stays to be settled."""
+        tag, self._tag = self._tag, None
+        if tag is None:
+            return
+        try:
+            await self._queue.cancel(tag)
+        except Exception as exc:
+            log.warning("could not cancel the consumer", error=describe(exc))

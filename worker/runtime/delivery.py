@@ -20,6 +20,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from contracts.models import DeadLetterKind, ToolResult
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds
+from worker.broker.headers import Sender
 from worker.redact import describe
 from worker.runtime.policy import DeadLetter, Retry
 from worker.service.process import failure_answer
@@ -46,24 +47,33 @@ class Outputs(Protocol):
     ) -> None: ...
 
     async def retry_later(
-        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int
+        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int, sender: Sender
     ) -> None: ...
 
     async def dead_letter(
-        self, message: AbstractIncomingMessage, *, kind: DeadLetterKind, error: str, attempts: int
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        kind: DeadLetterKind,
+        error: str,
+        attempts: int,
+        sender: Sender,
     ) -> None: ...
 
 
 class Delivery:
     """A delivery, settled through its channel's :class:`~worker.broker.acks.Acks` and copied by
-    ``publisher``."""
+    ``publisher``; ``sender`` (who published it) is recorded on every copy."""
 
-    __slots__ = ("_acks", "_publisher", "message")
+    __slots__ = ("_acks", "_publisher", "message", "sender")
 
-    def __init__(self, message: AbstractIncomingMessage, acks: Acks, publisher: Outputs) -> None:
+    def __init__(
+        self, message: AbstractIncomingMessage, acks: Acks, publisher: Outputs, sender: Sender | None = None
+    ) -> None:
         self.message = message
         self._acks = acks
         self._publisher = publisher
+        self.sender = sender if sender is not None else Sender(message.user_id or None)
 
     @property
     def channel_closed(self) -> bool:
@@ -91,7 +101,11 @@ class Delivery:
         """Park a copy in the retry queue ``queue`` (confirmed), then ack. Raises when the broker refuses
         the copy: nothing is acked then."""
         await self._publisher.retry_later(
-            self.message, queue=queue, attempts=decision.attempts, delay_ms=decision.delay_ms
+            self.message,
+            queue=queue,
+            attempts=decision.attempts,
+            delay_ms=decision.delay_ms,
+            sender=self.sender,
         )
         await self.ack()
 
@@ -106,7 +120,9 @@ class Delivery:
         and be dead-lettered again. The DLQ copy keeps the event's own headers; the failure result carries
         ``traceparent``."""
         kind = decision.kind
-        await self._publisher.dead_letter(self.message, kind=kind, error=error, attempts=decision.attempts)
+        await self._publisher.dead_letter(
+            self.message, kind=kind, error=error, attempts=decision.attempts, sender=self.sender
+        )
         if ids is not None and decision.failure is not None:
             try:
                 await self._publisher.publish_outputs(

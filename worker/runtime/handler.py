@@ -17,7 +17,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from contracts.models import ToolCallEvent
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
-from worker.broker.headers import attempts_made, traceparent_of
+from worker.broker.headers import attempts_made, sender_of, traceparent_of
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.observability.telemetry import EventTelemetry, EventTrace
@@ -29,10 +29,13 @@ from worker.runtime.policy import (
     DeadLetter,
     Retry,
     RetryPolicy,
+    route_backlog_full,
     route_conflict,
     route_failure,
     route_unreadable,
+    route_unverified,
 )
+from worker.service.identity import IdentityRule, Refused
 from worker.service.process import ProcessedEvent
 
 log = structlog.get_logger("worker")
@@ -58,30 +61,46 @@ class EventHandler:
         *,
         processor: EventProcessor,
         publisher: Outputs,
-        acks: Acks,
         invalidations: InvalidationSink,
         telemetry: EventTelemetry,
         policy: RetryPolicy,
+        identity: IdentityRule,
         topology: Topology,
         stopping: asyncio.Event,
     ) -> None:
         self._processor = processor
         self._publisher = publisher
-        self._acks = acks
         self._invalidations = invalidations
         self._telemetry = telemetry
         self._policy = policy
+        self._identity = identity
         self._topology = topology
         self._stopping = stopping
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Handle one delivery and settle it (cancellation aside: the broker requeues what was not acked)."""
-        delivery = Delivery(message, self._acks, self._publisher)
+    async def handle(self, message: AbstractIncomingMessage, acks: Acks) -> None:
+        """Handle one delivery and settle it through its channel's ``acks`` (cancellation aside: the broker
+        requeues what was not acked)."""
+        delivery = Delivery(message, acks, self._publisher, sender_of(message, self._identity.trusted))
         try:
             await self._handle(delivery)
         except Exception as exc:  # a path that forgot a failure: still a bug, but not a stuck delivery
             log.error("unexpected error handling a delivery", error=describe(exc), exc_info=exc)
         await delivery.hand_back(self._stopping)  # one left unsettled (a copy the broker refused)
+
+    async def turn_away(self, message: AbstractIncomingMessage, acks: Acks, error: str) -> None:
+        """An event its shard's own queue has no room for (the shard is over its bound): dead-lettered as
+        ``shard_backlog_full``, its shard answered when its ids can be read; nothing is written."""
+        delivery = Delivery(message, acks, self._publisher, sender_of(message, self._identity.trusted))
+        event = read_event(message.body, message.message_id)
+        ids = event.ids if isinstance(event, Unreadable) else _ids_of(event)
+        decision = route_backlog_full(attempts_made(message) + 1, answered=ids is not None)
+        try:
+            await delivery.dead_letter(decision, error, ids, traceparent=traceparent_of(message))
+        except Exception as exc:
+            log.warning("could not turn away an event; it will be redelivered", error=describe(exc))
+        else:
+            self._telemetry.turned_away(ids.shard_id if ids else None, error)
+        await delivery.hand_back(self._stopping)
 
     async def _handle(self, delivery: Delivery) -> None:
         message = delivery.message
@@ -99,7 +118,13 @@ class EventHandler:
             else:
                 self._telemetry.unreadable(event)
             return
-        with self._telemetry.delivered(message, event, attempt, started) as trace:
+        refused = self._identity.check(
+            delivery.sender.user, event.shard_id, trusted_sender=delivery.sender.trusted
+        )
+        if refused is not None:
+            await self._refuse(delivery, event, refused, attempt)
+            return
+        with self._telemetry.delivered(message, event, attempt, started, sender=delivery.sender) as trace:
             processed: ProcessedEvent | None = None
             with trace.in_flight():
                 try:
@@ -145,6 +170,28 @@ class EventHandler:
         invalidate = self._invalidations.publish(event.event_id, processed.invalidation)
         await side_by_side(outputs, trace.invalidating(invalidate))
 
+    async def _refuse(self, delivery: Delivery, event: ToolCallEvent, refused: Refused, attempt: int) -> None:
+        """An event whose sender may not speak for its shard: dead-lettered as ``unverified_shard`` before
+        anything is read or written; the answer goes to the sender's own shard, if it is one, never to the
+        shard the event names."""
+        answer_to = refused.sender_shard
+        ids = (
+            RoutableIds(event.event_id, event.tool_call_id, answer_to, event.tool_name)
+            if answer_to is not None
+            else None
+        )
+        decision = route_unverified(attempt)
+        try:
+            await delivery.dead_letter(
+                decision, refused.reason, ids, traceparent=traceparent_of(delivery.message)
+            )
+        except Exception as exc:
+            log.warning(
+                "could not dead-letter an unverified event; it will be redelivered", error=describe(exc)
+            )
+            return
+        self._telemetry.refused(event, refused.reason, sender=delivery.sender.user, answered_shard=answer_to)
+
     async def _route(
         self,
         delivery: Delivery,
@@ -159,9 +206,12 @@ class EventHandler:
             if isinstance(decision, Retry):
                 await delivery.retry(decision, retry_queue_name(self._topology, decision.tier_ms))
             else:
-                ids = RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)
-                await delivery.dead_letter(decision, error, ids, traceparent=trace.traceparent)
+                await delivery.dead_letter(decision, error, _ids_of(event), traceparent=trace.traceparent)
         except Exception as exc:
             log.warning("could not route a failed event; it will be redelivered", error=describe(exc))
             return
         trace.routed(decision, error)
+
+
+def _ids_of(event: ToolCallEvent) -> RoutableIds:
+    return RoutableIds(event.event_id, event.tool_call_id, event.shard_id, event.tool_name)

@@ -104,3 +104,19 @@ def route_conflict(attempt: int) -> DeadLetter:
     """An event whose id the ledger holds for a different event is dead-lettered as ``event_conflict`` and
     answered with the refusal: never the stored outcome, never a notice or an invalidation."""
     return DeadLetter(DeadLetterKind.EVENT_CONFLICT, attempt, outcome.event_conflict())
+
+
+def route_unverified(attempt: int) -> DeadLetter:
+    """An event whose sender may not speak for its shard (:mod:`worker.service.identity`) is dead-lettered
+    as ``unverified_shard``, answered with an internal error (to the sender's own shard: the handler's)."""
+    return DeadLetter(
+        DeadLetterKind.UNVERIFIED_SHARD, attempt, outcome.internal_error(DeadLetterKind.UNVERIFIED_SHARD)
+    )
+
+
+def route_backlog_full(attempt: int, *, answered: bool) -> DeadLetter:
+    """An event its shard's own queue has no room for is dead-lettered as ``shard_backlog_full`` and
+    answered (when its ids can be read) with an internal error that says to try again later; a replay
+    processes it once the shard's backlog has drained."""
+    kind = DeadLetterKind.SHARD_BACKLOG_FULL
+    return DeadLetter(kind, attempt, outcome.internal_error(kind) if answered else None)

@@ -1,56 +1,97 @@
-"""Admission control: at most ``concurrency`` events in process at once; a wait for a slot loses to a stop."""
+"""Admission control: at most ``concurrency`` events in process at once, granted to the shards in turn; a
+wait for a slot loses to a stop.
+
+Every event the worker holds waits here for a slot under its shard (its *key*). A freed slot goes to the
+shard whose turn it is, one event per turn (round robin, a deficit round robin whose events all cost one),
+so a shard with one event waiting is served after at most one event of each other waiting shard, however
+many events a loud shard holds (README "Fair shares").
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any
+from collections import deque
+from collections.abc import Hashable
 
 
 class Slots:
-    """At most ``concurrency`` events processed at once; a wait for a slot loses to a stop."""
+    """At most ``concurrency`` events processed at once, granted in turn across keys (shards); a wait for a
+    slot loses to a stop."""
 
     def __init__(self, concurrency: int, stopping: asyncio.Event) -> None:
-        self._free = asyncio.Semaphore(concurrency)
+        self._free = concurrency
         self._stopping = stopping
+        #: the waiters of each key with any, oldest first
+        self._waiting: dict[Hashable, deque[asyncio.Future[bool]]] = {}
+        #: the keys with waiters, in the order their turns come
+        self._turns: deque[Hashable] = deque()
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def all_taken(self) -> bool:
-        return self._free.locked()
+        return self._free <= 0
+
+    @property
+    def waiting(self) -> int:
+        """Events waiting for a slot."""
+        return sum(len(queue) for queue in self._waiting.values())
 
     def release(self) -> None:
-        self._free.release()
+        self._free += 1
+        self._grant()
 
-    async def take(self) -> bool:
-        """Wait for a slot; ``False`` when the worker starts stopping first.
+    async def take(self, key: Hashable = None) -> bool:
+        """Wait for a slot for an event of ``key``; ``False`` when the worker starts stopping first.
 
         A slot taken here is released by the caller. If this wait is cancelled (connection lost) or loses
         to the stop, a slot it won anyway is given back: a leaked slot would idle the worker.
         """
         if self._stopping.is_set():
             return False
-        if not self._free.locked():
-            await self._free.acquire()
+        if self._free > 0 and not self._turns:
+            self._free -= 1
             return True
-        acquire = asyncio.ensure_future(self._free.acquire())
-        stop = asyncio.ensure_future(self._stopping.wait())
+        granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        queue = self._waiting.get(key)
+        if queue is None:
+            queue = self._waiting[key] = deque()
+            self._turns.append(key)
+        queue.append(granted)
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.ensure_future(self._refuse_on_stop())
         try:
-            await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            await self._give_back(acquire)
+            got = await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled() and granted.result():
+                self.release()  # granted just before the cancel landed
             raise
-        finally:
-            stop.cancel()
-        if acquire.done() and not self._stopping.is_set():
-            return True
-        await self._give_back(acquire)
-        return False
+        if got and self._stopping.is_set():  # granted as the stop came: the stop wins
+            self.release()
+            return False
+        return got
 
-    async def _give_back(self, acquire: asyncio.Future[Any]) -> None:
-        """Abandon a slot wait: cancel it, and release the slot if it was won before the cancel landed."""
-        if not acquire.done():
-            acquire.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({acquire})
-        if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
-            self._free.release()
+    def _grant(self) -> None:
+        if self._stopping.is_set():
+            return  # the waiters hear the stop (_refuse_on_stop)
+        while self._free > 0 and self._turns:
+            key = self._turns.popleft()
+            queue = self._waiting[key]
+            while queue and queue[0].done():  # cancelled waits
+                queue.popleft()
+            if queue:
+                queue.popleft().set_result(True)
+                self._free -= 1
+            if any(not waiter.done() for waiter in queue):
+                self._turns.append(key)  # its next event waits for its next turn
+            else:
+                del self._waiting[key]
+
+    async def _refuse_on_stop(self) -> None:
+        """Every wait loses to a stop: the waiters hear ``False`` and keep no slot."""
+        await self._stopping.wait()
+        for queue in self._waiting.values():
+            for waiter in queue:
+                if not waiter.done():
+                    waiter.set_result(False)
+        self._waiting.clear()
+        self._turns.clear()

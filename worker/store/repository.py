@@ -278,3 +278,19 @@ async def clear_invalidations(conn: asyncpg.Connection, event_ids: Sequence[UUID
 
 async def count_pending_invalidations(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval(_COUNT_PENDING_INVALIDATIONS))
+
+
+# -- shards with a queue of their own (migration 0008) ------------------------------------------------------
+
+
+async def register_shard(conn: asyncpg.Connection | asyncpg.Pool, shard_id: int) -> None:
+    """Record that shard ``shard_id`` has a queue of its own (every worker consumes the recorded ones)."""
+    await conn.execute(
+        "INSERT INTO ltm_shard_queues (shard_id) VALUES ($1) ON CONFLICT (shard_id) DO NOTHING", shard_id
+    )
+
+
+async def registered_shards(conn: asyncpg.Connection | asyncpg.Pool) -> list[int]:
+    """Every shard with a queue of its own, in order."""
+    rows = await conn.fetch("SELECT shard_id FROM ltm_shard_queues ORDER BY shard_id")
+    return [row["shard_id"] for row in rows]

@@ -11,7 +11,14 @@ export interface DeadLetterHeaders {
    * one line, human readable
    */
   "x-ltm-error": string;
-  "x-ltm-error-kind": "malformed" | "schema" | "transient_exhausted" | "internal" | "event_conflict";
+  "x-ltm-error-kind":
+    | "malformed"
+    | "schema"
+    | "transient_exhausted"
+    | "internal"
+    | "event_conflict"
+    | "unverified_shard"
+    | "shard_backlog_full";
   /**
    * RFC 3339
    */

@@ -22,14 +22,20 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "password_hash": "xpfSgsGKDDLuVrcG8DZ3BD/0C5aLWtCcgUg460rD1HGy8GhJ",
       "hashing_algorithm": "rabbit_password_hashing_sha256",
       "tags": [],
-      "limits": {}
+      "limits": {
+        "max-connections": 4,
+        "max-channels": 16
+      }
     },
     {
       "name": "shard-1",
       "password_hash": "Xf/eMpNuOkHEuEdzoD3M19ljygFaddZRp9W1RXyzOCkKmQpC",
       "hashing_algorithm": "rabbit_password_hashing_sha256",
       "tags": [],
-      "limits": {}
+      "limits": {
+        "max-connections": 4,
+        "max-channels": 16
+      }
     },
     {
       "name": "worker",
@@ -73,9 +79,9 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
     {
       "user": "worker",
       "vhost": "/",
-      "configure": "^(tomori\\.(tool_calls|tool_results|notifications|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+)?)$",
-      "write": "^(tomori\\.(tool_results|notifications|dead_letter)|amq\\.default|ltm\\.create_memory(\\.dlq)?)$",
-      "read": "^(tomori\\.(tool_calls|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+)?)$"
+      "configure": "^(tomori\\.(tool_calls|tool_results|notifications|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+|\\.shard\\.[0-9]+)?)$",
+      "write": "^(tomori\\.(tool_results|notifications|dead_letter)|amq\\.default|ltm\\.create_memory(\\.dlq|\\.shard\\.[0-9]+)?)$",
+      "read": "^(tomori\\.(tool_calls|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+|\\.shard\\.[0-9]+)?)$"
     },
     {
       "user": "operator",
@@ -97,7 +103,7 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "user": "shard-0",
       "vhost": "/",
       "exchange": "tomori.tool_calls",
-      "write": "^tool\\.[A-Za-z0-9_]+$",
+      "write": "^tool\\.[A-Za-z0-9_]+(\\.shard\\.0)?$",
       "read": "^$"
     },
     {
@@ -118,7 +124,7 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "user": "shard-1",
       "vhost": "/",
       "exchange": "tomori.tool_calls",
-      "write": "^tool\\.[A-Za-z0-9_]+$",
+      "write": "^tool\\.[A-Za-z0-9_]+(\\.shard\\.1)?$",
       "read": "^$"
     },
     {
@@ -140,7 +146,7 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "vhost": "/",
       "exchange": "tomori.tool_calls",
       "write": "^$",
-      "read": "^tool\\.(create_long_term_memory|remember_this_fact)$"
+      "read": "^tool\\.(create_long_term_memory|remember_this_fact)(\\.shard\\.[0-9]+)?$"
     },
     {
       "user": "worker",
@@ -176,6 +182,17 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "definition": {
         "max-length": 100000,
         "max-length-bytes": 2147483648
+      }
+    },
+    {
+      "vhost": "/",
+      "name": "ltm-shard-queue-bounds",
+      "pattern": "^ltm\\.create_memory\\.shard\\.[0-9]+$",
+      "apply-to": "queues",
+      "priority": 0,
+      "definition": {
+        "max-length": 10000,
+        "max-length-bytes": 268435456
       }
     }
   ],
