@@ -12,4 +12,8 @@ if __name__ == "__main__":
         from bench.latency import main as latency
 
         sys.exit(latency(sys.argv[2:]))
+    if sys.argv[1:2] == ["noisy"]:  # python -m bench noisy: one shard's flood beside another's trickle
+        from bench.noisy import main as noisy
+
+        sys.exit(noisy(sys.argv[2:]))
     sys.exit(main(bench_parser().parse_args()))

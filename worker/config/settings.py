@@ -134,7 +134,7 @@ class Settings(BaseModel):
         60000, gt=0, description="cap of the retry delay"
     )
     prefetch: Annotated[int, Env("LTM_PREFETCH", PositiveInt(), "--prefetch")] = Field(
-        2048,
+        8192,
         gt=0,
         description="deliveries of the common work queue RabbitMQ may push to one worker ahead of "
         'processing: the worker sorts what it holds by shard and serves the shards in turn ("Fair shares")',

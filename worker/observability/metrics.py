@@ -208,26 +208,32 @@ class Metrics:
             ["shard"],
             registry=self.registry,
         )
-        self._held_series: dict[int, Any] = {}
-        self._received_series: dict[int, Any] = {}
+        #: each per-shard metric's series by shard id, looked up once (the hot path asks per event)
+        self._series: dict[tuple[int, int], Any] = {}
+
+    def _of(self, metric: Any, shard_id: int) -> Any:
+        key = (id(metric), shard_id)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = metric.labels(str(shard_id))
+        return series
 
     def shard_received(self, shard_id: int) -> None:
-        series = self._received_series.get(shard_id)
-        if series is None:
-            series = self._received_series[shard_id] = self.shard_events_received.labels(str(shard_id))
-        series.inc()
+        self._of(self.shard_events_received, shard_id).inc()
+
+    def shard_answered(self, shard_id: int) -> None:
+        self._of(self.shard_events_answered, shard_id).inc()
 
     def shard_held(self, key: object, count: int) -> None:
         """The events of shard ``key`` this worker holds changed to ``count`` (other keys: no shard)."""
-        if not isinstance(key, int):
-            return
-        series = self._held_series.get(key)
-        if series is None:
-            series = self._held_series[key] = self.shard_events_held.labels(str(key))
-        series.set(count)
+        if isinstance(key, int):
+            self._of(self.shard_events_held, key).set(count)
 
     def shard_moved(self, shard_id: int) -> None:
-        self.shard_events_moved.labels(str(shard_id)).inc()
+        self._of(self.shard_events_moved, shard_id).inc()
+
+    def shard_without_user_id(self, shard_id: int) -> None:
+        self._of(self.shard_events_without_user_id, shard_id).inc()
 
     def observe_delivery(
         self,
@@ -250,7 +256,7 @@ class Metrics:
         waited = _seconds_since(start, now)
         self.queue_wait.observe(waited)
         if shard_id is not None:
-            self.shard_wait.labels(str(shard_id)).observe(waited)
+            self._of(self.shard_wait, shard_id).observe(waited)
 
     def observe_answered(self, issued_at: datetime, now: datetime | None = None) -> None:
         """``ltm_event_age_seconds`` for an event whose answer was just acked."""

@@ -84,7 +84,7 @@ class EventTelemetry:
             shard_id=event.shard_id,
         )
         if sender is not None and sender.user is None:
-            self._metrics.shard_events_without_user_id.labels(str(event.shard_id)).inc()
+            self._metrics.shard_without_user_id(event.shard_id)
         # each delivery runs in a task of its own (aiormq), so these stay with this event
         structlog.contextvars.bind_contextvars(
             event_id=str(event.event_id),
@@ -206,7 +206,7 @@ class EventTrace:
         elapsed = time.monotonic() - self._started
         metrics.observe_answered(self._event.issued_at)
         metrics.events.labels(processed.status).inc()
-        metrics.shard_events_answered.labels(str(self._event.shard_id)).inc()
+        metrics.shard_answered(self._event.shard_id)
         metrics.duration.observe(elapsed)
         if processed.replayed:
             metrics.replayed.inc()

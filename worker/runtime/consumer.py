@@ -190,7 +190,7 @@ class Consumer:
             try:
                 await handler.handle(message, acks)
             finally:
-                self._slots.release()
+                self._slots.release(key)
         except asyncio.CancelledError:
             pass
         finally:

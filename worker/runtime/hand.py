@@ -5,7 +5,7 @@ burst is taken off the queue at once and every other shard's next event reaches 
 behind it (:class:`~worker.runtime.slots.Slots` then serves the shards in turn). What the worker holds is
 bounded twice:
 
-- **A shard's share.** Once the worker holds half its prefetch window (or half its byte budget), an event
+- **A shard's share.** Once the worker holds 3/4 of its prefetch window (or of its byte budget), an event
   of a shard that holds more than its share (the held events divided among the shards holding any) is
   moved to that shard's own queue instead of waiting here (:meth:`Hand.moves`): the loud shard waits in its
   own queue, under its own bound, and the window stays open for the others.
@@ -83,8 +83,8 @@ class Hand:
 
     def moves(self, key: Hashable) -> bool:
         """Whether a newly held (and counted) event of ``key`` should go to its shard's own queue: the worker
-        is half full (events or bytes) and ``key`` holds at least its share of it. A shard alone moves too:
-        the window it would fill is the one the next shard's first event arrives through."""
-        if self.total * 2 < self._window and self.bytes * 2 < self._max_bytes:
+        is three quarters full (events or bytes) and ``key`` holds at least its share of it. A shard alone
+        moves too: the window it would fill is the one the next shard's first event arrives through."""
+        if self.total * 4 < self._window * 3 and self.bytes * 4 < self._max_bytes * 3:
             return False
         return self.held(key) * self.keys >= self.total

@@ -4,7 +4,8 @@ wait for a slot loses to a stop.
 Every event the worker holds waits here for a slot under its shard (its *key*). A freed slot goes to the
 shard whose turn it is, one event per turn (round robin, a deficit round robin whose events all cost one),
 so a shard with one event waiting is served after at most one event of each other waiting shard, however
-many events a loud shard holds (README "Fair shares").
+many events a loud shard holds; and the last free slot only goes to a shard with nothing in process, so the
+first event of a quiet shard beside a loud one starts at once (README "Fair shares").
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class Slots:
     def __init__(self, concurrency: int, stopping: asyncio.Event) -> None:
         self._free = concurrency
         self._stopping = stopping
+        #: slots each key holds now; the last free slot goes only to a key that holds none (see take)
+        self._running: dict[Hashable, int] = {}
         #: the waiters of each key with any, oldest first
         self._waiting: dict[Hashable, deque[asyncio.Future[bool]]] = {}
         #: the keys with waiters, in the order their turns come
@@ -36,9 +39,24 @@ class Slots:
         """Events waiting for a slot."""
         return sum(len(queue) for queue in self._waiting.values())
 
-    def release(self) -> None:
+    def release(self, key: Hashable = None) -> None:
+        """Give back a slot ``key`` took."""
         self._free += 1
+        held = self._running.get(key, 0) - 1
+        if held > 0:
+            self._running[key] = held
+        else:
+            self._running.pop(key, None)
         self._grant()
+
+    def _may_take(self, key: Hashable) -> bool:
+        """A free slot for ``key``: the last one only when ``key`` holds none, so a shard whose events
+        fill the worker always leaves one slot for the next shard's event, which then starts at once."""
+        return self._free > 1 or (self._free == 1 and key not in self._running)
+
+    def _took(self, key: Hashable) -> None:
+        self._free -= 1
+        self._running[key] = self._running.get(key, 0) + 1
 
     async def take(self, key: Hashable = None) -> bool:
         """Wait for a slot for an event of ``key``; ``False`` when the worker starts stopping first.
@@ -48,8 +66,8 @@ class Slots:
         """
         if self._stopping.is_set():
             return False
-        if self._free > 0 and not self._turns:
-            self._free -= 1
+        if not self._turns and self._may_take(key):
+            self._took(key)
             return True
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         queue = self._waiting.get(key)
@@ -57,30 +75,35 @@ class Slots:
             queue = self._waiting[key] = deque()
             self._turns.append(key)
         queue.append(granted)
+        self._grant()  # a free slot the keys ahead may not take (the last one) may be this key's
         if self._watch is None or self._watch.done():
             self._watch = asyncio.ensure_future(self._refuse_on_stop())
         try:
             got = await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled() and granted.result():
-                self.release()  # granted just before the cancel landed
+                self.release(key)  # granted just before the cancel landed
             raise
         if got and self._stopping.is_set():  # granted as the stop came: the stop wins
-            self.release()
+            self.release(key)
             return False
         return got
 
     def _grant(self) -> None:
         if self._stopping.is_set():
             return  # the waiters hear the stop (_refuse_on_stop)
-        while self._free > 0 and self._turns:
+        passed = 0  # keys passed over in a row (the last slot, which only a key holding none may take)
+        while self._free > 0 and passed < len(self._turns):
             key = self._turns.popleft()
             queue = self._waiting[key]
             while queue and queue[0].done():  # cancelled waits
                 queue.popleft()
-            if queue:
+            if queue and self._may_take(key):
                 queue.popleft().set_result(True)
-                self._free -= 1
+                self._took(key)
+                passed = 0
+            else:
+                passed += 1
             if any(not waiter.done() for waiter in queue):
                 self._turns.append(key)  # its next event waits for its next turn
             else:

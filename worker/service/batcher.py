@@ -5,8 +5,9 @@ event starts one at once (a quiet worker adds no latency: a batch of one). While
 arrive wait for it to come back and then leave together (up to ``max_batch``): two round trips and one
 commit for the lot instead of each (:func:`~worker.service.process.process_batch`). The busier the
 worker, the larger the batches. Another connection (up to ``max_running``) is only taken when half a
-batch is already waiting (a deep queue) or when an event has waited ``max_wait`` (10 ms) for the batch
-at Postgres to come back (a slow commit, a lock wait).
+batch is already waiting (a deep queue), when an event has waited ``max_wait`` (10 ms) for the batch
+at Postgres to come back (a slow commit, a lock wait), or for the only event of its shard here: a quiet
+shard's event does not wait behind a loud shard's batches (README "Fair shares").
 
 A batch that fails is not the events' verdict: its events are processed again one by one, so an event
 that breaks (a bug, a constraint) fails alone and its neighbours are answered. Every guarantee of one
@@ -62,6 +63,8 @@ class Batcher:
         self._clock = clock
         self._waiting: list[_Job] = []
         self._running: set[asyncio.Task[None]] = set()
+        #: events in the batcher (waiting or at Postgres) by shard
+        self._shards: dict[int, int] = {}
         self._on_batch = on_batch
 
     async def process(self, event: ToolCallEvent, attempts: int = 1) -> ProcessedEvent:
@@ -71,9 +74,24 @@ class Batcher:
         and a redelivery of the event is answered from the ledger.
         """
         job = _Job(event, attempts, asyncio.get_running_loop().create_future())
-        self._waiting.append(job)
-        self._start()
-        return await job.answer
+        shard = event.shard_id
+        fresh = shard not in self._shards
+        self._shards[shard] = self._shards.get(shard, 0) + 1
+        try:
+            if fresh and self._running and len(self._running) < self._max_running:
+                # the shard's only event here, beside batches of others: it goes to Postgres at once, alone,
+                # rather than wait behind a loud shard's batch (README "Fair shares")
+                self._launch([job])
+            else:
+                self._waiting.append(job)
+                self._start()
+            return await job.answer
+        finally:
+            left = self._shards[shard] - 1
+            if left:
+                self._shards[shard] = left
+            else:
+                del self._shards[shard]
 
     @property
     def running(self) -> int:
@@ -111,13 +129,15 @@ class Batcher:
             overdue = False
             batch = [job for job in self._waiting[: self._max_batch] if not job.answer.done()]
             del self._waiting[: self._max_batch]
-            if not batch:
-                continue
-            # a batch serves several events: it must not inherit the log fields and span of the one whose
-            # arrival started it (an empty context)
-            task = asyncio.create_task(self._run(batch), context=contextvars.Context())
-            self._running.add(task)
-            task.add_done_callback(self._finished)
+            if batch:
+                self._launch(batch)
+
+    def _launch(self, batch: list[_Job]) -> None:
+        # a batch serves several events: it must not inherit the log fields and span of the one whose
+        # arrival started it (an empty context)
+        task = asyncio.create_task(self._run(batch), context=contextvars.Context())
+        self._running.add(task)
+        task.add_done_callback(self._finished)
 
     def _cancel_overdue(self) -> None:
         if self._overdue is not None:
