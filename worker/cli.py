@@ -22,7 +22,7 @@ from worker.config import (
     overridden_env,
 )
 from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
-from worker.observability.logs import configure_logging, log_fallbacks
+from worker.observability.logs import configure_logging, guard_std_streams, log_fallbacks
 from worker.redact import redact_url
 
 ENVIRONMENT_HELP = environment_help()
@@ -159,6 +159,7 @@ def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> i
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worker`` console script."""
+    guard_std_streams()  # a reader that went away (`worker run | head`) must not break a command mid-way
     parser = _parser()
     args = parser.parse_args(argv)
     try:

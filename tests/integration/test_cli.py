@@ -280,3 +280,46 @@ async def test_migrate_warns_about_each_fallback(migrated_dsn: str) -> None:
         ("LTM_HTTP_PORT", "notaport", 0),
         ("LTM_LOG_LEVEL", "verbose", "info"),
     ]
+
+
+# --- a reader that went away (newcomer review 4, F1) ------------------------------------------------------
+
+
+def worker_into_a_closed_pipe(*args: str, **settings: str) -> int:
+    """``python -m worker ARGS`` with stdout and stderr a pipe nobody reads (``| head -0``): its exit code."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", *args],
+            cwd=REPO,
+            env=cli_env(**settings),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=write_end,
+            timeout=90,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    return done.returncode
+
+
+@pytest.mark.parametrize(
+    "args", [("migrate",), ("check",), ("demo", "seed"), ("dlq", "list")], ids=lambda a: " ".join(a)
+)
+async def test_a_command_whose_reader_went_away_ends_as_it_does_with_one(
+    args: tuple[str, ...], migrated_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """Every write into the closed pipe fails (EPIPE); the command does its work and exits with its own
+    code all the same, not with a traceback's 1 or a failed flush's 120."""
+    services = {
+        "LTM_POSTGRES_DSN": migrated_dsn,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }
+    unread = worker_into_a_closed_pipe(*args, **services)
+    read = worker(*args, **services)
+
+    assert unread == read.returncode, read.stdout + read.stderr
+    assert unread == (4 if args[0] == "dlq" else 0)  # dlq: no DLQ on a fresh vhost

@@ -122,14 +122,17 @@ class Worker:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        # act first, then say it: nothing a log line does may stand between a signal and the stop
         self._signals += 1
         if self._signals > 1:
-            log.warning("second signal: exiting now; unacked events will be redelivered", signal=sig.name)
-            os._exit(1)
+            try:
+                log.warning("second signal: exiting now; unacked events will be redelivered", signal=sig.name)
+            finally:
+                os._exit(1)
+        self._stopping.set()
         log.info(
             "stopping: no new events; finishing the ones in flight",
             signal=sig.name,
             in_flight=self._consumer.in_flight if self._consumer else 0,
             grace_s=self.settings.shutdown_grace_seconds,
         )
-        self._stopping.set()
