@@ -245,16 +245,16 @@ async def _migrate(dsn: str) -> int:
         log.error("migration refused", error=str(exc))
         return 1
     except ssl.SSLCertVerificationError as exc:  # a ValueError too, but the DSN may well be right
-        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
+        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc, dsn))
         return 1
     except ValueError as exc:  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
-        log.error("invalid Postgres connection string", dsn=redact_url(dsn), error=describe_failure(exc))
+        log.error("invalid Postgres connection string", dsn=redact_url(dsn), error=describe_failure(exc, dsn))
         return 1
     except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:  # refused, unresolvable, cut mid-way
-        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
+        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc, dsn))
         return 1
     except asyncpg.PostgresError as exc:  # the server said no: no such database or role, a privilege
-        log.error("migration failed", dsn=redact_url(dsn), error=describe_failure(exc))
+        log.error("migration failed", dsn=redact_url(dsn), error=describe_failure(exc, dsn))
         return 1
     if applied:
         log.info("migrations applied", applied=applied)

@@ -64,6 +64,14 @@ def missing_database(postgres_dsn: str) -> str:
     return with_database(postgres_dsn, f"ltm_missing_{uuid.uuid4().hex[:12]}")
 
 
+def no_database_sentence(dsn: str) -> str:
+    """What every command says about the missing database of ``dsn`` (worker/faults.py)."""
+    parts = urlsplit(dsn)
+    database = parts.path[1:]
+    createdb = f"createdb -h {parts.hostname} -p {parts.port} -U {parts.username} {database}"
+    return f"Postgres has no database {database!r}: create it ({createdb}) or correct the database in the DSN"
+
+
 def bad_sslmode(postgres_dsn: str) -> str:
     return with_password(postgres_dsn, "s3cret") + "?sslmode=bogus"
 
@@ -85,9 +93,8 @@ def test_migrate_names_a_missing_database(postgres_dsn: str) -> None:
     dsn = missing_database(postgres_dsn)
     line = migrate_failure(dsn)
 
-    database = urlsplit(dsn).path[1:]
     assert line["event"] == "migration failed"
-    assert line["error"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    assert line["error"] == no_database_sentence(dsn)
     assert line["dsn"] == redact(dsn)  # a container's Postgres has a password
 
 
@@ -97,9 +104,11 @@ def test_migrate_names_a_role_that_does_not_exist(postgres_dsn: str) -> None:
 
     assert line["event"] == "migration failed"
     # trust auth (this machine's Postgres) says the role is missing; password auth (a container) refuses first
+    advice = "(check the user and password in the DSN, and that the server's pg_hba.conf admits this host"
     assert line["error"] in {
-        'InvalidAuthorizationSpecificationError: role "nobody_here" does not exist',
-        'InvalidPasswordError: password authentication failed for user "nobody_here"',
+        f'Postgres refused the login: role "nobody_here" does not exist {advice}, user and database)',
+        f'Postgres refused the login: password authentication failed for user "nobody_here" {advice}, user '
+        "and database)",
     }
 
 
@@ -127,7 +136,7 @@ def test_check_names_a_missing_database_and_a_bad_connection_string(
     postgres_dsn: str, redis_url: str
 ) -> None:
     for dsn, problem in (
-        (missing_database(postgres_dsn), "InvalidCatalogNameError: database "),
+        (missing_database(postgres_dsn), "Postgres has no database 'ltm_missing_"),
         (bad_sslmode(postgres_dsn), "invalid connection string: `sslmode` parameter must be one of"),
     ):
         done = worker("check", LTM_POSTGRES_DSN=dsn, LTM_REDIS_URL=redis_url)
@@ -158,8 +167,8 @@ async def test_run_waits_naming_a_missing_database_in_one_line(
     assert "s3cret" not in text
     waits = [line for line in process.lines() if line["event"] == "waiting for dependency"]
     assert waits[0]["dependency"] == "postgres"
-    database = urlsplit(dsn).path[1:]
-    assert waits[0]["problem"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    assert waits[0]["problem"] == no_database_sentence(dsn)
+    assert waits[0]["level"] == "error"  # a person must create it; the worker waits all the same
 
 
 async def test_run_exits_at_once_on_a_connection_string_that_can_never_work(
@@ -323,3 +332,57 @@ async def test_a_command_whose_reader_went_away_ends_as_it_does_with_one(
 
     assert unread == read.returncode, read.stdout + read.stderr
     assert unread == (4 if args[0] == "dlq" else 0)  # dlq: no DLQ on a fresh vhost
+
+
+# --- a refused vhost or login: the same sentence in every command (newcomer review 4, F2, F6) -------------
+
+
+def refused(rabbitmq_url: str, mistake: str) -> tuple[str, str]:
+    """The URL with a vhost that does not exist or a wrong password, and the sentence every command says."""
+    parts = urlsplit(rabbitmq_url)
+    user = parts.username or "guest"
+    if mistake == "vhost":
+        vhost = parts.path[1:] + "-typo"
+        url = urlunsplit(parts._replace(path="/" + vhost))
+        return url, (
+            f"RabbitMQ refused vhost {vhost!r} to user {user!r} (does the vhost exist, and may user {user!r} "
+            f"use it? rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions {user})"
+        )
+    url = urlunsplit(parts._replace(netloc=f"{user}:s3cret-wrong@{parts.hostname}:{parts.port or 5672}"))
+    return url, (
+        f"RabbitMQ refused the login of user {user!r} (ACCESS_REFUSED): check the user and password in the "
+        "URL"
+    )
+
+
+@pytest.mark.parametrize("mistake", ["vhost", "password"])
+async def test_a_refused_vhost_or_login_says_what_to_do_in_every_command(
+    mistake: str, migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    url, sentence = refused(rabbitmq_url, mistake)
+    services = {"LTM_POSTGRES_DSN": migrated_dsn, "LTM_RABBITMQ_URL": url, "LTM_REDIS_URL": redis_url}
+    unreachable = f"cannot reach RabbitMQ at {redact(url)}: {sentence}"
+
+    check = worker("check", **services)
+    demo = worker("demo", "send", "--timeout", "10", **services)
+    dlq = worker("dlq", "list", **services)
+
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert f"FAIL  rabbitmq  {redact(url)}\n      {sentence}\n" in check.stdout
+    assert (demo.returncode, demo.stderr) == (3, f"worker demo: {unreachable}\n")
+    assert (dlq.returncode, dlq.stderr) == (3, f"{unreachable}\n")
+
+    # `run` keeps trying (a vhost made or a password fixed later heals it), each try one ERROR line
+    process = WorkerProcess(cli_env(**services), tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("rabbitmq unavailable", at_least=2)
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+    tries = [line for line in process.lines() if line["event"] == "rabbitmq unavailable"]
+    assert {(line["level"], line["error"]) for line in tries} == {("error", sentence)}
+    assert [line for line in process.lines() if str(line.get("logger", "")).startswith("aio")] == []
+    for output in (check.stdout, demo.stderr, dlq.stderr, process.log_path.read_text()):
+        assert "s3cret" not in output
+        assert "Traceback" not in output

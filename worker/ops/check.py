@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
 from worker.config import Fallback, Settings, connection_problems, expected_value
-from worker.redact import describe
+from worker.faults import explain
 from worker.redact import redact_url as redact
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
@@ -114,10 +114,11 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         except Exception as exc:
             if isinstance(exc, _Malformed):
                 return CheckResult(name, redact(url), False, str(exc))
-            # describe() words a refused TLS certificate the same for every dependency
+            # explain() words a refusal, and describe() a refused TLS certificate, the same for every
+            # dependency and every command
             if name == "postgres":
-                return CheckResult(name, redact(url), False, describe_failure(exc))
-            return CheckResult(name, redact(url), False, describe(exc))
+                return CheckResult(name, redact(url), False, describe_failure(exc, url))
+            return CheckResult(name, redact(url), False, explain(exc, url))
 
     return list(await asyncio.gather(*(guarded(*c) for c in checks)))
 

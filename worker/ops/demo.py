@@ -38,6 +38,7 @@ from worker.broker.events import tool_call_message
 from worker.broker.topology import retry_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings
+from worker.faults import explain
 from worker.redact import describe, redact_url
 from worker.runtime.policy import RetryPolicy
 from worker.store.pool import connect_once
@@ -177,6 +178,11 @@ def _fail(line: str) -> None:
     print(f"worker demo: {line}", file=sys.stderr, flush=True)
 
 
+def _cannot_reach(dependency: str, url: str, exc: BaseException) -> None:
+    """``cannot reach RabbitMQ at <url, password hidden>: <what to do>`` on stderr."""
+    _fail(f"cannot reach {dependency} at {redact_url(url)}: {explain(exc, url)}")
+
+
 # --- seed and clean (Postgres) --------------------------------------------------------------------------
 
 
@@ -236,7 +242,7 @@ async def _connect(dsn: str) -> asyncpg.Connection | None:
     try:
         return await connect_once(dsn, timeout=10)
     except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        _fail(f"cannot reach Postgres at {redact_url(dsn)}: {describe(exc)}")
+        _cannot_reach("Postgres", dsn, exc)
         return None
 
 
@@ -329,7 +335,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
     try:
         connection, node = await connect_any(settings.rabbitmq_url)
     except Exception as exc:  # refused, unresolvable, access refused, no such vhost
-        _fail(f"cannot reach RabbitMQ at {redact_url(settings.rabbitmq_url)}: {describe(exc)}")
+        _cannot_reach("RabbitMQ", settings.rabbitmq_url, exc)
         return EXIT_UNREACHABLE
     topology = settings.topology
     try:
@@ -376,7 +382,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
         _say(json.dumps(notice, indent=2, ensure_ascii=False))
         return EXIT_OK
     except Exception as exc:
-        _fail(f"RabbitMQ at {redact_url(node)}: {describe(exc)}")
+        _fail(f"RabbitMQ at {redact_url(node)}: {explain(exc, node)}")
         return EXIT_UNREACHABLE
     finally:
         with contextlib.suppress(Exception):
@@ -409,7 +415,7 @@ async def clean(settings: Settings, *, topology: bool, out: Callable[[str], None
     try:
         connection, node = await connect_any(settings.rabbitmq_url)
     except Exception as exc:
-        _fail(f"cannot reach RabbitMQ at {redact_url(settings.rabbitmq_url)}: {describe(exc)}")
+        _cannot_reach("RabbitMQ", settings.rabbitmq_url, exc)
         return EXIT_UNREACHABLE
     names = [shard_queue(SHARD_ID, "results"), shard_queue(SHARD_ID, "notifications")]
     exchanges: list[str] = []

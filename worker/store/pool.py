@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from worker.faults import explain
 from worker.redact import certificate_failure, describe
 
 
@@ -35,14 +36,15 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     asyncpg's default reset costs a round trip per event."""
 
 
-def describe_failure(exc: BaseException) -> str:
-    """One line naming what went wrong connecting to or talking to Postgres (never the DSN itself)."""
+def describe_failure(exc: BaseException, dsn: str | None = None) -> str:
+    """One line naming what went wrong connecting to or talking to Postgres at ``dsn`` (never the DSN
+    itself), saying what to do where a person must act (:func:`worker.faults.explain`)."""
     if certificate_failure(exc) is not None:  # a ValueError too, but the DSN may be right
         return describe(exc)
     # asyncpg's ClientConfigurationError is a ValueError, and so is what a port that is no number raises
     if isinstance(exc, ValueError):
         return f"invalid connection string: {describe(exc).partition(': ')[2]}"
-    return describe(exc)
+    return explain(exc, dsn)
 
 
 #: asyncpg's statement cache per connection unless configured: off, which works directly and through a
