@@ -27,6 +27,7 @@ import redis.exceptions
 from worker.redact import CERTIFICATE_REFUSED, describe
 
 __all__ = [
+    "ClientKeyRefused",
     "TransientError",
     "explain",
     "is_transient",
@@ -43,6 +44,18 @@ _TRANSIENT_SQLSTATES = ("55P03",)
 
 class TransientError(Exception):
     """Raised by the worker itself for a fault that deserves a retry (e.g. an unconfirmed publish)."""
+
+
+#: how the worker's refusal of a Postgres client key begins (worker/store/pool.py)
+KEY_REFUSED = "TLS client key refused"
+
+
+class ClientKeyRefused(PermissionError):
+    """A Postgres client key file that libpq would refuse to use (group or world access), refused the same
+    way before any connection (worker/store/pool.py ``client_key_problem``); the message is libpq's."""
+
+    def __str__(self) -> str:
+        return f"{KEY_REFUSED}: {super().__str__()}"
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -89,6 +102,7 @@ REDIS_REFUSED = "Redis refused"
 HOST_UNKNOWN = "cannot resolve host"
 _PERSON_NEEDED = (
     CERTIFICATE_REFUSED,
+    KEY_REFUSED,
     RABBITMQ_REFUSED,
     POSTGRES_REFUSED,
     POSTGRES_NO_DATABASE,
@@ -139,6 +153,8 @@ def refusal(exc: BaseException, url: str | None = None) -> str | None:
 
 def _refusal_one(exc: BaseException, url: str | None) -> str | None:
     user = _user_of(url)
+    if isinstance(exc, ClientKeyRefused):
+        return str(exc)
     if isinstance(exc, aiormq.exceptions.AuthenticationError | aiormq.exceptions.ProbableAuthenticationError):
         return (
             f"{RABBITMQ_REFUSED} the login of user {user or '(none given)'!r} (ACCESS_REFUSED): check the "

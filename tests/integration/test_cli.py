@@ -386,3 +386,85 @@ async def test_a_refused_vhost_or_login_says_what_to_do_in_every_command(
     for output in (check.stdout, demo.stderr, dlq.stderr, process.log_path.read_text()):
         assert "s3cret" not in output
         assert "Traceback" not in output
+
+
+# --- settings' notes: listed by check, logged by run and migrate (newcomer 4, F7; security 4, N9) ----------
+
+
+async def test_every_setting_note_is_listed_by_check_and_logged_by_run_and_migrate(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    remote = urlunsplit(urlsplit(migrated_dsn)._replace(netloc="ltm@pg.ltm-no-such-host.invalid:5432"))
+    settings = {
+        "LTM_POSTGRES_DSN": remote,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+        "LTM_CONCURRENCY": "3O",
+        "LTM_CONCURENCY": "4",
+    }
+    notes = [
+        "LTM_POSTGRES_DSN reaches 'pg.ltm-no-such-host.invalid' without sslmode: the server is not "
+        "verified, and without TLS on offer the connection goes on in plaintext without a word; say "
+        "sslmode=verify-full (README, TLS to Postgres, RabbitMQ and Redis), or sslmode=disable to choose "
+        "plaintext in the open",
+        "LTM_CONCURRENCY='3O' read as 3 (the text after the digits is ignored, as parseInt does)",
+        "unknown setting LTM_CONCURENCY; did you mean LTM_CONCURRENCY?",
+    ]
+
+    check = worker("check", **settings)
+    report = json.loads(worker("check", "--json", **settings).stdout)
+    migrate = worker("migrate", **settings)
+
+    assert [line for line in check.stdout.splitlines() if line.startswith("warn")] == [
+        f"warn  {note}" for note in notes
+    ]
+    assert check.stdout.splitlines()[-1] == "not working: postgres (3 other setting warnings)"
+    assert [note["note"] for note in report["notes"]] == notes
+    assert [note["variable"] for note in report["notes"]] == [
+        "LTM_POSTGRES_DSN",
+        "LTM_CONCURRENCY",
+        "LTM_CONCURENCY",
+    ]
+    logged = [line for line in json_lines(migrate.stderr) if line["event"] == "setting not taken as written"]
+    assert [(line["level"], line["note"]) for line in logged] == [("warning", note) for note in notes]
+
+    process = WorkerProcess(cli_env(**settings), tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("starting")
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+    logged = [line for line in process.lines() if line["event"] == "setting not taken as written"]
+    assert [(line["variable"], line["note"]) for line in logged] == list(
+        zip(["LTM_POSTGRES_DSN", "LTM_CONCURRENCY", "LTM_CONCURENCY"], notes, strict=True)
+    )
+    [starting] = [line for line in process.lines() if line["event"] == "starting"]
+    assert starting["concurrency"] == 3
+
+
+def test_a_postgres_client_key_others_may_read_is_refused_as_libpq_refuses_it(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """Security review 4, N9: asyncpg used a 0666 key that psql refuses; now every command refuses it."""
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    key.chmod(0o644)
+    dsn = f"{postgres_dsn}?sslmode=require&sslcert={cert}&sslkey={key}"
+    refused = (
+        f'TLS client key refused: private key file "{key}" has group or world access; file must have '
+        "permissions u=rw (0600) or less if owned by the current user, or permissions u=rw,g=r (0640) or "
+        "less if owned by root"
+    )
+
+    check = worker("check", LTM_POSTGRES_DSN=dsn)
+    migrate = worker("migrate", LTM_POSTGRES_DSN=dsn)
+
+    assert check.returncode == 1
+    assert check.stdout.splitlines()[1].strip() == refused
+    (line,) = json_lines(migrate.stderr)
+    assert (migrate.returncode, line["event"], line["error"]) == (1, "Postgres client key refused", refused)
+
+    key.chmod(0o600)  # what libpq takes; the connection is then tried (and this server's answer is its own)
+    assert refused not in worker("check", LTM_POSTGRES_DSN=dsn).stdout

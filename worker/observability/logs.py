@@ -23,7 +23,7 @@ from typing import IO, Any, TextIO, cast
 import aiormq.exceptions
 import structlog
 
-from worker.config import Fallback, expected_value
+from worker.config import Settings, expected_value
 
 #: AMQP reply code of a connection the broker closes on purpose: shutdown, restart, maintenance mode, or an
 #: operator's ``rabbitmqctl close_connection``
@@ -160,10 +160,12 @@ def guard_std_streams() -> None:
             setattr(sys, name, cast(TextIO, SurvivingStream(stream)))
 
 
-def log_fallbacks(fallbacks: Iterable[Fallback]) -> None:
-    """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes."""
+def log_setting_warnings(settings: Settings) -> None:
+    """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes,
+    then one per note (``Settings.notes``: a value read other than as written, a DSN without ``sslmode``, an
+    unknown ``LTM_*`` variable), each with its ``variable`` and the sentence (``note``)."""
     log = structlog.get_logger("worker")
-    for var, raw, default in fallbacks:
+    for var, raw, default in settings.fallbacks:
         log.warning(
             "invalid setting, using the default",
             variable=var,
@@ -171,6 +173,8 @@ def log_fallbacks(fallbacks: Iterable[Fallback]) -> None:
             default=default,
             expected=expected_value(var),
         )
+    for var, note in settings.notes:
+        log.warning("setting not taken as written", variable=var, note=note)
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:

@@ -39,7 +39,7 @@ from worker.broker.topology import retry_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings
 from worker.faults import explain
-from worker.redact import describe, redact_url
+from worker.redact import describe, redact_setting
 from worker.runtime.policy import RetryPolicy
 from worker.store.pool import connect_once
 
@@ -180,7 +180,7 @@ def _fail(line: str) -> None:
 
 def _cannot_reach(dependency: str, url: str, exc: BaseException) -> None:
     """``cannot reach RabbitMQ at <url, password hidden>: <what to do>`` on stderr."""
-    _fail(f"cannot reach {dependency} at {redact_url(url)}: {explain(exc, url)}")
+    _fail(f"cannot reach {dependency} at {redact_setting(url)}: {explain(exc, url)}")
 
 
 # --- seed and clean (Postgres) --------------------------------------------------------------------------
@@ -193,7 +193,7 @@ async def seed(dsn: str, *, out: Callable[[str], None] = _say) -> int:
         return EXIT_UNREACHABLE
     try:
         if not await _has_bot_tables(conn):
-            _fail(f"{redact_url(dsn)} has no bot tables: run `worker migrate` first")
+            _fail(f"{redact_setting(dsn)} has no bot tables: run `worker migrate` first")
             return EXIT_FAILED
         async with conn.transaction():
             server_id, added = await _row(
@@ -340,7 +340,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
     topology = settings.topology
     try:
         if not await _wait_for_worker(connection, settings, deadline):
-            _fail(f"no worker consumes {topology.work_queue} on {redact_url(node)} after {timeout:g} s")
+            _fail(f"no worker consumes {topology.work_queue} on {redact_setting(node)} after {timeout:g} s")
             return EXIT_UNREACHABLE
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         queues: dict[str, aio_pika.abc.AbstractQueue] = {}
@@ -362,7 +362,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
         )
         _say(
             f"sent event {event['event_id']} ({scope}: {event['arguments']['memory_content']!r}) as shard "
-            f"{SHARD_ID} to {redact_url(node)}"
+            f"{SHARD_ID} to {redact_setting(node)}"
         )
         result = await _take(queues["results"], event["event_id"], deadline)
         if result is None:
@@ -382,7 +382,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
         _say(json.dumps(notice, indent=2, ensure_ascii=False))
         return EXIT_OK
     except Exception as exc:
-        _fail(f"RabbitMQ at {redact_url(node)}: {explain(exc, node)}")
+        _fail(f"RabbitMQ at {redact_setting(node)}: {explain(exc, node)}")
         return EXIT_UNREACHABLE
     finally:
         with contextlib.suppress(Exception):
@@ -466,7 +466,7 @@ async def clean(settings: Settings, *, topology: bool, out: Callable[[str], None
     finally:
         with contextlib.suppress(Exception):
             await connection.close()
-    out(f"rabbitmq {redact_url(node)}: deleted {', '.join(deleted) if deleted else 'nothing'}")
+    out(f"rabbitmq {redact_setting(node)}: deleted {', '.join(deleted) if deleted else 'nothing'}")
     if kept:
         out(f"rabbitmq: kept {', '.join(kept)}")
     return code

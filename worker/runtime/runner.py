@@ -16,10 +16,10 @@ import structlog
 from worker.bootstrap import Stopped, open_services
 from worker.config import Settings
 from worker.faults import explain, needs_a_person
-from worker.observability.logs import log_fallbacks
+from worker.observability.logs import log_setting_warnings
 from worker.observability.metrics import build_versions
 from worker.observability.probes import InvalidSetting
-from worker.redact import redact_url
+from worker.redact import redact_setting, redact_url
 from worker.runtime import heap
 from worker.runtime.backoff import Backoff
 from worker.runtime.consumer import Consumer
@@ -46,7 +46,7 @@ class Worker:
         test's event loop) SIGTERM and SIGINT are left alone: :meth:`stop` stops it."""
         if signals:
             self._install_signal_handlers()
-        log_fallbacks(self.settings.fallbacks)
+        log_setting_warnings(self.settings)
         self._log_targets()
         try:
             return await self._run()
@@ -60,9 +60,9 @@ class Worker:
         log.info(
             "starting",
             version=build_versions()["version"],
-            postgres=redact_url(s.postgres_dsn),
-            rabbitmq=redact_url(s.rabbitmq_url),
-            redis=redact_url(s.redis_url),
+            postgres=redact_setting(s.postgres_dsn),
+            rabbitmq=redact_setting(s.rabbitmq_url),
+            redis=redact_setting(s.redis_url),
             http=f"{s.http_host}:{s.http_port}" if s.http_port else "off",
             tracing=s.tracing,
             concurrency=s.concurrency,
