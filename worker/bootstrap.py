@@ -24,7 +24,7 @@ from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared
 from worker.broker.urls import Nodes
 from worker.config import Settings, connection_problems
-from worker.faults import is_certificate_problem
+from worker.faults import explain, needs_a_person
 from worker.invalidation.outbox import InvalidationOutbox
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.http_server import HealthServer
@@ -182,10 +182,10 @@ async def _wait_for_dependencies(
                     statement_cache_size=settings.postgres_statement_cache_size,
                 )
             except Exception as exc:
-                postgres = describe(exc)
+                postgres = explain(exc, settings.postgres_dsn)
         if postgres is not None:
             problems["postgres"] = postgres
-        redis = await probe(cache.ping())
+        redis = await probe(cache.ping(), url=settings.redis_url)
         if redis is not None:
             problems["redis"] = redis
         if not problems:
@@ -193,9 +193,9 @@ async def _wait_for_dependencies(
             return pool
         delay = backoff.next()
         for name, problem in problems.items():
-            # a refused certificate will not pass by itself (someone must fix the CA or the server's
-            # certificate): an error, but still waited on, like any other dependency failure
-            report = log.error if is_certificate_problem(problem) else log.warning
+            # a refused login or certificate, a missing database, an unknown host will not pass by itself
+            # (someone must act): an error, but still waited on, like any other dependency failure
+            report = log.error if needs_a_person(problem) else log.warning
             report("waiting for dependency", dependency=name, problem=problem, retry_in_s=round(delay, 2))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), timeout=delay)

@@ -22,8 +22,8 @@ from worker.config import (
     overridden_env,
 )
 from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
-from worker.observability.logs import configure_logging, log_fallbacks
-from worker.redact import redact_url
+from worker.observability.logs import configure_logging, guard_std_streams, log_setting_warnings
+from worker.redact import redact_setting
 
 ENVIRONMENT_HELP = environment_help()
 #: what the commands that read a few settings list (the log settings: every command logs)
@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem; "
         "several RabbitMQ nodes: nodes, the same per node), warnings (dependency, target, problem: the nodes "
-        "that did not answer), fallbacks (variable, value, default, expected); same exit codes",
+        "that did not answer), fallbacks (variable, value, default, expected), notes (variable, note: a "
+        "value read other than as written, a DSN without sslmode, an unknown LTM_ variable); same exit codes",
     )
     check.add_argument(
         "--all-nodes",
@@ -150,7 +151,14 @@ _SETTINGS_EXIT = {"dlq": 2, "demo": 2}
 def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> int:
     """One line on stderr (``check --json``: the report object on stdout) and the command's exit code."""
     if as_json:
-        report = {"ok": False, "error": problem, "dependencies": {}, "warnings": [], "fallbacks": []}
+        report = {
+            "ok": False,
+            "error": problem,
+            "dependencies": {},
+            "warnings": [],
+            "fallbacks": [],
+            "notes": [],
+        }
         print(json.dumps(report))
     else:
         print(f"worker {command}: {problem}", file=sys.stderr)
@@ -159,6 +167,7 @@ def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> i
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worker`` console script."""
+    guard_std_streams()  # a reader that went away (`worker run | head`) must not break a command mid-way
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -167,11 +176,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _settings_refused(args.command, str(exc), as_json=getattr(args, "json", False))
     configure_logging(settings.log_format, settings.log_level)
     if args.command == "migrate":
-        log_fallbacks(settings.fallbacks)  # `worker run` logs them itself, as it starts
+        log_setting_warnings(settings)  # `worker run` logs them itself, as it starts
         problem = connection_problems(settings, "postgres_dsn").get("postgres_dsn")
         if problem is not None:
             structlog.get_logger("worker.migrate").error(
-                "invalid Postgres connection string", dsn=redact_url(settings.postgres_dsn), error=problem
+                "invalid Postgres connection string", dsn=redact_setting(settings.postgres_dsn), error=problem
             )
             return 1
         return asyncio.run(_migrate(settings.postgres_dsn))
@@ -189,9 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         results = asyncio.run(run_checks(settings))
         if args.json:
-            print(json.dumps(as_json(results, settings.fallbacks, all_nodes=args.all_nodes)))
+            print(json.dumps(as_json(results, settings.fallbacks, settings.notes, all_nodes=args.all_nodes)))
         else:
-            print(render(results, settings.fallbacks, all_nodes=args.all_nodes))
+            print(render(results, settings.fallbacks, settings.notes, all_nodes=args.all_nodes))
         return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
         from worker.ops.dlq.cli import run_dlq
@@ -230,10 +239,6 @@ def _run_fast(main: Coroutine[Any, Any, int]) -> int:
 
 
 async def _migrate(dsn: str) -> int:
-    import ssl
-
-    import asyncpg
-
     from worker.store.migrate import MigrationError, apply_migrations
     from worker.store.pool import describe_failure
 
@@ -243,23 +248,38 @@ async def _migrate(dsn: str) -> int:
     except MigrationError as exc:
         log.error("migration refused", error=str(exc))
         return 1
-    except ssl.SSLCertVerificationError as exc:  # a ValueError too, but the DSN may well be right
-        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
-        return 1
-    except ValueError as exc:  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
-        log.error("invalid Postgres connection string", dsn=redact_url(dsn), error=describe_failure(exc))
-        return 1
-    except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:  # refused, unresolvable, cut mid-way
-        log.error("cannot reach Postgres", dsn=redact_url(dsn), error=describe_failure(exc))
-        return 1
-    except asyncpg.PostgresError as exc:  # the server said no: no such database or role, a privilege
-        log.error("migration failed", dsn=redact_url(dsn), error=describe_failure(exc))
+    except Exception as exc:
+        event = _migrate_failure(exc)
+        if event is None:
+            raise
+        log.error(event, dsn=redact_setting(dsn), error=describe_failure(exc, dsn))
         return 1
     if applied:
         log.info("migrations applied", applied=applied)
     else:
         log.info("schema is up to date")
     return 0
+
+
+def _migrate_failure(exc: Exception) -> str | None:
+    """The event of ``worker migrate``'s one error line for ``exc``, or None for a bug (a traceback)."""
+    import ssl
+
+    import asyncpg
+
+    from worker.faults import ClientKeyRefused
+
+    if isinstance(exc, ClientKeyRefused):  # libpq's rule on the key file's mode
+        return "Postgres client key refused"
+    if isinstance(exc, ssl.SSLCertVerificationError):  # a ValueError too, but the DSN may well be right
+        return "cannot reach Postgres"
+    if isinstance(exc, ValueError):  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
+        return "invalid Postgres connection string"
+    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):  # refused, unresolvable, cut
+        return "cannot reach Postgres"
+    if isinstance(exc, asyncpg.PostgresError):  # the server said no: no such database or role, a privilege
+        return "migration failed"
+    return None
 
 
 if __name__ == "__main__":

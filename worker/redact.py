@@ -44,6 +44,20 @@ def redact_url(text: str) -> str:
     return _SECRET_PARAM.sub(r"\1***", text)
 
 
+#: a connection setting that is a URL (or a list of them) begins with its scheme
+_URL_FORM = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def redact_setting(value: str) -> str:
+    """A connection setting as outputs show it (``worker check``, ``run``'s ``starting`` line, ``migrate``'s
+    errors): its URL(s) through :func:`redact_url`; or, when it does not begin as a URL (``amqp//u:p@h``,
+    ``u:p@h``, a password alone, the first line of the wrong file), ``<unreadable, N characters>``: without
+    a scheme, nothing says where its password ends, so none of it is shown."""
+    if _URL_FORM.match(value):
+        return redact_url(value)
+    return f"<unreadable, {len(value)} characters>"
+
+
 def _redact_userinfo(rest: str) -> str:
     """What follows ``scheme://``, the password of its userinfo hidden (nothing to hide without one)."""
     at = rest.rfind("@")

@@ -12,8 +12,15 @@ the batch at the gate to come back).
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import select
 import signal
+import subprocess
+import sys
 import time
+from typing import Self
 
 import pytest
 
@@ -46,6 +53,57 @@ def _env(grace_s: int) -> dict[str, str]:
         "LTM_SHUTDOWN_GRACE_SECONDS": str(grace_s),
         **limit_env(),
     }
+
+
+class PipedWorker(WorkerProcess):
+    """``worker run`` writing its log into a pipe, as into ``| head -2`` or a log shipper: the test reads
+    the first lines (copied to the log file) and then closes its end, as ``head`` does once it has them."""
+
+    reader: int | None = None
+
+    def start(self, *extra: str) -> Self:
+        read_end, write_end = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module, *self.args, *extra],
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        os.close(write_end)
+        self.reader = read_end
+        return self
+
+    def read_until(self, event: str, timeout: float = 60.0) -> None:
+        """Read the pipe (into the log file) until a line with ``event`` came through (blocking)."""
+        assert self.reader is not None
+        deadline = time.monotonic() + timeout
+        pending = b""
+        with self.log_path.open("ab") as log:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                ready, _, _ = select.select([self.reader], [], [], 0.2)
+                if not ready:
+                    continue
+                chunk = os.read(self.reader, 65536)
+                log.write(chunk)
+                log.flush()
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    try:
+                        if json.loads(line).get("event") == event:
+                            return
+                    except ValueError:
+                        continue
+        raise AssertionError(f"{self.name} did not write {event!r} into its pipe within {timeout}s")
+
+    def reader_exits(self) -> None:
+        """Close the pipe's only read end: every later write of the worker fails with EPIPE."""
+        assert self.reader is not None
+        os.close(self.reader)
+        self.reader = None
 
 
 async def _events_held_in_flight(
@@ -109,6 +167,43 @@ async def test_sigterm_finishes_in_flight_events_and_exits_zero(stack: Stack) ->
         second = await _second_worker_finishes(stack, shard, stream)
 
     # finished events were acked (never redelivered, never replayed); the rest went to the second worker
+    statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
+    assert statuses[Status.SAVED] == EVENTS
+    assert second.count(PROCESSED) == EVENTS - CONCURRENCY
+
+
+async def test_a_worker_whose_log_reader_went_away_still_drains_and_exits_on_sigterm(stack: Stack) -> None:
+    """Newcomer review 4, F1: ``worker run | head -2``. Once the reader is gone, every log line fails with
+    EPIPE; the signal handler's own line used to raise before the stop was set, so SIGTERM (and a second
+    one) was ignored and the worker went on consuming until SIGKILL. Now the stop comes first and a failed
+    log write is dropped: the events in flight are finished and acked within the grace period, exit 0, and
+    the rest is requeued for the next worker (nothing lost, nothing answered twice)."""
+    grace_s = 10
+    server_scopes, _ = await seed_scopes(stack.rows)
+    stream = round_robin(EVENTS, server_scopes)
+    gate = Gate(stack.rows.conn, "server_memories")
+    await gate.close()
+    port = free_port()
+    first = PipedWorker(stack.env(**_env(grace_s), LTM_HTTP_PORT=str(port)), stack.log_dir / "piped.log")
+    stack.workers.append(first.start())  # the stack's teardown kills it, whatever happens here
+    await asyncio.to_thread(first.read_until, "consuming")
+    first.reader_exits()
+    async with Shard(stack.rabbitmq_url) as shard:
+        await shard.publish_many(stream.bodies)
+        await wait_for_metric(port, f"ltm_events_in_flight {float(CONCURRENCY)}")
+        await wait_for_metric(port, f"ltm_db_batch_size_sum {float(CONCURRENCY)}")
+        await gate.wait_for_waiters(int(await metric(port, "ltm_db_batch_size_count")))
+
+        signalled = time.monotonic()
+        first.signal(signal.SIGTERM)  # its "stopping" line is the first write into the closed pipe
+        await gate.open()
+        assert await first.wait_exit(timeout=grace_s + 20) == 0
+        took = time.monotonic() - signalled
+        assert took < grace_s, f"exit took {took:.1f}s with a grace period of {grace_s}s"
+
+        second = await _second_worker_finishes(stack, shard, stream)
+
+    # the first worker finished and acked what it had in flight; the second answered the rest, once each
     statuses = await check_outcome(stack.rows.conn, stream, shard.received, exactly_once=True)
     assert statuses[Status.SAVED] == EVENTS
     assert second.count(PROCESSED) == EVENTS - CONCURRENCY

@@ -1,9 +1,11 @@
-"""A newcomer's first hour (newcomer review 3): the README's "Try it locally" played as written, what the
-worker says when the bot's rows are missing, its start-up line, and one line per failed connect.
+"""A newcomer's first hour (newcomer reviews 3 and 4): the README's "Try it locally" played as written, what
+the worker says when the bot's rows are missing, its start-up line, one line per failed connect, and
+``worker demo`` as another shard and cleaning up after itself.
 
 The README block runs in ``bash -e`` from a scratch directory whose ``.venv`` is this interpreter's
-environment, with the two variables the block itself reads set to this test's own database name and vhost
-(``LTM_DEMO_DB``, ``LTM_RABBITMQ_URL``), so the commands are the README's, character for character.
+environment, with the one variable the block reads, ``LTM_DEMO_DB``, set to a name of this test's own (the
+block makes a database and a vhost of that name, and removes both), so the commands are the README's,
+character for character. It needs ``rabbitmqctl`` for the local broker, as the README says.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -25,7 +29,7 @@ import pytest
 
 from tests.e2e.conftest import Stack
 from tests.e2e.harness import REPO
-from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID
+from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID, TOOL_CALL_PREFIX
 from worker.pipeline.outcome import CRITICAL_STATE_MISSING
 from worker.redact import redact_url
 
@@ -41,13 +45,31 @@ def try_it_locally_block() -> str:
     return str(blocks[1])
 
 
-def test_the_readme_block_reads_only_the_variables_the_test_sets() -> None:
+def test_the_readme_block_pairs_its_database_with_a_vhost_of_its_own() -> None:
+    """Newcomer review 4, F8: the block made a database of its own but used vhost `/`."""
     block = try_it_locally_block()
 
-    assert "${LTM_DEMO_DB:-ltm_demo}" in block
-    assert "LTM_RABBITMQ_URL" not in block  # the worker's default vhost, or whatever the reader exported
-    assert "worker demo clean --topology" in block
-    assert "dropdb" in block
+    assert "${LTM_DEMO_DB:-ltm_demo}" in block  # the one variable the test sets
+    assert 'createdb -h 127.0.0.1 -U postgres "$db"' in block
+    assert 'rabbitmqctl -q add_vhost "$db" && rabbitmqctl -q set_permissions -p "$db" guest' in block
+    assert 'LTM_RABBITMQ_URL="amqp://guest:guest@127.0.0.1:5672/$db"' in block
+    assert 'dropdb -h 127.0.0.1 -U postgres "$db" && rabbitmqctl -q delete_vhost "$db"' in block
+
+
+def rabbitmqctl_runs() -> bool:
+    """Whether this process may run `rabbitmqctl` against the local broker (root, or the rabbitmq user)."""
+    executable = shutil.which("rabbitmqctl")
+    if executable is None:
+        return False
+    done = subprocess.run([executable, "-q", "list_vhosts"], capture_output=True, timeout=60, check=False)
+    return done.returncode == 0
+
+
+def vhosts() -> set[str]:
+    done = subprocess.run(
+        ["rabbitmqctl", "-q", "list_vhosts"], capture_output=True, text=True, timeout=60, check=True
+    )
+    return {line.strip() for line in done.stdout.splitlines() if line.strip()} - {"name"}
 
 
 async def _exists(url: str, kind: str, name: str) -> bool:
@@ -74,10 +96,12 @@ async def test_the_readme_try_it_locally_commands_run_as_written(
     local = (pg.hostname, pg.port, pg.username, amqp.hostname, amqp.port, amqp.username, redis_url)
     if local != ("127.0.0.1", 5432, "postgres", "127.0.0.1", 5672, "guest", "redis://127.0.0.1:6379/0"):
         pytest.skip("the README's commands name the local services' defaults; these tests use other services")
+    if not await asyncio.to_thread(rabbitmqctl_runs):
+        pytest.skip("the README's block runs rabbitmqctl (as root or the rabbitmq user); it cannot run here")
     database = f"ltm_demo_{uuid.uuid4().hex[:8]}"
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-    env.update(LTM_DEMO_DB=database, LTM_RABBITMQ_URL=rabbitmq_url, PYTHONUNBUFFERED="1")
+    env.update(LTM_DEMO_DB=database, PYTHONUNBUFFERED="1")
     process = await asyncio.create_subprocess_exec(
         "bash",
         "-e",
@@ -101,6 +125,11 @@ async def test_the_readme_try_it_locally_commands_run_as_written(
             await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         finally:
             await admin.close()
+        left_vhost = database in await asyncio.to_thread(vhosts)
+        if left_vhost:
+            await asyncio.to_thread(
+                subprocess.run, ["rabbitmqctl", "-q", "delete_vhost", database], check=False
+            )
     text = out.decode()
     log = tmp_path / "ltm-demo.log"
 
@@ -108,13 +137,49 @@ async def test_the_readme_try_it_locally_commands_run_as_written(
     assert text.count("result: memory_saved_successfully") == 2, text
     assert "notice: 🧠 Tomori Learned Something New! - Kaede likes dogs" in text
     assert "notice: 💡 Tomori Learned Something New about Master Sparrow!" in text
-    assert "deleted 2 ledger rows, 2 users rows, 1 servers row" in text
-    # back to a clean machine: the database, the log, the shard's and the worker's queues and exchanges
-    assert left == 0
+    # back to a clean machine: the database, the vhost (with every queue and exchange), the log
+    assert (left, left_vhost) == (0, False)
     assert not log.exists()
+
+
+async def test_demo_send_speaks_as_the_shard_it_is_told_and_clean_removes_what_the_demo_made(
+    stack: Stack,
+) -> None:
+    """`--shard N` (newcomer review 4, F9: the compose stack ships shard-0's user, not shard-3's): the event
+    says shard N, its `user_id` is the URL's user, the answer comes to shard N's queues; `demo clean --shard N
+    --topology` removes the rows, shard N's queues and the worker's topology."""
+    rabbitmq_url = stack.rabbitmq_url
+    assert (await asyncio.to_thread(stack.cli, "demo", "seed")).returncode == 0
+    worker = stack.worker()
+    await stack.workers_ready()
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        spy = await channel.declare_queue(exclusive=True)  # a copy of what the demo publishes
+        await spy.bind("tomori.tool_calls", "tool.#")
+
+        sent = await asyncio.to_thread(stack.cli, "demo", "send", "--shard", "5", "--timeout", "60")
+
+        assert sent.returncode == 0, sent.stdout + sent.stderr
+        assert "result: memory_saved_successfully" in sent.stdout
+        published = await spy.get(timeout=10)
+        await spy.delete(if_unused=False, if_empty=False)
+    finally:
+        await connection.close()
+    assert json.loads(published.body)["shard_id"] == 5
+    assert published.user_id == (urlsplit(rabbitmq_url).username or "guest")
+    worker.signal(signal.SIGTERM)
+    assert await worker.wait_exit() == 0
+
+    cleaned = await asyncio.to_thread(stack.cli, "demo", "clean", "--shard", "5", "--topology")
+
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert "database: deleted 1 ledger rows, 2 users rows, 1 servers row" in cleaned.stdout
+    demo_rows = "SELECT count(*) FROM ltm_processed_events WHERE starts_with(tool_call_id, $1)"
+    assert await stack.rows.conn.fetchval(demo_rows, TOOL_CALL_PREFIX) == 0
     for kind, name in [
-        ("queue", "tomori.shard.3.results"),
-        ("queue", "tomori.shard.3.notifications"),
+        ("queue", "tomori.shard.5.results"),
+        ("queue", "tomori.shard.5.notifications"),
         ("queue", "ltm.create_memory"),
         ("queue", "ltm.create_memory.dlq"),
         ("queue", "ltm.create_memory.retry.1000"),

@@ -64,6 +64,14 @@ def missing_database(postgres_dsn: str) -> str:
     return with_database(postgres_dsn, f"ltm_missing_{uuid.uuid4().hex[:12]}")
 
 
+def no_database_sentence(dsn: str) -> str:
+    """What every command says about the missing database of ``dsn`` (worker/faults.py)."""
+    parts = urlsplit(dsn)
+    database = parts.path[1:]
+    createdb = f"createdb -h {parts.hostname} -p {parts.port} -U {parts.username} {database}"
+    return f"Postgres has no database {database!r}: create it ({createdb}) or correct the database in the DSN"
+
+
 def bad_sslmode(postgres_dsn: str) -> str:
     return with_password(postgres_dsn, "s3cret") + "?sslmode=bogus"
 
@@ -85,9 +93,8 @@ def test_migrate_names_a_missing_database(postgres_dsn: str) -> None:
     dsn = missing_database(postgres_dsn)
     line = migrate_failure(dsn)
 
-    database = urlsplit(dsn).path[1:]
     assert line["event"] == "migration failed"
-    assert line["error"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    assert line["error"] == no_database_sentence(dsn)
     assert line["dsn"] == redact(dsn)  # a container's Postgres has a password
 
 
@@ -97,9 +104,11 @@ def test_migrate_names_a_role_that_does_not_exist(postgres_dsn: str) -> None:
 
     assert line["event"] == "migration failed"
     # trust auth (this machine's Postgres) says the role is missing; password auth (a container) refuses first
+    advice = "(check the user and password in the DSN, and that the server's pg_hba.conf admits this host"
     assert line["error"] in {
-        'InvalidAuthorizationSpecificationError: role "nobody_here" does not exist',
-        'InvalidPasswordError: password authentication failed for user "nobody_here"',
+        f'Postgres refused the login: role "nobody_here" does not exist {advice}, user and database)',
+        f'Postgres refused the login: password authentication failed for user "nobody_here" {advice}, user '
+        "and database)",
     }
 
 
@@ -127,7 +136,7 @@ def test_check_names_a_missing_database_and_a_bad_connection_string(
     postgres_dsn: str, redis_url: str
 ) -> None:
     for dsn, problem in (
-        (missing_database(postgres_dsn), "InvalidCatalogNameError: database "),
+        (missing_database(postgres_dsn), "Postgres has no database 'ltm_missing_"),
         (bad_sslmode(postgres_dsn), "invalid connection string: `sslmode` parameter must be one of"),
     ):
         done = worker("check", LTM_POSTGRES_DSN=dsn, LTM_REDIS_URL=redis_url)
@@ -158,8 +167,8 @@ async def test_run_waits_naming_a_missing_database_in_one_line(
     assert "s3cret" not in text
     waits = [line for line in process.lines() if line["event"] == "waiting for dependency"]
     assert waits[0]["dependency"] == "postgres"
-    database = urlsplit(dsn).path[1:]
-    assert waits[0]["problem"] == f'InvalidCatalogNameError: database "{database}" does not exist'
+    assert waits[0]["problem"] == no_database_sentence(dsn)
+    assert waits[0]["level"] == "error"  # a person must create it; the worker waits all the same
 
 
 async def test_run_exits_at_once_on_a_connection_string_that_can_never_work(
@@ -280,3 +289,182 @@ async def test_migrate_warns_about_each_fallback(migrated_dsn: str) -> None:
         ("LTM_HTTP_PORT", "notaport", 0),
         ("LTM_LOG_LEVEL", "verbose", "info"),
     ]
+
+
+# --- a reader that went away (newcomer review 4, F1) ------------------------------------------------------
+
+
+def worker_into_a_closed_pipe(*args: str, **settings: str) -> int:
+    """``python -m worker ARGS`` with stdout and stderr a pipe nobody reads (``| head -0``): its exit code."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", *args],
+            cwd=REPO,
+            env=cli_env(**settings),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=write_end,
+            timeout=90,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    return done.returncode
+
+
+@pytest.mark.parametrize(
+    "args", [("migrate",), ("check",), ("demo", "seed"), ("dlq", "list")], ids=lambda a: " ".join(a)
+)
+async def test_a_command_whose_reader_went_away_ends_as_it_does_with_one(
+    args: tuple[str, ...], migrated_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    """Every write into the closed pipe fails (EPIPE); the command does its work and exits with its own
+    code all the same, not with a traceback's 1 or a failed flush's 120."""
+    services = {
+        "LTM_POSTGRES_DSN": migrated_dsn,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+    }
+    unread = worker_into_a_closed_pipe(*args, **services)
+    read = worker(*args, **services)
+
+    assert unread == read.returncode, read.stdout + read.stderr
+    assert unread == (4 if args[0] == "dlq" else 0)  # dlq: no DLQ on a fresh vhost
+
+
+# --- a refused vhost or login: the same sentence in every command (newcomer review 4, F2, F6) -------------
+
+
+def refused(rabbitmq_url: str, mistake: str) -> tuple[str, str]:
+    """The URL with a vhost that does not exist or a wrong password, and the sentence every command says."""
+    parts = urlsplit(rabbitmq_url)
+    user = parts.username or "guest"
+    if mistake == "vhost":
+        vhost = parts.path[1:] + "-typo"
+        url = urlunsplit(parts._replace(path="/" + vhost))
+        return url, (
+            f"RabbitMQ refused vhost {vhost!r} to user {user!r} (does the vhost exist, and may user {user!r} "
+            f"use it? rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions {user})"
+        )
+    url = urlunsplit(parts._replace(netloc=f"{user}:s3cret-wrong@{parts.hostname}:{parts.port or 5672}"))
+    return url, (
+        f"RabbitMQ refused the login of user {user!r} (ACCESS_REFUSED): check the user and password in the "
+        "URL"
+    )
+
+
+@pytest.mark.parametrize("mistake", ["vhost", "password"])
+async def test_a_refused_vhost_or_login_says_what_to_do_in_every_command(
+    mistake: str, migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    url, sentence = refused(rabbitmq_url, mistake)
+    services = {"LTM_POSTGRES_DSN": migrated_dsn, "LTM_RABBITMQ_URL": url, "LTM_REDIS_URL": redis_url}
+    unreachable = f"cannot reach RabbitMQ at {redact(url)}: {sentence}"
+
+    check = worker("check", **services)
+    demo = worker("demo", "send", "--timeout", "10", **services)
+    dlq = worker("dlq", "list", **services)
+
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert f"FAIL  rabbitmq  {redact(url)}\n      {sentence}\n" in check.stdout
+    assert (demo.returncode, demo.stderr) == (3, f"worker demo: {unreachable}\n")
+    assert (dlq.returncode, dlq.stderr) == (3, f"{unreachable}\n")
+
+    # `run` keeps trying (a vhost made or a password fixed later heals it), each try one ERROR line
+    process = WorkerProcess(cli_env(**services), tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("rabbitmq unavailable", at_least=2)
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+    tries = [line for line in process.lines() if line["event"] == "rabbitmq unavailable"]
+    assert {(line["level"], line["error"]) for line in tries} == {("error", sentence)}
+    assert [line for line in process.lines() if str(line.get("logger", "")).startswith("aio")] == []
+    for output in (check.stdout, demo.stderr, dlq.stderr, process.log_path.read_text()):
+        assert "s3cret" not in output
+        assert "Traceback" not in output
+
+
+# --- settings' notes: listed by check, logged by run and migrate (newcomer 4, F7; security 4, N9) ----------
+
+
+async def test_every_setting_note_is_listed_by_check_and_logged_by_run_and_migrate(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    remote = urlunsplit(urlsplit(migrated_dsn)._replace(netloc="ltm@pg.ltm-no-such-host.invalid:5432"))
+    settings = {
+        "LTM_POSTGRES_DSN": remote,
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+        "LTM_CONCURRENCY": "3O",
+        "LTM_CONCURENCY": "4",
+    }
+    notes = [
+        "LTM_POSTGRES_DSN reaches 'pg.ltm-no-such-host.invalid' without sslmode: the server is not "
+        "verified, and without TLS on offer the connection goes on in plaintext without a word; say "
+        "sslmode=verify-full (README, TLS to Postgres, RabbitMQ and Redis), or sslmode=disable to choose "
+        "plaintext in the open",
+        "LTM_CONCURRENCY='3O' read as 3 (the text after the digits is ignored, as parseInt does)",
+        "unknown setting LTM_CONCURENCY; did you mean LTM_CONCURRENCY?",
+    ]
+
+    check = worker("check", **settings)
+    report = json.loads(worker("check", "--json", **settings).stdout)
+    migrate = worker("migrate", **settings)
+
+    assert [line for line in check.stdout.splitlines() if line.startswith("warn")] == [
+        f"warn  {note}" for note in notes
+    ]
+    assert check.stdout.splitlines()[-1] == "not working: postgres (3 other setting warnings)"
+    assert [note["note"] for note in report["notes"]] == notes
+    assert [note["variable"] for note in report["notes"]] == [
+        "LTM_POSTGRES_DSN",
+        "LTM_CONCURRENCY",
+        "LTM_CONCURENCY",
+    ]
+    logged = [line for line in json_lines(migrate.stderr) if line["event"] == "setting not taken as written"]
+    assert [(line["level"], line["note"]) for line in logged] == [("warning", note) for note in notes]
+
+    process = WorkerProcess(cli_env(**settings), tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("starting")
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+    logged = [line for line in process.lines() if line["event"] == "setting not taken as written"]
+    assert [(line["variable"], line["note"]) for line in logged] == list(
+        zip(["LTM_POSTGRES_DSN", "LTM_CONCURRENCY", "LTM_CONCURENCY"], notes, strict=True)
+    )
+    [starting] = [line for line in process.lines() if line["event"] == "starting"]
+    assert starting["concurrency"] == 3
+
+
+def test_a_postgres_client_key_others_may_read_is_refused_as_libpq_refuses_it(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """Security review 4, N9: asyncpg used a 0666 key that psql refuses; now every command refuses it."""
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    key.chmod(0o644)
+    dsn = f"{postgres_dsn}?sslmode=require&sslcert={cert}&sslkey={key}"
+    refused = (
+        f'TLS client key refused: private key file "{key}" has group or world access; file must have '
+        "permissions u=rw (0600) or less if owned by the current user, or permissions u=rw,g=r (0640) or "
+        "less if owned by root"
+    )
+
+    check = worker("check", LTM_POSTGRES_DSN=dsn)
+    migrate = worker("migrate", LTM_POSTGRES_DSN=dsn)
+
+    assert check.returncode == 1
+    assert check.stdout.splitlines()[1].strip() == refused
+    (line,) = json_lines(migrate.stderr)
+    assert (migrate.returncode, line["event"], line["error"]) == (1, "Postgres client key refused", refused)
+
+    key.chmod(0o600)  # what libpq takes; the connection is then tried (and this server's answer is its own)
+    assert refused not in worker("check", LTM_POSTGRES_DSN=dsn).stdout

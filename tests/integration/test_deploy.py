@@ -649,6 +649,54 @@ async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
                 process.wait(WAIT_SECONDS)
 
 
+async def test_worker_demo_send_as_the_shipped_shard_0_user_gets_its_save_answered(
+    test_services: Services, migrated_dsn: str, redis_url: str, tmp_path: Path
+) -> None:
+    """deploy/README.md's first save through the compose stack: `worker demo send --shard 0` with the
+    definitions' own `shard-0` (newcomer review 4, F9: shard 3 has no user there). Everything `send` does
+    (passive checks, its two queues declared and bound, the publish with `user_id`, `basic.get`) is within
+    what a shard user may; the broker accepts `user_id` only as the connection's user."""
+    with imported(test_services, with_topology=True) as deployed:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("LTM_")}
+        env |= env_of(
+            rabbitmq_url=deployed.urls["worker"],
+            postgres_dsn=migrated_dsn,
+            redis_url=redis_url,
+            log_format="json",
+        )
+        seeded = await asyncio.to_thread(worker_demo, env, "seed")
+        assert seeded.returncode == 0, seeded.stdout + seeded.stderr
+        log_path = tmp_path / "worker.log"
+        process = await asyncio.to_thread(start_worker_run, env, log_path)
+        try:
+            await wait_for_log(process, log_path, "consuming")
+            sent = await asyncio.to_thread(
+                worker_demo, env, "send", "--shard", "0", "--rabbitmq-url", deployed.urls[shard_user(0)]
+            )
+            assert sent.returncode == 0, sent.stdout + sent.stderr
+            assert "result: memory_saved_successfully" in sent.stdout
+            assert "notice: 🧠 Tomori Learned Something New! - Kaede likes dogs" in sent.stdout
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(process.wait, WAIT_SECONDS) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(WAIT_SECONDS)
+
+
+def worker_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m worker demo ARGS` with `env` (blocking)."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "demo", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS * 4,
+        check=False,
+    )
+
+
 def start_worker_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """`python -m worker run` with `env`, its output (JSON log lines) going to `log_path`."""
     with log_path.open("wb") as log:

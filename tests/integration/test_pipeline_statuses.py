@@ -278,6 +278,27 @@ async def test_arguments_are_judged_before_critical_state(pool: asyncpg.Pool, ro
     assert published(done.result)["status"] == Status.INVALID_ARGS
 
 
+async def test_empty_content_is_judged_after_critical_state_as_the_original_does(
+    pool: asyncpg.Pool, rows: BotRows
+) -> None:
+    """Security review 4, N11, decided (README "Decisions"): SPEC.md's order, the original's, is kept. An
+    empty ``memory_content`` is answered from the state: the rows present, ``invalid_args``; a guild, a
+    persona of that guild or an author without a row, the critical-state sentence. Nothing is written."""
+    world = await rows.world()
+    empty = server_args("   ")
+    sentence = "The 'memory_content' argument was missing, empty, or not a string"
+
+    present = await process_event(pool, event(empty, persona_id=world.persona_id), Limits())
+    no_guild = await process_event(pool, event(empty, persona_id=world.persona_id, guild=OTHER), Limits())
+    no_persona = await process_event(pool, event(empty, persona_id=world.persona_id + 999), Limits())
+    no_author = await process_event(pool, event(empty, persona_id=world.persona_id, trigger=OTHER), Limits())
+
+    assert_failure(present, Status.INVALID_ARGS, sentence, reason=sentence)
+    for done in (no_guild, no_persona, no_author):
+        assert_failure(done, Status.INTERNAL_ERROR, CRITICAL)
+    assert await rows.conn.fetchval("SELECT count(*) FROM server_memories") == 0
+
+
 async def test_ambiguous_target(pool: asyncpg.Pool, rows: BotRows) -> None:
     world = await rows.world()
     members = [

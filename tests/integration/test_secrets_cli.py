@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -105,7 +106,7 @@ def test_a_keyword_dsn_is_refused_without_being_echoed() -> None:
     assert_no_secret(done)
     (line,) = json_lines(done.stderr)
     assert line["error"].startswith("LTM_POSTGRES_DSN is not a valid connection URL: a libpq keyword string")
-    assert line["dsn"] == "host=127.0.0.1 user=postgres password=*** dbname=postgres"
+    assert line["dsn"] == f"<unreadable, {len(dsn)} characters>"
 
 
 # --- unencoded characters: one line naming the variable, never a piece of the password ----------------
@@ -407,3 +408,80 @@ async def test_run_consumes_with_every_secret_from_a_file(
     text = process.log_path.read_text()
     assert SECRET not in text
     assert "Traceback" not in text
+
+
+# --- a setting that is no URL is never shown; what a secret file may be (security review 4, N6, N8) --------
+
+
+NOT_URLS = {
+    "no-colon": f"amqp//u:{SECRET}@127.0.0.1:5672/",
+    "no-scheme": f"u:{SECRET}@127.0.0.1:5672/",
+    "one-slash": f"amqp:/u:{SECRET}@127.0.0.1/",
+}
+
+
+@pytest.mark.parametrize("form", sorted(NOT_URLS))
+def test_a_connection_setting_that_is_no_url_shows_only_its_length_in_every_command(
+    form: str, postgres_dsn: str, rabbitmq_url: str, redis_url: str
+) -> None:
+    value = NOT_URLS[form]
+    shown = f"<unreadable, {len(value)} characters>"
+    services = {"LTM_POSTGRES_DSN": postgres_dsn, "LTM_RABBITMQ_URL": value, "LTM_REDIS_URL": redis_url}
+
+    check = worker("check", **services)
+    report = worker("check", "--json", **services)
+    migrate = worker("migrate", LTM_POSTGRES_DSN=value.replace("amqp", "postgres"))
+    run = subprocess.run(
+        [sys.executable, "-m", "worker", "run"],
+        cwd=REPO,
+        env=cli_env(**services),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    for done in (check, report, migrate, run):
+        assert_no_secret(done)
+    assert f"FAIL  rabbitmq  {shown}\n" in check.stdout
+    assert json.loads(report.stdout)["dependencies"]["rabbitmq"]["target"] == shown
+    assert (
+        json_lines(migrate.stderr)[-1]["dsn"]
+        == f"<unreadable, {len(value.replace('amqp', 'postgres'))} characters>"
+    )
+    [starting] = [line for line in json_lines(run.stderr) if line["event"] == "starting"]
+    assert (starting["level"], starting["rabbitmq"], run.returncode) == ("info", shown, 1)
+
+
+@pytest.mark.parametrize("content", [SECRET, f"root:$6${SECRET}:19000:0:99999:7:::\nbin:x:1:1::/:/bin/sh"])
+def test_the_wrong_file_as_a_secret_is_never_echoed(content: str, tmp_path: Path, postgres_dsn: str) -> None:
+    target = tmp_path / "shadow"
+    target.write_text(content)
+    (tmp_path / "redis-url").symlink_to(target)
+
+    done = worker("check", LTM_POSTGRES_DSN=postgres_dsn, LTM_REDIS_URL_FILE=str(tmp_path / "redis-url"))
+
+    assert_no_secret(done)
+    assert done.returncode == 1
+    first_line = content.rstrip("\n")
+    assert f"FAIL  redis     <unreadable, {len(first_line)} characters>\n" in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "too-large"])
+def test_a_secret_file_that_is_no_small_regular_file_is_refused_at_once(kind: str, tmp_path: Path) -> None:
+    """Before: a FIFO made `worker check` hang, /dev/zero filled the memory, 3 MB were echoed back."""
+    path = {"fifo": tmp_path / "fifo", "dev-zero": Path("/dev/zero"), "directory": tmp_path}.get(
+        kind, tmp_path / "big"
+    )
+    if kind == "fifo":
+        os.mkfifo(path)
+    if kind == "too-large":
+        path.write_text(f"redis://:{SECRET}@h/0?x=" + "x" * 3_000_000)
+
+    done = worker("check", LTM_REDIS_URL_FILE=str(path))
+
+    assert_no_secret(done)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"worker check: LTM_REDIS_URL_FILE: {path} is ")
+    assert len(done.stderr.splitlines()) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.config import DEFAULT_HTTP_HOST, Settings, expected_value, load_settings
+from worker.config import DEFAULT_HTTP_HOST, Settings, connection_problems, expected_value, load_settings
 
 
 @pytest.mark.parametrize(
@@ -79,3 +79,128 @@ def test_the_probe_endpoint_listens_on_this_host_only_unless_told(raw: str | Non
 
     assert (settings.http_host, settings.fallbacks) == (host, ())
     assert DEFAULT_HTTP_HOST == "127.0.0.1"
+
+
+# --- notes: a value read other than as written, an unknown variable, a DSN without sslmode ------------------
+# (newcomer review 4, F7; security review 4, N9)
+
+
+@pytest.mark.parametrize(
+    ("raw", "value", "note"),
+    [
+        ("3O", 3, "LTM_CONCURRENCY='3O' read as 3 (the text after the digits is ignored, as parseInt does)"),
+        (
+            "12abc",
+            12,
+            "LTM_CONCURRENCY='12abc' read as 12 (the text after the digits is ignored, as parseInt does)",
+        ),
+        (
+            "1e3",
+            1,
+            "LTM_CONCURRENCY='1e3' read as 1 (the text after the digits is ignored, as parseInt does)",
+        ),
+        ("12", 12, None),
+        (" 12\n", 12, None),
+        ("+5", 5, None),
+    ],
+)
+def test_an_integer_with_text_after_it_keeps_the_bots_value_but_is_noted(
+    raw: str, value: int, note: str | None
+) -> None:
+    settings = load_settings({"LTM_CONCURRENCY": raw})
+
+    assert settings.concurrency == value
+    assert settings.fallbacks == ()
+    assert settings.notes == ((("LTM_CONCURRENCY", note),) if note else ())
+
+
+def test_an_unknown_ltm_variable_is_noted_with_the_setting_it_probably_meant() -> None:
+    env = {
+        "LTM_CONCURENCY": "4",
+        "LTM_POSTGRES_DNS_FILE": "/run/secrets/S3cret",
+        "LTM_FOO": "S3cret",
+        "MAX_MEMORY_LENGHT": "5",
+        # not settings of the worker, and not the worker's to judge
+        "MAX_OPEN_FILES": "1024",
+        "LTM_TEST_POSTGRES_DSN": "postgresql://u@h/db",
+        "LTM_BENCH_NAGLE": "1",
+        "LTM_STACK": "1",
+        "LTM_STACK_WORKERS": "2",
+        "LTM_DEMO_DB": "ltm_demo",
+        "LTM_WORKER_IMAGE": "x",
+        "LTM_POSTGRES_HOST_PORT": "45432",
+        "LTM_WORKER_BIN": "/x",
+        "LTM_REQUIRE_DOCKER": "1",
+        "LTM_POSTGRES_DSN_FILE": "",
+        "LTM_CONCURRENCY": "4",
+    }
+
+    notes = load_settings(env).notes
+
+    assert notes == (
+        ("LTM_CONCURENCY", "unknown setting LTM_CONCURENCY; did you mean LTM_CONCURRENCY?"),
+        ("LTM_FOO", "unknown setting LTM_FOO: no setting reads it (`worker --help` lists them)"),
+        (
+            "LTM_POSTGRES_DNS_FILE",
+            "unknown setting LTM_POSTGRES_DNS_FILE; did you mean LTM_POSTGRES_DSN_FILE?",
+        ),
+        ("MAX_MEMORY_LENGHT", "unknown setting MAX_MEMORY_LENGHT; did you mean MAX_MEMORY_LENGTH?"),
+    )
+    assert "S3cret" not in repr(notes)
+
+
+SSL_ADVICE = (
+    "the server is not verified, and without TLS on offer the connection goes on in plaintext without a "
+    "word; say sslmode=verify-full (README, TLS to Postgres, RabbitMQ and Redis), or sslmode=disable to "
+    "choose plaintext in the open"
+)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "env", "said"),
+    [
+        ("postgresql://ltm:S3cret@pg.example:5432/bot", {}, "reaches 'pg.example' without sslmode"),
+        ("postgresql://ltm@10.0.0.7/bot?sslmode=prefer", {}, "reaches '10.0.0.7' with sslmode=prefer"),
+        (
+            "postgresql://ltm@[2001:db8::1]:5432/bot",
+            {"PGSSLMODE": "allow"},
+            "reaches '2001:db8::1' with sslmode=allow",
+        ),
+        ("postgresql://ltm@127.0.0.1,pg-b:5433/bot", {}, "reaches 'pg-b' without sslmode"),
+        ("postgresql:///bot", {"PGHOST": "pg.example"}, "reaches 'pg.example' without sslmode"),
+        ("postgresql://ltm@pg.example/bot?sslmode=verify-full&sslrootcert=/ca.pem", {}, None),
+        ("postgresql://ltm@pg.example/bot?sslmode=require", {}, None),
+        ("postgresql://ltm@pg.example/bot", {"PGSSLMODE": "verify-ca"}, None),
+        ("postgresql://ltm@postgres:5432/bot?sslmode=disable", {}, None),  # compose: plaintext in the open
+        ("postgresql://postgres@127.0.0.1:5432/postgres", {}, None),
+        ("postgresql://ltm@localhost/bot", {}, None),
+        ("postgresql://ltm@[::1]/bot", {}, None),
+        ("postgres:///bot?host=/run/postgresql", {}, None),
+        ("postgresql://ltm:S3c/ret@pg.example/bot", {}, None),  # refused on its own
+    ],
+)
+def test_a_postgres_dsn_to_another_host_without_sslmode_is_noted(
+    dsn: str, env: dict[str, str], said: str | None
+) -> None:
+    notes = load_settings({"LTM_POSTGRES_DSN": dsn, **env}).notes
+
+    assert notes == ((("LTM_POSTGRES_DSN", f"LTM_POSTGRES_DSN {said}: {SSL_ADVICE}"),) if said else ())
+    assert "S3cret" not in repr(notes)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "advised"),
+    [
+        ("postgressql://u:S3cret@h/db", False),  # a misspelt scheme has nothing to do with a password
+        ("postgres//u:S3cret@h/db", False),
+        ("postgresql://u:S3c/ret@h/db", True),
+        ("postgresql://u:S3c#ret@h/db", True),
+        ("postgresql://u:S3c@ret@h/db", True),
+    ],
+)
+def test_the_percent_encoding_advice_comes_only_where_a_password_can_be_the_cause(
+    dsn: str, advised: bool
+) -> None:
+    [problem] = connection_problems(load_settings({"LTM_POSTGRES_DSN": dsn})).values()
+
+    assert ("percent-encode" in problem) is advised

@@ -355,6 +355,46 @@ def definitions() -> dict[str, Any]:
     return json.loads((DEPLOY / "rabbitmq" / "definitions.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
 
 
+def first_save_block() -> str:
+    """The first ``sh`` block of deploy/README.md's "A first save through the stack"."""
+    text = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n### A first save through the stack\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)[0]  # type: ignore[no-any-return]
+
+
+def test_the_first_save_through_the_stack_uses_the_stacks_ports_and_shipped_users() -> None:
+    """Newcomer review 4, F9 and F10: the commands a newcomer copies set every host port compose publishes,
+    and send as a shard whose user and password the definitions ship, over the stack's Postgres user."""
+    block = first_save_block()
+    published = set(re.findall(r"\$\{(LTM_\w+_HOST_PORT):-\d+\}", (DEPLOY / "compose.yaml").read_text()))
+    exported = set(re.findall(r"\b(LTM_\w+_HOST_PORT)=\d+", block))
+    send = re.search(r'demo send --shard (\d+) --rabbitmq-url "(amqp://[^"]+)"', block)
+    seed = re.search(r'LTM_POSTGRES_DSN="(postgresql://[^"]+)" \S+ demo seed', block)
+
+    assert (
+        exported
+        == published
+        == {
+            "LTM_RABBITMQ_HOST_PORT",
+            "LTM_RABBITMQ_MANAGEMENT_HOST_PORT",
+            "LTM_POSTGRES_HOST_PORT",
+            "LTM_REDIS_HOST_PORT",
+        }
+    )
+    assert send is not None
+    assert seed is not None
+    shard, url = int(send.group(1)), urlsplit(send.group(2))
+    assert url.username == f"shard-{shard}"
+    assert url.netloc.endswith("@127.0.0.1:$LTM_RABBITMQ_HOST_PORT")
+    [user] = [user for user in definitions()["users"] if user["name"] == url.username]
+    stored = base64.b64decode(user["password_hash"])
+    salt, digest = stored[:4], stored[4:]
+    assert hashlib.sha256(salt + unquote(url.password or "").encode()).digest() == digest
+    dsn, stack_dsn = urlsplit(seed.group(1)), urlsplit(compose()["x-worker-environment"]["LTM_POSTGRES_DSN"])
+    assert (dsn.username, dsn.password, dsn.path) == (stack_dsn.username, stack_dsn.password, stack_dsn.path)
+    assert dsn.netloc.endswith("@127.0.0.1:$LTM_POSTGRES_HOST_PORT")
+
+
 def test_compose_matches_the_compose_specification() -> None:
     schema_file = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
     schema = json.loads(schema_file.read_text(encoding="utf-8"))

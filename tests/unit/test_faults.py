@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 
 import aio_pika.exceptions
@@ -11,7 +12,7 @@ import asyncpg
 import pytest
 import redis.exceptions
 
-from worker.faults import TransientError, is_certificate_problem, is_transient
+from worker.faults import TransientError, explain, is_transient, needs_a_person, refusal
 from worker.redact import certificate_failure, describe
 from worker.store.pool import describe_failure
 
@@ -95,7 +96,7 @@ def _wrapped(outer: BaseException, cause: BaseException) -> BaseException:
 def test_a_refused_certificate_reads_the_same_whichever_library_raised_it(exc: BaseException) -> None:
     described = describe(exc)
     assert described.startswith("TLS certificate not accepted (unable to get local issuer certificate): ")
-    assert is_certificate_problem(described)
+    assert needs_a_person(described)
     assert certificate_failure(exc) is not None
     assert is_transient(exc)  # retried like any other dependency failure
     assert "CERTIFICATE_VERIFY_FAILED" in described
@@ -108,5 +109,135 @@ def test_a_refused_certificate_is_not_an_invalid_connection_string() -> None:
     assert describe_failure(ValueError("`sslmode` parameter must be one of ...")).startswith(
         "invalid connection string: "
     )
-    assert not is_certificate_problem(describe(ConnectionRefusedError(111, "Connect call failed")))
+    assert not needs_a_person(describe(ConnectionRefusedError(111, "Connect call failed")))
     assert certificate_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")) is None
+
+
+# --- failures that need a person: what every command says (newcomer review 4, F2, F6, F15) ----------------
+
+VHOST_CLOSED = aiormq.exceptions.InvalidFrameError(
+    "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f082ba91a90>"
+)
+LOGIN_REFUSED = aiormq.exceptions.ProbableAuthenticationError(
+    "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. "
+    "For details see the broker logfile."
+)
+#: what aiormq raises for a channel the broker closed with 403 (it passes only the reply text)
+OPERATION_REFUSED = aiormq.exceptions.ChannelAccessRefused(
+    "ACCESS_REFUSED - access to exchange 'tomori.tool_calls' in vhost '/' refused for user 'w'"
+)
+
+
+@pytest.mark.parametrize(
+    ("exc", "url", "said"),
+    [
+        (
+            VHOST_CLOSED,
+            "amqp://nc4:s3cret@127.0.0.1:5672/nc4-ltm-typo",
+            "RabbitMQ refused vhost 'nc4-ltm-typo' to user 'nc4' (does the vhost exist, and may user 'nc4' "
+            "use it? rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions nc4)",
+        ),
+        (
+            VHOST_CLOSED,
+            "amqp://127.0.0.1/",
+            "RabbitMQ refused vhost '/' to user 'guest' (does the vhost exist, and may user 'guest' use it? "
+            "rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions guest)",
+        ),
+        (
+            LOGIN_REFUSED,
+            "amqp://guest:wrong@127.0.0.1:5672/",
+            "RabbitMQ refused the login of user 'guest' (ACCESS_REFUSED): check the user and password in the "
+            "URL",
+        ),
+        (
+            OPERATION_REFUSED,
+            "amqp://w:s3cret@rmq/",
+            "RabbitMQ refused user 'w': ACCESS_REFUSED - access to exchange 'tomori.tool_calls' in vhost '/' "
+            "refused for user 'w' (its permissions on the vhost: rabbitmqctl list_user_permissions w; "
+            "deploy/README.md lists what the worker needs)",
+        ),
+        (
+            asyncpg.InvalidCatalogNameError('database "ltm nc4" does not exist'),
+            "postgresql://ltm:s3cret@pg-a:5433,pg-b:5434/ltm%20nc4?sslmode=verify-full",
+            "Postgres has no database 'ltm nc4': create it (createdb -h pg-a -p 5433 -U ltm 'ltm nc4') or "
+            "correct the database in the DSN",
+        ),
+        (
+            asyncpg.InvalidCatalogNameError('database "ltm_demo" does not exist'),
+            None,
+            "Postgres has no database 'ltm_demo': create it (createdb ltm_demo) or correct the database in "
+            "the DSN",
+        ),
+        (
+            asyncpg.InvalidPasswordError('password authentication failed for user "ltm"'),
+            "postgresql://ltm:s3cret@[::1]:5432/tomoribot",
+            'Postgres refused the login: password authentication failed for user "ltm" (check the user and '
+            "password in the DSN, and that the server's pg_hba.conf admits this host, user and database)",
+        ),
+        (
+            redis.exceptions.AuthenticationError("invalid username-password pair or user is disabled."),
+            "redis://:s3cret@127.0.0.1:6379/0",
+            "Redis refused the login: invalid username-password pair or user is disabled. (check the user "
+            "and password in the URL)",
+        ),
+        (
+            redis.exceptions.NoPermissionError("this user has no permissions to run the 'info' command"),
+            "redis://w:s3cret@127.0.0.1:6379/0",
+            "Redis refused a command: this user has no permissions to run the 'info' command (the user's ACL "
+            "must allow PING, INFO and PUBLISH)",
+        ),
+        (
+            _wrapped(
+                aiormq.exceptions.AMQPConnectionError(-2, "Name or service not known"),
+                socket.gaierror(-2, "Name or service not known"),
+            ),
+            "amqp://guest:s3cret@rmq.nowhere.invalid:5672/",
+            "cannot resolve host 'rmq.nowhere.invalid' ([Errno -2] Name or service not known): check the "
+            "host in the URL",
+        ),
+    ],
+    ids=[
+        "vhost",
+        "vhost-default-user",
+        "login",
+        "permission",
+        "no-database",
+        "no-database-no-dsn",
+        "postgres-login",
+        "redis-login",
+        "redis-acl",
+        "unknown-host",
+    ],
+)
+def test_a_refusal_says_what_to_do_and_needs_a_person(exc: BaseException, url: str | None, said: str) -> None:
+    assert refusal(exc, url) == said
+    assert explain(exc, url) == said
+    assert needs_a_person(said)
+    assert needs_a_person(f"no RabbitMQ node answered: amqp://a/: {said}; amqp://b/: ConnectionRefusedError")
+    assert "s3cret" not in said
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5627)"),
+        aiormq.exceptions.ConnectionClosed(320, "CONNECTION_FORCED - shutdown"),
+        asyncpg.CannotConnectNowError("the database system is starting up"),
+        redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_an_outage_is_described_as_it_is_and_waited_on(exc: BaseException) -> None:
+    assert refusal(exc, "amqp://guest:guest@127.0.0.1/") is None
+    assert explain(exc, "amqp://guest:guest@127.0.0.1/") == describe(exc)
+    assert not needs_a_person(explain(exc))
+
+
+def test_postgres_failures_go_through_the_same_words() -> None:
+    dsn = "postgresql://postgres:s3cret@127.0.0.1:5432/ltm_nc4_nosuchdb"
+    missing = asyncpg.InvalidCatalogNameError('database "ltm_nc4_nosuchdb" does not exist')
+
+    assert describe_failure(missing, dsn) == (
+        "Postgres has no database 'ltm_nc4_nosuchdb': create it (createdb -h 127.0.0.1 -p 5432 -U postgres "
+        "ltm_nc4_nosuchdb) or correct the database in the DSN"
+    )

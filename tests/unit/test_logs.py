@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import io
 import json
 import logging
+import os
 import ssl
 import subprocess
 import sys
@@ -14,7 +17,7 @@ import aiormq.exceptions
 import pytest
 
 from tests.e2e.harness import REPO
-from worker.observability.logs import ExpectedDisconnects
+from worker.observability.logs import ExpectedDisconnects, SurvivingStream
 
 LOGGING_SCRIPT = textwrap.dedent(
     """
@@ -180,3 +183,80 @@ def test_a_record_lowered_below_the_threshold_is_dropped() -> None:
     given = record("aiormq.connection", TRANSPORT, (REFUSED,))
 
     assert not ExpectedDisconnects(threshold=logging.WARNING).filter(given)
+
+
+# --- a reader that went away (newcomer review 4, F1) ------------------------------------------------------
+
+
+def points_at_devnull(fd: int) -> bool:
+    found, devnull = os.fstat(fd), os.stat(os.devnull)
+    return (found.st_dev, found.st_ino) == (devnull.st_dev, devnull.st_ino)
+
+
+def test_a_write_into_a_pipe_whose_reader_left_is_dropped_and_later_ones_go_to_devnull() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = SurvivingStream(io.TextIOWrapper(os.fdopen(write_end, "wb"), encoding="utf-8"))
+    try:
+        assert stream.write("stopping\n") == len("stopping\n")
+        stream.flush()  # EPIPE here: swallowed, and the descriptor now leads to /dev/null
+
+        assert points_at_devnull(write_end)
+        stream.write("stopped cleanly\n")
+        stream.flush()
+    finally:
+        stream.close()
+
+
+class FullDisk(io.StringIO):
+    """A stream whose writes fail until ``free`` (a log file on a full disk)."""
+
+    full = True
+
+    def write(self, text: str) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(text)
+
+
+def test_another_write_failure_drops_only_that_line() -> None:
+    disk = FullDisk()
+    stream = SurvivingStream(disk)
+
+    stream.write("lost\n")
+    disk.full = False
+    stream.write("kept\n")
+
+    assert disk.getvalue() == "kept\n"
+
+
+def test_every_log_line_goes_through_the_guarded_stream_and_none_raises() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys
+        import structlog
+        from worker.observability.logs import configure_logging, guard_std_streams
+
+        guard_std_streams()
+        configure_logging("json", "info")
+        os.close(int(sys.argv[1]))  # the only reader leaves
+        for n in range(3):
+            structlog.get_logger("worker").info("after the reader left", n=n)
+        print("printed too")
+        import logging
+        logging.getLogger("aiormq.connection").error("a library line")
+        sys.exit(7)
+        """
+    )
+    read_end, write_end = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(read_end)],
+        cwd=REPO,
+        stdout=write_end,
+        stderr=write_end,
+        pass_fds=(read_end,),
+    )
+    os.close(write_end)
+    os.close(read_end)  # the child holds the last read end, and closes it itself
+
+    assert child.wait(timeout=60) == 7  # its own exit code: no traceback, no 120 for a failed flush at exit

@@ -3,12 +3,17 @@ without its value, and secrets may come from files (``*_FILE``)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from worker.config import Limits, Settings, SettingsError, connection_problems, declared, load_settings
-from worker.redact import describe, redact_url
+from worker.faults import ClientKeyRefused, explain, needs_a_person
+from worker.redact import describe, redact_setting, redact_url
+from worker.store.pool import client_key_problem, connect_once
 
 SECRET = "S3cret"
 
@@ -236,9 +241,155 @@ def test_the_bench_gives_its_workers_its_own_settings_quiet_and_without_a_port()
     from bench.fleet import worker_environment
 
     bench = Settings(prefetch=7, limits=Limits(max_server_memories=10**8), tracing="console", http_port=9109)
-    env = worker_environment({"HOME": "/home/b"}, bench, postgres_dsn="postgresql://b/db")
+    env = worker_environment({"HOME": "/home/b"}, bench, postgres_dsn="postgresql://127.0.0.1/db")
 
     settings = load_settings(env)
     quiet = {"log_level": "warning", "log_format": "json", "http_port": 0}
-    assert settings == bench.model_copy(update={"postgres_dsn": "postgresql://b/db", **quiet})
+    assert settings == bench.model_copy(update={"postgres_dsn": "postgresql://127.0.0.1/db", **quiet})
     assert (env["HOME"], env["PYTHONUNBUFFERED"]) == ("/home/b", "1")
+
+
+# --- what a secret file may be (security review 4, N8) ------------------------------------------------------
+
+
+def refusal_of(path: str) -> str:
+    with pytest.raises(SettingsError) as raised:
+        load_settings({f"{REDIS}_FILE": path})
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda d: (os.mkfifo(d / "fifo"), d / "fifo")[1], "a FIFO"),  # used to block `worker check`
+        (lambda d: Path("/dev/zero"), "a character device"),  # used to fill the memory
+        (lambda d: d, "a directory"),
+    ],
+    ids=["fifo", "dev-zero", "directory"],
+)
+def test_a_secret_file_must_be_a_regular_file(tmp_path: Path, make: Any, kind: str) -> None:
+    path = make(tmp_path)
+
+    assert refusal_of(str(path)) == (
+        f"{REDIS}_FILE: {path} is {kind}, not a regular file: name the file that holds the value"
+    )
+
+
+def test_a_secret_file_over_64_kib_is_refused_without_being_echoed(tmp_path: Path) -> None:
+    path = tmp_path / "big"
+    path.write_text("redis://:" + SECRET * 11_000 + "@h/0")
+
+    said = refusal_of(str(path))
+
+    assert said == (
+        f"{REDIS}_FILE: {path} is larger than 64 KiB; a secret file holds one connection URL: is it the "
+        "right file?"
+    )
+    assert SECRET not in said
+
+
+def test_a_secret_file_through_a_symlink_is_read_as_kubernetes_mounts_it(tmp_path: Path) -> None:
+    (tmp_path / "..data").mkdir()
+    (tmp_path / "..data" / "url").write_text("redis://:S3cret@redis:6379/0\n")
+    (tmp_path / "url").symlink_to(tmp_path / "..data" / "url")
+    exactly = tmp_path / "exactly"
+    exactly.write_text("redis://h/0?x=" + "a" * (64 * 1024 - len("redis://h/0?x=")))
+
+    assert load_settings({f"{REDIS}_FILE": str(tmp_path / "url")}).redis_url == "redis://:S3cret@redis:6379/0"
+    assert len(load_settings({f"{REDIS}_FILE": str(exactly)}).redis_url) == 64 * 1024
+
+
+# --- a setting that is no URL is not shown (security review 4, N6) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "S3cretOnlyPassw0rd",
+        "root:$6$S3cretHASH:19000:0:99999:7:::",
+        "amqp//u:S3cretB@127.0.0.1:5672/",
+        "u:S3cretA@127.0.0.1:5672/",
+        "amqp:/u:S3cretC@127.0.0.1/",
+        "host=h user=u password=S3cret",
+        "",
+    ],
+)
+def test_a_setting_that_is_no_url_shows_only_its_length(value: str) -> None:
+    assert redact_setting(value) == f"<unreadable, {len(value)} characters>"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("postgresql://u:S3cret@pg-a,pg-b/db", "postgresql://u:***@pg-a,pg-b/db"),
+        ("amqp://w:S3cret@a/, amqp://w:S3cret@b/", "amqp://w:***@a/, amqp://w:***@b/"),
+        ("amqp://w:S3cret@a/,oops:S3cret@b/", "amqp://w:***@b/"),
+        ("postgressql://u:S3cret@h/db", "postgressql://u:***@h/db"),
+    ],
+)
+def test_a_setting_that_begins_as_a_url_is_shown_redacted(value: str, shown: str) -> None:
+    assert redact_setting(value) == shown
+
+
+# --- a Postgres client key libpq would refuse (security review 4, N9) ---------------------------------------
+
+
+def key_pair(directory: Path, mode: int) -> tuple[Path, Path]:
+    cert, key = directory / "client.crt", directory / "client.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    key.chmod(mode)
+    return cert, key
+
+
+def dsn_with(cert: Path, key: Path, sslmode: str = "require") -> str:
+    return f"postgresql://u@pg.example/db?sslmode={sslmode}&sslcert={cert}&sslkey={key}"
+
+
+LIBPQ = (
+    'private key file "{key}" has group or world access; file must have permissions u=rw (0600) or less if '
+    "owned by the current user, or permissions u=rw,g=r (0640) or less if owned by root"
+)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o604, 0o660, 0o640])
+def test_a_client_key_others_may_read_is_refused_with_libpqs_words(tmp_path: Path, mode: int) -> None:
+    cert, key = key_pair(tmp_path, mode)
+    if os.geteuid() == 0:
+        os.chown(key, 65534, -1)  # not root's: the 0600 rule
+
+    assert client_key_problem(dsn_with(cert, key), {}) == LIBPQ.format(key=key)
+    with pytest.raises(ClientKeyRefused) as raised:
+        asyncio.run(connect_once(dsn_with(cert, key), timeout=1))
+    said = explain(raised.value)
+    assert said == "TLS client key refused: " + LIBPQ.format(key=key)
+    assert needs_a_person(said)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o700])
+def test_a_client_key_only_its_owner_reads_is_used(tmp_path: Path, mode: int) -> None:
+    cert, key = key_pair(tmp_path, mode)
+
+    assert client_key_problem(dsn_with(cert, key), {}) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file owned by root needs root to make")
+def test_a_root_owned_client_key_may_be_group_readable_as_a_mounted_secret_is(tmp_path: Path) -> None:
+    cert, key = key_pair(tmp_path, 0o440)  # a Kubernetes Secret's defaultMode in deploy/k8s
+
+    assert client_key_problem(dsn_with(cert, key), {}) is None
+    key.chmod(0o660)
+    assert client_key_problem(dsn_with(cert, key), {}) == LIBPQ.format(key=key)
+
+
+def test_a_client_key_is_judged_only_where_asyncpg_would_use_it(tmp_path: Path) -> None:
+    cert, key = key_pair(tmp_path, 0o666)
+    if os.geteuid() == 0:
+        os.chown(key, 65534, -1)
+    home = {"HOME": str(tmp_path / "nohome")}
+
+    assert client_key_problem(dsn_with(cert, key, "disable"), {}) is None
+    assert client_key_problem(f"postgresql://u@h/db?sslkey={key}", home) is None  # no certificate
+    assert client_key_problem(dsn_with(tmp_path / "absent.crt", key), {}) is None
+    assert client_key_problem(f"postgresql://u@h/db?sslcert={cert}", {"PGSSLKEY": str(key)}) is not None
+    assert client_key_problem(dsn_with(cert, key), {"PGSSLMODE": "disable"}) is not None  # the DSN says

@@ -39,6 +39,7 @@ def test_every_field_but_the_contract_and_the_record_is_read_from_a_variable() -
     assert set(Settings.model_fields) - {p.split(".")[0] for p in paths} == {
         "topology",
         "fallbacks",
+        "notes",
         "from_files",
     }
     assert {p for p in paths if p.startswith("limits.")} == {f"limits.{f}" for f in Limits.model_fields}
@@ -47,7 +48,7 @@ def test_every_field_but_the_contract_and_the_record_is_read_from_a_variable() -
 
 def test_settings_written_as_variables_read_back_the_same_without_a_fallback() -> None:
     settings = Settings(
-        postgres_dsn="postgresql://ltm:s3cret@pg-a,pg-b/bot",
+        postgres_dsn="postgresql://ltm:s3cret@pg-a,pg-b/bot?sslmode=verify-full",
         rabbitmq_url="amqp://w:p@rmq-1/ltm,amqp://w:p@rmq-2/ltm",
         limits=Limits(max_server_memories=7, notice_preview_limit=9),
         concurrency=3,

@@ -19,7 +19,8 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 
 from worker.broker import content_header
-from worker.redact import describe, redact_url
+from worker.faults import explain
+from worker.redact import redact_url
 
 
 def vhost_of(url: str) -> str:
@@ -76,7 +77,7 @@ class Nodes:
                 )
             except Exception as exc:  # refused, timed out, authentication or vhost refused
                 last = exc
-                errors.append(f"{redact_url(url)}: {describe(exc)}")
+                errors.append(f"{redact_url(url)}: {explain(exc, url)}")
                 continue
             # a later reconnect (this node lost, or failing after the connect) starts with the next node
             self._next = (index + 1) % count

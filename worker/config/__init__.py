@@ -24,6 +24,7 @@ from worker.config.env import (
     expected_value,
     load_settings,
     overridden_env,
+    unknown_variables,
     variable_of,
 )
 from worker.config.render import configuration_table, environment_help
@@ -48,6 +49,7 @@ from worker.config.settings import (
     Limits,
     LogFormat,
     LogLevel,
+    Note,
     Settings,
     Topology,
     TracingMode,
@@ -70,6 +72,7 @@ __all__ = [
     "Limits",
     "LogFormat",
     "LogLevel",
+    "Note",
     "Settings",
     "SettingsError",
     "Topology",
@@ -86,6 +89,7 @@ __all__ = [
     "overridden_env",
     "parse_port",
     "parse_positive_int",
+    "unknown_variables",
     "url_problem",
     "variable_of",
 ]

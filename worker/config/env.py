@@ -5,7 +5,9 @@ Integer settings follow the original bot's parse (``Number.parseInt``: leading d
 is 12); a value that is not an integer > 0 falls back to the default. So does every other setting given a
 value it does not take (a port that is no port, an unknown log format, level or tracing mode): each fallback
 is recorded in ``Settings.fallbacks``, in declaration order, which ``worker run`` and ``worker migrate`` log
-as warnings and ``worker check`` lists.
+as warnings and ``worker check`` lists. ``Settings.notes`` holds the other warnings, listed the same way: a
+value read other than as written (``12abc``), a Postgres DSN to another host without ``sslmode``, and every
+``LTM_*`` variable no setting reads (with the setting it probably meant).
 
 Plain pydantic, not pydantic-settings: every variable's text goes through a rule that falls back with a
 record instead of failing validation, ``load_settings`` reads any mapping (tests pass their own), the
@@ -16,18 +18,20 @@ reading ``os.environ``, is one line here.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from worker.config.rules import UNSET, Env, Invalid, Url
-from worker.config.settings import Fallback, Settings
+from worker.config.settings import Fallback, Note, Settings
 
 __all__ = [
     "DeclaredSetting",
@@ -41,6 +45,7 @@ __all__ = [
     "expected_value",
     "load_settings",
     "overridden_env",
+    "unknown_variables",
     "variable_of",
 ]
 
@@ -99,20 +104,82 @@ class SettingsError(ValueError):
     empty); the message names the variables and the path, never a value."""
 
 
+#: the most a ``_FILE`` secret may hold: a connection URL (or a list of them) is well under 1 KiB
+MAX_SECRET_FILE_BYTES = 64 * 1024
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
 def _read_file(env: Env, path: str) -> str:
-    """The value in the file ``path`` (a secret mounted as a file), without its trailing line breaks."""
+    """The value in the file ``path`` (a secret mounted as a file), without its trailing line breaks.
+
+    Only a regular file (a symlink to one, as Kubernetes mounts a Secret, is one) of at most
+    :data:`MAX_SECRET_FILE_BYTES`: a FIFO would block the command, ``/dev/zero`` would fill the memory. It is
+    opened without blocking and judged by what was opened, so a path swapped after a check cannot slip
+    through. No message quotes the file's content."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SettingsError(
             f"{env.file_var}: cannot read {path}: {exc.strerror or type(exc).__name__}"
         ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise SettingsError(
+            f"{env.file_var}: {path} is {kind}, not a regular file: name the file that holds the value"
+        )
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(MAX_SECRET_FILE_BYTES + 1)
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise SettingsError(
+            f"{env.file_var}: {path} is larger than {MAX_SECRET_FILE_BYTES // 1024} KiB; a secret file holds "
+            "one connection URL: is it the right file?"
+        )
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise SettingsError(f"{env.file_var}: {path} is not UTF-8 text") from None
     value = text.rstrip("\r\n")
     if not value.strip():
         raise SettingsError(f"{env.file_var}: {path} is empty")
     return value
+
+
+#: ``LTM_*`` variables of the tools around the worker, not settings of it: the test suites, the bench, the
+#: test stacks, the README's demo, compose's images and host ports, the TypeScript kit's stack
+_OTHER_TOOLS = re.compile(
+    r"LTM_(TEST|BENCH|STACK|FUZZ|DEMO)(_.*)?|LTM_\w*_(IMAGE|HOST_PORT)|LTM_(WORKER_BIN|REQUIRE_DOCKER)"
+    r"|LTM_CONTAINER_START_TIMEOUT"
+)
+#: prefixes of the settings without LTM_ (MAX_MEMORY_LENGTH, MEMORY_NOTICE_PREVIEW_LIMIT): a variable with one
+#: is noted only when it is close to a setting's name (other programs use these prefixes too)
+_UNPREFIXED = ("MAX_", "MEMORY_")
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[Note]:
+    """A note per variable in ``env`` that looks like a setting but is none: every ``LTM_*`` one that no
+    setting (or its ``_FILE`` form) reads and no other tool of the project uses, and a ``MAX_*``/``MEMORY_*``
+    one close to a setting's name; each with the setting it probably meant. Never the value."""
+    known = {s.var for s in declared()} | {s.env.file_var for s in declared() if s.env.file}
+    notes: list[Note] = []
+    for name in sorted(env):
+        if name in known or _OTHER_TOOLS.fullmatch(name):
+            continue
+        if not name.startswith(("LTM_", *_UNPREFIXED)):
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        if near:
+            notes.append((name, f"unknown setting {name}; did you mean {near[0]}?"))
+        elif name.startswith("LTM_"):
+            notes.append((name, f"unknown setting {name}: no setting reads it (`worker --help` lists them)"))
+    return notes
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +190,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """
     env = os.environ if env is None else env
     fallbacks: list[Fallback] = []
+    notes: list[Note] = []
     from_files: list[str] = []
     values: dict[str, Any] = {}
     for setting in declared():
@@ -143,13 +211,19 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         except Invalid as invalid:
             fallbacks.append((setting.var, invalid.shown, setting.default))
             continue
+        note = setting.env.rule.note(setting.var, raw, env)
+        if note is not None:
+            notes.append((setting.var, note))
         if value is not UNSET:
             *parents, name = setting.path
             target = values
             for parent in parents:
                 target = target.setdefault(parent, {})
             target[name] = value
-    return Settings.model_validate({**values, "fallbacks": tuple(fallbacks), "from_files": tuple(from_files)})
+    notes += unknown_variables(env)
+    return Settings.model_validate(
+        {**values, "fallbacks": tuple(fallbacks), "notes": tuple(notes), "from_files": tuple(from_files)}
+    )
 
 
 def connection_problems(settings: Settings, *fields: str) -> dict[str, str]:

@@ -1,15 +1,21 @@
 """How a variable's text becomes a setting's value, and the :class:`Env` metadata that names the variable.
 
 A rule falls back instead of failing: a value it does not take raises :class:`Invalid` with the text the
-fallback records, and "not set" is :data:`UNSET` (the field's default). The connection URLs are checked by
-:func:`url_problem`, which never quotes the URL (a password may spill into any part of it).
+fallback records, and "not set" is :data:`UNSET` (the field's default). A value it takes, but not as
+written (``LTM_CONCURRENCY=3O`` is 3), or one that works but should not be left so (a Postgres DSN to
+another host without ``sslmode``), gets a note (:meth:`Rule.note`): a warning, never a failure. The
+connection URLs are checked by :func:`url_problem`, which never quotes the URL (a password may spill into any
+part of it).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 
 def _port_text(host: str) -> str | None:
@@ -19,6 +25,16 @@ def _port_text(host: str) -> str | None:
         return after[1:] if bracket and after.startswith(":") else None
     _, colon, port = host.rpartition(":")
     return port if colon else None
+
+
+#: the problems of :func:`url_problem` that a password with an unencoded ``/`` ``?`` ``#`` ``@`` ``,`` makes
+#: (the parsers read a fragment, a second ``@``, a port or a host out of it): only these get the advice
+FRAGMENT = "it holds a `#` (a fragment, which no connection URL has)"
+TWO_ATS = "more than one `@` before the host"
+BAD_PORT = "a port that is not a number 1..65535"
+AT_AFTER_HOST = "an `@` after the host"
+PASSWORD_SPILLS = (FRAGMENT, TWO_ATS, BAD_PORT, AT_AFTER_HOST)
+PERCENT_ENCODE = "percent-encode any `/` `?` `#` `@` `,` in a password (%2F %3F %23 %40 %2C)"
 
 
 def url_problem(text: str, schemes: tuple[str, ...], *, hosts_listed: bool = False) -> str | None:
@@ -35,22 +51,23 @@ def url_problem(text: str, schemes: tuple[str, ...], *, hosts_listed: bool = Fal
     if scheme.lower() not in schemes:
         return f"the scheme is not {wanted}"
     if "#" in rest:
-        return "it holds a `#` (a fragment, which no connection URL has)"
+        return FRAGMENT
     authority = re.split(r"[/?]", rest, maxsplit=1)[0]
     path, _, query = rest[len(authority) :].partition("?")
     if authority.count("@") > 1:
-        return "more than one `@` before the host"
+        return TWO_ATS
     hosts = authority.rpartition("@")[2]
     for host in hosts.split(",") if hosts_listed else [hosts]:
         port = _port_text(host)
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
-            return "a port that is not a number 1..65535"
+            return BAD_PORT
     if "@" in path or any("@" in field.partition("=")[0] for field in query.split("&")):
-        return "an `@` after the host"
+        return AT_AFTER_HOST
     return None
 
 
 _LEADING_INT = re.compile(r"^\s*([+-]?\d+)")
+_WHOLE_INT = re.compile(r"^\s*[+]?\d+\s*$")
 
 
 def parse_positive_int(raw: str | None, default: int) -> tuple[int, bool]:
@@ -100,6 +117,11 @@ class Rule:
         """The value of ``raw``, or ``UNSET`` (use the default); raises ``Invalid`` to fall back."""
         raise NotImplementedError
 
+    def note(self, var: str, raw: str, env: Mapping[str, str]) -> str | None:
+        """A warning about ``raw``, a text :meth:`read` took (``var`` names it; ``env`` is the environment it
+        came from), or None. Never quotes a value that may hold a secret."""
+        return None
+
 
 class Text(Rule):
     """Taken as written (``strip``: without surrounding blanks); empty is the default. Never falls back."""
@@ -144,14 +166,70 @@ class Url(Text):
         for url in urls:
             problem = url_problem(url, self.schemes, hosts_listed=self.hosts_listed)
             if problem is not None:
-                return (
-                    f"{problem}; percent-encode any `/` `?` `#` `@` `,` in a password (%2F %3F %23 %40 %2C)"
-                )
+                # the advice only where a password can be the cause, not for a misspelt scheme
+                return f"{problem}; {PERCENT_ENCODE}" if problem in PASSWORD_SPILLS else problem
         return None
 
 
+#: the ``sslmode`` values that verify nothing and may go on in plaintext without a word (asyncpg's default is
+#: ``prefer``, as libpq's)
+_UNVERIFIED_SSLMODES = ("prefer", "allow")
+
+
+class PostgresDsn(Url):
+    """A Postgres DSN (libpq URI, several hosts allowed): noted when it reaches a host other than this one
+    without saying ``sslmode`` (or saying ``prefer``/``allow``): nothing is verified, and a server (or whoever
+    sits between) that offers no TLS gets plaintext without a word. ``sslmode=disable`` chooses plaintext in
+    the open and is not noted, nor is a loopback host or a Unix socket."""
+
+    def __init__(self, schemes: tuple[str, ...], *, keywords: str | None = None) -> None:
+        super().__init__(schemes, hosts_listed=True, keywords=keywords)
+
+    def note(self, var: str, raw: str, env: Mapping[str, str]) -> str | None:
+        if self.problem(raw) is not None:
+            return None  # refused on its own, with its own line
+        rest = raw.strip().partition("://")[2]
+        authority = re.split(r"[/?]", rest, maxsplit=1)[0]
+        query = parse_qs(rest[len(authority) :].partition("?")[2])
+        sslmode = (query.get("sslmode") or [env.get("PGSSLMODE", "")])[-1].strip().lower() or "prefer"
+        if sslmode not in _UNVERIFIED_SSLMODES:
+            return None
+        hosts = [_host_name(h) for h in authority.rpartition("@")[2].split(",") if h]
+        hosts += [h for value in query.get("host", []) for h in value.split(",") if h]
+        if not hosts and env.get("PGHOST"):
+            hosts = env["PGHOST"].split(",")
+        remote = next((h for h in hosts if not _is_local(h)), None)
+        if remote is None:
+            return None
+        given = "sslmode" in query or "PGSSLMODE" in env
+        said = f"with sslmode={sslmode}" if given else "without sslmode"
+        return (
+            f"{var} reaches {remote!r} {said}: the server is not verified, and without TLS on offer the "
+            "connection goes on in plaintext without a word; say sslmode=verify-full (README, TLS to "
+            "Postgres, RabbitMQ and Redis), or sslmode=disable to choose plaintext in the open"
+        )
+
+
+def _host_name(host: str) -> str:
+    """The host of ``host[:port]`` or ``[v6]:port``, percent-decoded."""
+    if host.startswith("["):
+        return unquote(host[1:].partition("]")[0])
+    return unquote(host.rpartition(":")[0] if ":" in host else host)
+
+
+def _is_local(host: str) -> bool:
+    """This machine: a Unix socket directory, ``localhost``, a loopback address."""
+    if host.startswith("/") or host.lower() in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class PositiveInt(Rule):
-    """The bot's ``parseInt`` rule: leading digits count; anything but an integer > 0 falls back."""
+    """The bot's ``parseInt`` rule: leading digits count; anything but an integer > 0 falls back. Text after
+    the digits (``3O``: a letter O) is noted: the value is the bot's, but it is rarely what was meant."""
 
     expected = "an integer > 0"
 
@@ -160,6 +238,12 @@ class PositiveInt(Rule):
         if fell_back:
             raise Invalid(raw)
         return value or UNSET
+
+    def note(self, var: str, raw: str, env: Mapping[str, str]) -> str | None:
+        if not raw.strip() or _WHOLE_INT.match(raw):
+            return None
+        value, _ = parse_positive_int(raw, 0)
+        return f"{var}={raw!r} read as {value} (the text after the digits is ignored, as parseInt does)"
 
 
 class NonNegativeInt(Rule):

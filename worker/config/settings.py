@@ -12,7 +12,17 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.config.rules import Choice, Env, NonNegativeInt, Port, PositiveInt, ShardUserFormat, Text, Url
+from worker.config.rules import (
+    Choice,
+    Env,
+    NonNegativeInt,
+    Port,
+    PositiveInt,
+    PostgresDsn,
+    ShardUserFormat,
+    Text,
+    Url,
+)
 
 TracingMode = Literal["off", "otlp", "console"]
 ShardIdentity = Literal["checked", "required", "shared"]
@@ -84,6 +94,9 @@ class Topology:
 
 #: a setting that fell back: (variable, the text given, the default used)
 Fallback = tuple[str, str, int | str]
+#: a setting read other than as written, or to be looked at, or a variable no setting has: (variable, the
+#: sentence saying so, which never quotes a secret)
+Note = tuple[str, str]
 
 
 class Settings(BaseModel):
@@ -95,7 +108,7 @@ class Settings(BaseModel):
         str,
         Env(
             "LTM_POSTGRES_DSN",
-            Url(POSTGRES_SCHEMES, hosts_listed=True, keywords=_KEYWORDS),
+            PostgresDsn(POSTGRES_SCHEMES, keywords=_KEYWORDS),
             "--postgres-dsn",
             file=True,
         ),
@@ -219,6 +232,8 @@ class Settings(BaseModel):
     topology: Topology = Field(default_factory=Topology)
     #: settings that were given but invalid, as (variable, raw value, default used)
     fallbacks: tuple[Fallback, ...] = ()
+    #: warnings about settings taken (``3O`` read as 3, a DSN without sslmode) and unknown ``LTM_*`` variables
+    notes: tuple[Note, ...] = ()
     #: the variables whose value was read from the file their ``_FILE`` variable names
     from_files: tuple[str, ...] = ()
 

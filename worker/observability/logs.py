@@ -3,19 +3,27 @@
 The standard library's loggers (aiormq, aio-pika, asyncpg, redis) print through the same renderer, with
 their tracebacks as text, and :class:`ExpectedDisconnects` keeps their chatter about a routine connection
 loss (a broker restart, an operator closing a connection) out of ERROR.
+
+Output never stops a command: :func:`guard_std_streams` makes every write to stdout and stderr (log lines,
+``print``) one that cannot raise, so a reader that went away (``worker run | head``, a log shipper that
+restarts, a closed terminal) cannot break a signal handler, a shutdown or a sweep half-way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import os
 import sys
 from collections.abc import Iterable
+from typing import IO, Any, TextIO, cast
 
 import aiormq.exceptions
 import structlog
 
-from worker.config import Fallback, expected_value
+from worker.config import Settings, expected_value
 
 #: AMQP reply code of a connection the broker closes on purpose: shutdown, restart, maintenance mode, or an
 #: operator's ``rabbitmqctl close_connection``
@@ -94,10 +102,70 @@ class ExpectedDisconnects(logging.Filter):
         return None
 
 
-def log_fallbacks(fallbacks: Iterable[Fallback]) -> None:
-    """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes."""
+class SurvivingStream:
+    """A text stream (stdout, stderr) whose writes never raise.
+
+    A write or flush that fails is dropped: the line is lost, the program goes on. When the reader has
+    gone for good (``EPIPE``: the other end of a pipe closed), the stream's file descriptor is pointed at
+    ``/dev/null``, as CPython's documentation advises for SIGPIPE, so what is still buffered and every
+    later line (the interpreter's own at exit included) goes nowhere instead of failing again. Any other
+    failure (a full disk, a hung-up terminal) drops only that line: the next one is tried again.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            self._failed(exc)
+            return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            self._failed(exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _failed(self, exc: OSError) -> None:
+        if exc.errno != errno.EPIPE:
+            return
+        try:
+            fd = self.stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except (OSError, ValueError):  # no descriptor of its own (a test's capture): drop, as above
+            return
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+        with contextlib.suppress(OSError):  # what the failed write left in the buffer goes to /dev/null now
+            self.stream.flush()
+
+
+def guard_std_streams() -> None:
+    """Wrap ``sys.stdout`` and ``sys.stderr`` in :class:`SurvivingStream` (once); every command's first
+    step, before anything is logged or printed."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, SurvivingStream):
+            setattr(sys, name, cast(TextIO, SurvivingStream(stream)))
+
+
+def log_setting_warnings(settings: Settings) -> None:
+    """A warning per setting that fell back to its default (``Settings.fallbacks``), saying what it takes,
+    then one per note (``Settings.notes``: a value read other than as written, a DSN without ``sslmode``, an
+    unknown ``LTM_*`` variable), each with its ``variable`` and the sentence (``note``)."""
     log = structlog.get_logger("worker")
-    for var, raw, default in fallbacks:
+    for var, raw, default in settings.fallbacks:
         log.warning(
             "invalid setting, using the default",
             variable=var,
@@ -105,6 +173,8 @@ def log_fallbacks(fallbacks: Iterable[Fallback]) -> None:
             default=default,
             expected=expected_value(var),
         )
+    for var, note in settings.notes:
+        log.warning("setting not taken as written", variable=var, note=note)
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:

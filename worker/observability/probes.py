@@ -8,18 +8,19 @@ from typing import Any
 
 import asyncpg
 
+from worker.faults import explain
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.metrics import Metrics
 from worker.redact import certificate_failure, describe
 from worker.store.migrate import pending_migrations
 
 
-async def probe(check: Awaitable[Any], timeout: float = 3.0) -> str | None:
-    """None when ``check`` completes in time, else a one-line reason."""
+async def probe(check: Awaitable[Any], timeout: float = 3.0, *, url: str | None = None) -> str | None:
+    """None when ``check`` (of the dependency at ``url``) completes in time, else a one-line reason."""
     try:
         await asyncio.wait_for(check, timeout=timeout)
     except Exception as exc:
-        return describe(exc)
+        return explain(exc, url)
     return None
 
 
@@ -41,7 +42,7 @@ async def migrations_problem(dsn: str) -> str | None:
             # the message alone (describe's, a password it quotes hidden), as `worker migrate` words it
             reason = describe(exc).partition(": ")[2]
             raise InvalidSetting(f"invalid Postgres connection string: {reason}") from exc
-        return describe(exc)
+        return explain(exc, dsn)
     if pending:
         return f"schema not migrated (run `worker migrate`): {', '.join(pending)}"
     return None

@@ -20,9 +20,9 @@ import aio_pika
 import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
-from worker.config import Fallback, Settings, connection_problems, expected_value
-from worker.redact import describe
-from worker.redact import redact_url as redact
+from worker.config import Fallback, Note, Settings, connection_problems, expected_value
+from worker.faults import explain
+from worker.redact import redact_setting as redact
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
 
@@ -114,10 +114,11 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
         except Exception as exc:
             if isinstance(exc, _Malformed):
                 return CheckResult(name, redact(url), False, str(exc))
-            # describe() words a refused TLS certificate the same for every dependency
+            # explain() words a refusal, and describe() a refused TLS certificate, the same for every
+            # dependency and every command
             if name == "postgres":
-                return CheckResult(name, redact(url), False, describe_failure(exc))
-            return CheckResult(name, redact(url), False, describe(exc))
+                return CheckResult(name, redact(url), False, describe_failure(exc, url))
+            return CheckResult(name, redact(url), False, explain(exc, url))
 
     return list(await asyncio.gather(*(guarded(*c) for c in checks)))
 
@@ -164,10 +165,14 @@ def judge(results: list[CheckResult], *, all_nodes: bool = False) -> Verdict:
 
 
 def render(
-    results: list[CheckResult], fallbacks: tuple[Fallback, ...] = (), *, all_nodes: bool = False
+    results: list[CheckResult],
+    fallbacks: tuple[Fallback, ...] = (),
+    notes: tuple[Note, ...] = (),
+    *,
+    all_nodes: bool = False,
 ) -> str:
     """The report for a terminal: a line pair per dependency (``warn`` for a node that did not answer while
-    another did), a ``warn`` line per fallback, the verdict."""
+    another did), a ``warn`` line per fallback and per note, the verdict."""
     verdict = judge(results, all_nodes=all_nodes)
     warned = {id(r) for r in verdict.warnings}
     lines = []
@@ -175,28 +180,36 @@ def render(
         mark = "ok  " if r.ok else "warn" if id(r) in warned else "FAIL"
         lines.append(f"{mark}  {r.dependency:<9} {r.target}\n      {r.detail}")
     lines.extend(f"warn  {fallback_line(fallback)}" for fallback in fallbacks)
+    lines.extend(f"warn  {note}" for _, note in notes)
     failed = list(dict.fromkeys(r.dependency for r in verdict.failures))
-    notes = []
+    said = []
     if verdict.warnings:
         nodes = sum(r.dependency == "rabbitmq" for r in results)
-        notes.append(
+        said.append(
             f"{len(verdict.warnings)} of {nodes} RabbitMQ nodes did not answer; the worker runs on the "
             "others, --all-nodes fails on it"
         )
     if fallbacks:
-        notes.append(f"{len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default")
-    verdict_line = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+        said.append(f"{len(fallbacks)} setting{'s' if len(fallbacks) > 1 else ''} fell back to the default")
     if notes:
-        verdict_line += f" ({'; '.join(notes)})"
+        said.append(f"{len(notes)} other setting warning{'s' if len(notes) > 1 else ''}")
+    verdict_line = "all dependencies work" if not failed else f"not working: {', '.join(failed)}"
+    if said:
+        verdict_line += f" ({'; '.join(said)})"
     lines.append(verdict_line)
     return "\n".join(lines)
 
 
 def as_json(
-    results: list[CheckResult], fallbacks: tuple[Fallback, ...] = (), *, all_nodes: bool = False
+    results: list[CheckResult],
+    fallbacks: tuple[Fallback, ...] = (),
+    notes: tuple[Note, ...] = (),
+    *,
+    all_nodes: bool = False,
 ) -> dict[str, Any]:
     """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives,
-    ``warnings`` the nodes that did not answer while another did (with ``--all-nodes`` they fail instead)."""
+    ``warnings`` the nodes that did not answer while another did (with ``--all-nodes`` they fail instead),
+    ``fallbacks`` and ``notes`` the settings' warnings (never failures)."""
     verdict = judge(results, all_nodes=all_nodes)
     failing = {id(r) for r in verdict.failures}
     by_dependency: dict[str, list[CheckResult]] = {}
@@ -212,6 +225,7 @@ def as_json(
             {"variable": var, "value": raw, "default": default, "expected": expected_value(var)}
             for var, raw, default in fallbacks
         ],
+        "notes": [{"variable": var, "note": note} for var, note in notes],
     }
 
 

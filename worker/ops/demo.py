@@ -4,7 +4,9 @@
   ``personas`` row ``persona_id`` 7 on that server, ``users`` rows for its author and for Sparrow (a member).
   The worker reads these from the bot's database; without them it answers ``internal_error``.
 - ``send``: the example event, published as a shard does (its two queues declared and bound first, the event
-  persistent and confirmed), then its result and, after a save, its notice, printed.
+  persistent and confirmed, ``user_id`` the URL's user), then its result and, after a save, its notice,
+  printed. ``--shard N`` (3 unless told) is the shard it speaks as: with a broker's confined shard users
+  (deploy/README.md), shard ``N`` with user ``shard-N``'s URL.
 - ``clean``: what ``seed`` and ``send`` left: the rows, the demo's memories and ledger rows, the shard's
   queues; with ``--topology`` also the worker's exchanges and queues on the vhost, each only when it is
   empty and nobody uses it.
@@ -27,18 +29,20 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import aio_pika
 import aiormq
 import asyncpg
 
 from contracts.example import EXAMPLE_EVENT
-from contracts.models import ShardQueueKind, Status, shard_queue
+from contracts.models import MAX_INT4, ShardQueueKind, Status, shard_queue
 from worker.broker.events import tool_call_message
 from worker.broker.topology import retry_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings
-from worker.redact import describe, redact_url
+from worker.faults import explain
+from worker.redact import describe, redact_setting
 from worker.runtime.policy import RetryPolicy
 from worker.store.pool import connect_once
 
@@ -51,7 +55,9 @@ SPARROW = "1150000000000000201"
 BOT = "1150000000000000999"
 PERSONA_ID = 7
 PERSONA_NICKNAME = "Tomori"
-SHARD_ID = 3
+#: the shard ``send`` speaks as and ``clean`` cleans up after, unless ``--shard`` says another
+DEFAULT_SHARD = 3
+MAX_SHARD_ID = MAX_INT4
 #: every demo event's tool_call_id starts so (``clean`` finds the demo's ledger rows by it)
 TOOL_CALL_PREFIX = "demo_call_"
 SERVER_CONTENT = "{user} likes dogs"
@@ -62,8 +68,10 @@ EXIT_FAILED = 1  # a failure status, or the database refused the seed
 EXIT_UNREACHABLE = 3  # Postgres or RabbitMQ unreachable, or no answer in time
 
 
-def example_event(scope: str, content: str | None = None, *, event_id: str | None = None) -> dict[str, Any]:
-    """CONTRACT.md section 3's example event with a fresh ``event_id``.
+def example_event(
+    scope: str, content: str | None = None, *, event_id: str | None = None, shard: int = DEFAULT_SHARD
+) -> dict[str, Any]:
+    """CONTRACT.md section 3's example event with a fresh ``event_id``, sent by shard ``shard``.
 
     ``guild_members`` holds the author too: the notice names the author by what ``guild_members`` (or the
     author's saved nickname) says, and shows the bare Discord id otherwise (CONTRACT.md section 3, "members").
@@ -82,7 +90,7 @@ def example_event(scope: str, content: str | None = None, *, event_id: str | Non
         event_id=event_id or str(uuid.uuid4()),
         tool_call_id=TOOL_CALL_PREFIX + uuid.uuid4().hex[:12],
         issued_at=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-        shard_id=SHARD_ID,
+        shard_id=shard,
         arguments=arguments,
     )
     author = {"user_disc_id": AUTHOR, "username": "kaede_dc", "global_name": "Kaede", "nickname": None}
@@ -123,11 +131,12 @@ def add_demo_parser(
     add_options(seed, "postgres_dsn")
     send = steps.add_parser(
         "send",
-        help="send the example event as shard 3 and print its result and notice",
-        description=f"Declare and bind shard {SHARD_ID}'s queues, publish CONTRACT.md's example event "
-        "(a fresh event_id) and print its result and, after a save, its notice. Waits for a worker to "
-        "consume ltm.create_memory first. Exit 0 for memory_saved_successfully, 1 for any other status, "
-        "3 when RabbitMQ cannot be reached or nothing answers within --timeout.",
+        help=f"send the example event as shard {DEFAULT_SHARD} (--shard) and print its result and notice",
+        description="Declare and bind the shard's queues (tomori.shard.N.results and .notifications), "
+        "publish CONTRACT.md's example event (a fresh event_id; user_id the user of the URL, as a shard "
+        "with a user of its own sends it) and print its result and, after a save, its notice. Waits for a "
+        "worker to consume ltm.create_memory first. Exit 0 for memory_saved_successfully, 1 for any other "
+        "status, 3 when RabbitMQ cannot be reached or nothing answers within --timeout.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -138,6 +147,7 @@ def add_demo_parser(
         help="server_wide (the contract's example) or target_user (a personal memory about Sparrow)",
     )
     send.add_argument("--content", help="the memory_content to send ({user} is the author, or the target)")
+    _add_shard_option(send, "the shard to send as")
     send.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for a worker and for the answer (60)"
     )
@@ -147,7 +157,7 @@ def add_demo_parser(
         help="remove the demo's rows, memories, ledger rows and queues (--topology: the worker's too)",
         description=f"Delete the demo's ledger rows (tool_call_id {TOOL_CALL_PREFIX}...), the users rows "
         f"of {AUTHOR} and {SPARROW} and the servers row of guild {GUILD} with what hangs on them (persona "
-        f"{PERSONA_ID}, memories), and shard {SHARD_ID}'s two queues when empty and unused. --topology: "
+        f"{PERSONA_ID}, memories), and the shard's two queues (--shard) when empty and unused. --topology: "
         "also the worker's exchanges and queues on the vhost, each only when empty and unused.",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -157,7 +167,26 @@ def add_demo_parser(
         action="store_true",
         help="also delete the worker's queues and exchanges (only those empty and unused)",
     )
+    _add_shard_option(clean, "the shard whose queues to delete (the one `send` spoke as)")
     add_options(clean, "postgres_dsn", "rabbitmq_url")
+
+
+def _shard_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_SHARD_ID:
+        raise argparse.ArgumentTypeError(f"a shard id is an integer 0..{MAX_SHARD_ID}, not {text!r}")
+    return int(text)
+
+
+def _add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--shard",
+        type=_shard_id,
+        default=DEFAULT_SHARD,
+        metavar="N",
+        help=f"{what} ({DEFAULT_SHARD} unless given); with a broker whose shards have users of their own "
+        "(deploy/README.md), shard N with user shard-N's URL: --shard 0 --rabbitmq-url "
+        "amqp://shard-0:...@host:5672/",
+    )
 
 
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -165,8 +194,10 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     if args.demo_command == "seed":
         return asyncio.run(seed(settings.postgres_dsn, out=_say))
     if args.demo_command == "send":
-        return asyncio.run(send(settings, scope=args.scope, content=args.content, timeout=args.timeout))
-    return asyncio.run(clean(settings, topology=args.topology, out=_say))
+        return asyncio.run(
+            send(settings, scope=args.scope, content=args.content, timeout=args.timeout, shard=args.shard)
+        )
+    return asyncio.run(clean(settings, topology=args.topology, shard=args.shard, out=_say))
 
 
 def _say(line: str) -> None:
@@ -175,6 +206,11 @@ def _say(line: str) -> None:
 
 def _fail(line: str) -> None:
     print(f"worker demo: {line}", file=sys.stderr, flush=True)
+
+
+def _cannot_reach(dependency: str, url: str, exc: BaseException) -> None:
+    """``cannot reach RabbitMQ at <url, password hidden>: <what to do>`` on stderr."""
+    _fail(f"cannot reach {dependency} at {redact_setting(url)}: {explain(exc, url)}")
 
 
 # --- seed and clean (Postgres) --------------------------------------------------------------------------
@@ -187,7 +223,7 @@ async def seed(dsn: str, *, out: Callable[[str], None] = _say) -> int:
         return EXIT_UNREACHABLE
     try:
         if not await _has_bot_tables(conn):
-            _fail(f"{redact_url(dsn)} has no bot tables: run `worker migrate` first")
+            _fail(f"{redact_setting(dsn)} has no bot tables: run `worker migrate` first")
             return EXIT_FAILED
         async with conn.transaction():
             server_id, added = await _row(
@@ -236,7 +272,7 @@ async def _connect(dsn: str) -> asyncpg.Connection | None:
     try:
         return await connect_once(dsn, timeout=10)
     except (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        _fail(f"cannot reach Postgres at {redact_url(dsn)}: {describe(exc)}")
+        _cannot_reach("Postgres", dsn, exc)
         return None
 
 
@@ -263,11 +299,10 @@ async def _clean_rows(dsn: str, out: Callable[[str], None]) -> int:
         async with conn.transaction():
             ledger = 0
             if await conn.fetchval("SELECT to_regclass('public.ltm_processed_events')") is not None:
+                # the demo's, whichever shard sent them (--shard)
                 ledger = _count(
                     await conn.execute(
-                        "DELETE FROM ltm_processed_events"
-                        " WHERE shard_id = $1 AND starts_with(tool_call_id, $2)",
-                        SHARD_ID,
+                        "DELETE FROM ltm_processed_events WHERE starts_with(tool_call_id, $1)",
                         TOOL_CALL_PREFIX,
                     )
                 )
@@ -323,18 +358,33 @@ async def _wait_for_worker(
         await asyncio.sleep(0.25)
 
 
-async def send(settings: Settings, *, scope: str, content: str | None, timeout: float) -> int:
-    """Publish the example event as shard 3 would, and print its result and notice."""
+def user_of(url: str) -> str | None:
+    """The user a connection to the AMQP ``url`` logs in as (``guest`` when it names none), for the
+    ``user_id`` property; None for a login by TLS certificate (``auth_mechanism=external``), whose user
+    the broker takes from the certificate."""
+    parts = urlsplit(url)
+    mechanisms = parse_qs(parts.query).get("auth_mechanism", [""])
+    if mechanisms[-1].lower() == "external":
+        return None
+    return unquote(parts.username) if parts.username else "guest"
+
+
+async def send(
+    settings: Settings, *, scope: str, content: str | None, timeout: float, shard: int = DEFAULT_SHARD
+) -> int:
+    """Publish the example event as shard ``shard`` would, and print its result and notice. The event's
+    ``user_id`` is the connection's user: RabbitMQ refuses any other, and a worker that checks shard
+    identity takes shard N's events from user ``shard-N`` (CONTRACT.md)."""
     deadline = time.monotonic() + timeout
     try:
         connection, node = await connect_any(settings.rabbitmq_url)
     except Exception as exc:  # refused, unresolvable, access refused, no such vhost
-        _fail(f"cannot reach RabbitMQ at {redact_url(settings.rabbitmq_url)}: {describe(exc)}")
+        _cannot_reach("RabbitMQ", settings.rabbitmq_url, exc)
         return EXIT_UNREACHABLE
     topology = settings.topology
     try:
         if not await _wait_for_worker(connection, settings, deadline):
-            _fail(f"no worker consumes {topology.work_queue} on {redact_url(node)} after {timeout:g} s")
+            _fail(f"no worker consumes {topology.work_queue} on {redact_setting(node)} after {timeout:g} s")
             return EXIT_UNREACHABLE
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         queues: dict[str, aio_pika.abc.AbstractQueue] = {}
@@ -344,19 +394,19 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
         )
         for kind, exchange_name in kinds:
             exchange = await channel.get_exchange(exchange_name, ensure=True)
-            queue = await channel.declare_queue(shard_queue(SHARD_ID, kind), durable=True)
-            await queue.bind(exchange, f"shard.{SHARD_ID}")
+            queue = await channel.declare_queue(shard_queue(shard, kind), durable=True)
+            await queue.bind(exchange, f"shard.{shard}")
             queues[kind] = queue
-        event = example_event(scope, content)
+        event = example_event(scope, content, shard=shard)
         tool_calls = await channel.get_exchange(topology.tool_calls_exchange, ensure=True)
         await tool_calls.publish(
-            tool_call_message(event, json.dumps(event).encode()),
+            tool_call_message(event, json.dumps(event).encode(), user_id=user_of(node)),
             routing_key=f"tool.{event['tool_name']}",
             mandatory=True,
         )
         _say(
             f"sent event {event['event_id']} ({scope}: {event['arguments']['memory_content']!r}) as shard "
-            f"{SHARD_ID} to {redact_url(node)}"
+            f"{shard} to {redact_setting(node)}"
         )
         result = await _take(queues["results"], event["event_id"], deadline)
         if result is None:
@@ -376,7 +426,7 @@ async def send(settings: Settings, *, scope: str, content: str | None, timeout: 
         _say(json.dumps(notice, indent=2, ensure_ascii=False))
         return EXIT_OK
     except Exception as exc:
-        _fail(f"RabbitMQ at {redact_url(node)}: {describe(exc)}")
+        _fail(f"RabbitMQ at {redact_setting(node)}: {explain(exc, node)}")
         return EXIT_UNREACHABLE
     finally:
         with contextlib.suppress(Exception):
@@ -402,16 +452,18 @@ async def _take(queue: aio_pika.abc.AbstractQueue, event_id: str, deadline: floa
 # --- clean (RabbitMQ) -----------------------------------------------------------------------------------
 
 
-async def clean(settings: Settings, *, topology: bool, out: Callable[[str], None] = _say) -> int:
+async def clean(
+    settings: Settings, *, topology: bool, shard: int = DEFAULT_SHARD, out: Callable[[str], None] = _say
+) -> int:
     """Delete the demo's rows, then its queues (and, with ``topology``, the worker's) when empty and
     unused."""
     code = await _clean_rows(settings.postgres_dsn, out)
     try:
         connection, node = await connect_any(settings.rabbitmq_url)
     except Exception as exc:
-        _fail(f"cannot reach RabbitMQ at {redact_url(settings.rabbitmq_url)}: {describe(exc)}")
+        _cannot_reach("RabbitMQ", settings.rabbitmq_url, exc)
         return EXIT_UNREACHABLE
-    names = [shard_queue(SHARD_ID, "results"), shard_queue(SHARD_ID, "notifications")]
+    names = [shard_queue(shard, "results"), shard_queue(shard, "notifications")]
     exchanges: list[str] = []
     if topology:
         t = settings.topology
@@ -460,7 +512,7 @@ async def clean(settings: Settings, *, topology: bool, out: Callable[[str], None
     finally:
         with contextlib.suppress(Exception):
             await connection.close()
-    out(f"rabbitmq {redact_url(node)}: deleted {', '.join(deleted) if deleted else 'nothing'}")
+    out(f"rabbitmq {redact_setting(node)}: deleted {', '.join(deleted) if deleted else 'nothing'}")
     if kept:
         out(f"rabbitmq: kept {', '.join(kept)}")
     return code

@@ -15,11 +15,11 @@ import structlog
 
 from worker.bootstrap import Stopped, open_services
 from worker.config import Settings
-from worker.faults import is_certificate_problem, is_name_resolution_failure
-from worker.observability.logs import log_fallbacks
+from worker.faults import explain, needs_a_person
+from worker.observability.logs import log_setting_warnings
 from worker.observability.metrics import build_versions
 from worker.observability.probes import InvalidSetting
-from worker.redact import describe, redact_url
+from worker.redact import redact_setting, redact_url
 from worker.runtime import heap
 from worker.runtime.backoff import Backoff
 from worker.runtime.consumer import Consumer
@@ -46,7 +46,7 @@ class Worker:
         test's event loop) SIGTERM and SIGINT are left alone: :meth:`stop` stops it."""
         if signals:
             self._install_signal_handlers()
-        log_fallbacks(self.settings.fallbacks)
+        log_setting_warnings(self.settings)
         self._log_targets()
         try:
             return await self._run()
@@ -60,9 +60,9 @@ class Worker:
         log.info(
             "starting",
             version=build_versions()["version"],
-            postgres=redact_url(s.postgres_dsn),
-            rabbitmq=redact_url(s.rabbitmq_url),
-            redis=redact_url(s.redis_url),
+            postgres=redact_setting(s.postgres_dsn),
+            rabbitmq=redact_setting(s.rabbitmq_url),
+            redis=redact_setting(s.redis_url),
             http=f"{s.http_host}:{s.http_port}" if s.http_port else "off",
             tracing=s.tracing,
             concurrency=s.concurrency,
@@ -87,24 +87,24 @@ class Worker:
             while not self._stopping.is_set():
                 started = time.monotonic()
                 failure: str | None = None
-                unresolved = False
                 self._consumer = Consumer(services, self._slots, self._stopping)
                 try:
                     await self._consumer.run()
                 except Exception as exc:  # connection refused, declare failed, channel died mid-start
-                    failure = describe(exc)
-                    unresolved = is_name_resolution_failure(exc)
+                    # several nodes that all failed come as one error already explained node by node
+                    failure = explain(exc, services.nodes.current or services.nodes.urls[0])
                 if self._stopping.is_set():
                     break
                 if time.monotonic() - started > RECONNECT_RESET_SECONDS:
                     backoff.reset()
                 delay = backoff.next()
                 if failure is not None:
-                    # a refused certificate or a host name that does not resolve is an error (it needs a
-                    # person) but is retried all the same; aiormq's own record of it is lowered to DEBUG
+                    # a refused login, vhost, permission or certificate, or a host name that does not
+                    # resolve, is an error (it needs a person) but is retried all the same: a secret or a
+                    # permission fixed on the other side heals the worker without a restart (README
+                    # "Operating it"). aiormq's own record of a failed connect is lowered to DEBUG
                     # (worker/observability/logs.py), so each attempt is this one line, naming the node(s)
-                    needs_a_person = unresolved or is_certificate_problem(failure)
-                    report = log.error if needs_a_person else log.warning
+                    report = log.error if needs_a_person(failure) else log.warning
                     urls = services.nodes.urls
                     where = (
                         {"node": redact_url(urls[0])}
@@ -122,14 +122,17 @@ class Worker:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        # act first, then say it: nothing a log line does may stand between a signal and the stop
         self._signals += 1
         if self._signals > 1:
-            log.warning("second signal: exiting now; unacked events will be redelivered", signal=sig.name)
-            os._exit(1)
+            try:
+                log.warning("second signal: exiting now; unacked events will be redelivered", signal=sig.name)
+            finally:
+                os._exit(1)
+        self._stopping.set()
         log.info(
             "stopping: no new events; finishing the ones in flight",
             signal=sig.name,
             in_flight=self._consumer.in_flight if self._consumer else 0,
             grace_s=self.settings.shutdown_grace_seconds,
         )
-        self._stopping.set()

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Self
-from urllib.parse import urlsplit
 
 import aiormq.exceptions
 from aio_pika import IncomingMessage
@@ -19,6 +18,7 @@ from aiormq.abc import DeliveredMessage
 
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
+from worker.faults import refusal
 from worker.ops.dlq.letters import Letter, Selection, read_dead_letter
 from worker.redact import redact_url as redact
 from worker.runtime.aio import close_quietly
@@ -422,14 +422,8 @@ class Reading(_Pass):
 
 
 def _connect_reason(exc: BaseException, url: str) -> str:
-    text = error_text(exc)
-    if "Connection.Close" in text:  # aiormq only says it got a Connection.Close instead of OpenOk
-        user = urlsplit(url).username or "guest"
-        return (
-            f"the broker closed the connection while opening vhost {vhost_of(url)!r} "
-            f"(does the vhost exist, and may user {user!r} use it?)"
-        )
-    return text
+    # a refused login or vhost in the words every command uses (worker/faults.py)
+    return refusal(exc, url) or error_text(exc)
 
 
 def error_text(exc: BaseException) -> str:
