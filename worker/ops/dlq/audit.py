@@ -22,7 +22,7 @@ import asyncpg
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.ops.dlq.sweep import error_text
+from worker.redact import describe
 from worker.redact import redact_url as redact
 from worker.store.pool import connect_once
 
@@ -68,14 +68,14 @@ class Audit:
         try:
             conn = await connect_once(dsn, timeout=CONNECT_TIMEOUT)
         except Exception as exc:
-            raise AuditUnavailable(f"cannot reach Postgres at {redact(dsn)}: {error_text(exc)}") from None
+            raise AuditUnavailable(f"cannot reach Postgres at {redact(dsn)}: {describe(exc)}") from None
         try:
             exists = await conn.fetchval(
                 "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL", OPERATIONS, LETTERS
             )
         except Exception as exc:
             await conn.close()
-            raise AuditUnavailable(f"cannot read Postgres at {redact(dsn)}: {error_text(exc)}") from None
+            raise AuditUnavailable(f"cannot read Postgres at {redact(dsn)}: {describe(exc)}") from None
         if not exists:
             await conn.close()
             raise AuditUnavailable(
@@ -111,7 +111,7 @@ class Audit:
             await self._conn.execute(sql, *args)
         except Exception as exc:
             raise AuditUnavailable(
-                f"cannot write the audit record to Postgres at {redact(self.dsn)}: {error_text(exc)}"
+                f"cannot write the audit record to Postgres at {redact(self.dsn)}: {describe(exc)}"
             ) from None
 
     async def history(

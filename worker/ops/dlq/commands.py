@@ -28,7 +28,8 @@ from worker.ops.dlq.render import (
     list_line,
     terminal_safe,
 )
-from worker.ops.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, error_text, open_dead_letters
+from worker.ops.dlq.sweep import DEFAULT_BATCH, DlqError, Found, Undeclared, open_dead_letters
+from worker.redact import describe
 from worker.redact import redact_url as redact
 
 EXIT_OK = 0  # also when nothing was selected: an empty list, or nothing to replay or purge, is an answer
@@ -440,7 +441,7 @@ async def _guarded(work: Awaitable[int], url: str, console: Console) -> int:
         return EXIT_OK
     except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as exc:
         console.err.write(
-            f"lost the connection to RabbitMQ at {redact(url)}: {error_text(exc)} "
+            f"lost the connection to RabbitMQ at {redact(url)}: {describe(exc)} "
             "(dead letters not yet settled stay in the queue)\n"
         )
         return EXIT_UNREACHABLE

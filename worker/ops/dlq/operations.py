@@ -21,8 +21,8 @@ from worker.ops.dlq.sweep import (
     Found,
     Reading,
     Sweep,
-    error_text,
 )
+from worker.redact import describe
 from worker.runtime.aio import close_quietly
 
 PUBLISH_TIMEOUT = 30.0
@@ -198,7 +198,7 @@ def _publish_failure(exc: Exception, letter: Letter) -> str:
         return "the broker refused the message (nack)"
     if isinstance(exc, TimeoutError):
         return f"no confirm within {PUBLISH_TIMEOUT:g}s"
-    return error_text(exc)
+    return describe(exc)
 
 
 def replay_message(message: AbstractIncomingMessage, now: datetime, frame_max: int) -> aio_pika.Message:

@@ -160,11 +160,11 @@ def format_message(found: Found, now: datetime) -> str:
     lines.append("headers:")
     for key, value in sorted((message.headers or {}).items()):
         lines.append(f"  {safe(str(key))}: {_render(value, indent=2)}")
-    lines.extend(_body_lines(message.body))
+    lines.extend(body_lines(message.body))
     return "\n".join(lines)
 
 
-def _body_lines(body: bytes) -> list[str]:
+def body_lines(body: bytes) -> list[str]:
     """The body: indented JSON, or as received when it is not JSON or nests too deep to indent."""
     depth = json_depth(body)
     if depth > MAX_PRETTY_DEPTH:

@@ -20,6 +20,7 @@ from aiormq.abc import DeliveredMessage
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
 from worker.ops.dlq.letters import Letter, Selection, read_dead_letter
+from worker.redact import describe
 from worker.redact import redact_url as redact
 from worker.runtime.aio import close_quietly
 
@@ -422,7 +423,7 @@ class Reading(_Pass):
 
 
 def _connect_reason(exc: BaseException, url: str) -> str:
-    text = error_text(exc)
+    text = describe(exc)
     if "Connection.Close" in text:  # aiormq only says it got a Connection.Close instead of OpenOk
         user = urlsplit(url).username or "guest"
         return (
@@ -430,10 +431,3 @@ def _connect_reason(exc: BaseException, url: str) -> str:
             f"(does the vhost exist, and may user {user!r} use it?)"
         )
     return text
-
-
-def error_text(exc: BaseException) -> str:
-    """What an error says on one line (a password it quotes redacted), or its class name when it says
-    nothing."""
-    text = " ".join(redact(str(exc)).split())
-    return text if text else type(exc).__name__
