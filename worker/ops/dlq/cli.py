@@ -13,7 +13,6 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
-from contracts.models import DeadLetterKind
 from worker.config import Settings, environment_help
 from worker.ops.dlq.audit import default_actor
 from worker.ops.dlq.commands import (
@@ -26,9 +25,11 @@ from worker.ops.dlq.commands import (
     replay_command,
     show_command,
 )
+from worker.ops.dlq.kinds import WORKER_KINDS
 from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
 from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.sweep import DEFAULT_BATCH
+from worker.ops.subcommands import Action, AddSettings, Command, Setting, add_command, option
 
 
 def _positive_int(text: str) -> int:
@@ -58,61 +59,39 @@ def _group(text: str) -> tuple[str, str]:
 #: the log settings: every command logs
 _LOGS = ("log_format", "log_level")
 
-#: what each action reads: the broker for the letters, Postgres for the audit
-_READS = {
-    "list": ("rabbitmq_url", *_LOGS),
-    "show": ("rabbitmq_url", *_LOGS),
-    "replay": ("rabbitmq_url", "postgres_dsn", *_LOGS),
-    "purge": ("rabbitmq_url", "postgres_dsn", *_LOGS),
-    "history": ("postgres_dsn", *_LOGS),
-    "ui": ("rabbitmq_url", "postgres_dsn", *_LOGS),
-}
-
-
-def add_dlq_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], add_options: Callable[..., None]
-) -> None:
-    """Add ``worker dlq`` and its actions to the ``worker`` parser; ``add_options`` adds the options of the
-    settings named (worker/cli.py ``add_setting_options``)."""
-
-    def epilog(action: str | None = None) -> str:
-        fields = _READS[action] if action else ("rabbitmq_url", "postgres_dsn", *_LOGS)
-        return EXIT_CODES_HELP + environment_help(*fields)
-
-    connection = argparse.ArgumentParser(add_help=False)
-    add_options(connection, "rabbitmq_url")
-    connection.add_argument(
+_CONNECTION = (
+    Setting("rabbitmq_url"),
+    option(
         "--batch",
         type=_positive_int,
         default=DEFAULT_BATCH,
         help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
-    )
-    database = argparse.ArgumentParser(add_help=False)
-    add_options(database, "postgres_dsn")
-    audited = argparse.ArgumentParser(add_help=False)
-    audited.add_argument(
+    ),
+)
+_DATABASE = (Setting("postgres_dsn"),)
+_AUDITED = (
+    option(
         "--by",
         metavar="NAME",
         help="who runs it, for the audit record (default: the OS user and host, user@host)",
-    )
-    filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument(
+    ),
+)
+_FILTERS = (
+    option(
         "--kind",
         action="append",
         metavar="KIND",
-        help=f"only this error kind ({', '.join(DeadLetterKind)}, or a broker reason such as "
-        "delivery_limit); repeat or comma-separate for several",
-    )
-    filters.add_argument(
-        "--event-id", action="append", metavar="ID", help="only this event id; repeat for several"
-    )
-    filters.add_argument(
+        help=f"only this error kind ({', '.join(WORKER_KINDS)}, or a broker reason such as delivery_limit); "
+        "repeat or comma-separate for several",
+    ),
+    option("--event-id", action="append", metavar="ID", help="only this event id; repeat for several"),
+    option(
         "--older-than",
         type=_duration,
         metavar="DURATION",
         help="only dead letters that failed at least this long ago (30s, 10m, 2h, 1d, 1h30m)",
-    )
-    filters.add_argument(
+    ),
+    option(
         "--group",
         action="append",
         type=_group,
@@ -120,119 +99,145 @@ def add_dlq_parser(
         help="only this group, as `list --group-by FIELD` prints it: kind=schema, shard=3 (shard=none: no "
         "shard_id in the body), error='unknown schema_version <n>' (the error with ids as <id> and numbers "
         "as <n>); repeat for several (same field: either, different fields: both)",
-    )
+    ),
+)
+_PROGRESS = option(
+    "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
+)
 
-    def action(name: str, parents: list[argparse.ArgumentParser], help: str, description: str) -> Any:
-        return actions.add_parser(
-            name,
-            parents=parents,
-            help=help,
-            description=description,
-            epilog=epilog(name),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+DLQ = Command(
+    "dlq",
+    help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
+    description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
+    "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
+    "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
+    "(`worker dlq history`).",
+    dest="dlq_command",
+    metavar="ACTION",
+    actions=(
+        Action(
+            "list",
+            "one line per dead letter, or per group",
+            "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
+            "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
+            "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
+            (
+                *_CONNECTION,
+                *_FILTERS,
+                option(
+                    "--json",
+                    action="store_true",
+                    help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, "
+                    "routing_key (with --group-by: group_by, group, selector, count, oldest_failed_at, "
+                    "newest_failed_at, sample_event_id, kinds, replay)",
+                ),
+                option(
+                    "--group-by",
+                    choices=GROUP_FIELDS,
+                    help="one line per group: the kind, the error (ids and numbers stripped), or the "
+                    "shard_id the event names; largest group first",
+                ),
+            ),
+        ),
+        Action(
+            "show",
+            "print a dead letter in full",
+            "Print every dead letter with this event id in full: properties, headers, body (as JSON "
+            "when it parses). The queue is left as it was.",
+            (*_CONNECTION, option("event_id", metavar="EVENT_ID")),
+        ),
+        Action(
+            "replay",
+            "send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
+            "Republish the selected dead letters (all by default) to tomori.tool_calls with their "
+            "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/"
+            "-attempts and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ "
+            "copy is removed only after the broker confirmed the republished one, so an interrupted replay "
+            "loses nothing (at worst an event is in both queues; the worker's idempotency makes that "
+            "harmless). Recorded in the audit tables (worker dlq history) before anything moves: no record, "
+            "no replay. A dry run reads only the queue and records nothing.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                *_FILTERS,
+                *_AUDITED,
+                option("--limit", type=_positive_int, metavar="N", help="move at most N dead letters"),
+                option("--dry-run", action="store_true", help="list what would move; move nothing"),
+                _PROGRESS,
+            ),
+        ),
+        Action(
+            "purge",
+            "delete dead letters for good (asks first unless --yes)",
+            "Delete the selected dead letters (all by default). Scans the whole queue first, then "
+            "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
+            "stdin, --yes is required. Recorded in the audit tables (worker dlq history) before anything is "
+            "deleted, a refusal too: no record, no purge.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                *_FILTERS,
+                *_AUDITED,
+                option("--yes", action="store_true", help="do not ask for confirmation"),
+                _PROGRESS,
+            ),
+        ),
+        Action(
+            "history",
+            "who replayed or purged what, newest first",
+            "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
+            "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
+            "letters ended how (pending: in doubt, the operation was cut short there). With --operation, "
+            "each letter of that operation.",
+            (
+                *_DATABASE,
+                option("--json", action="store_true", help="one JSON object per line"),
+                option(
+                    "--limit",
+                    type=_positive_int,
+                    default=50,
+                    metavar="N",
+                    help="the latest N operations (50)",
+                ),
+                option("--operation", metavar="ID", help="one operation, with each of its letters"),
+            ),
+        ),
+        Action(
+            "ui",
+            "a read-only web page: counts, groups, letters, the audit history",
+            "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
+            "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
+            "the way `list` does (each message held only while the page is built, then put back in order); "
+            "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise; "
+            "any other address needs a token (--token-file, or --token), given once as ?token=... .",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                option("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)"),
+                option("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)"),
+                option(
+                    "--token",
+                    help="the token the page asks for (shows in the process list: prefer --token-file)",
+                ),
+                option("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)"),
+            ),
+        ),
+    ),
+)
 
-    dlq = commands.add_parser(
-        "dlq",
-        help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
-        description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
-        "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
-        "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
-        "(`worker dlq history`).",
-        epilog=epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    listing = action(
-        "list",
-        [connection, filters],
-        "one line per dead letter, or per group",
-        "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
-        "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
-        "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
-    )
-    listing.add_argument(
-        "--json",
-        action="store_true",
-        help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, routing_key "
-        "(with --group-by: group_by, group, selector, count, oldest_failed_at, newest_failed_at, "
-        "sample_event_id, kinds, replay)",
-    )
-    listing.add_argument(
-        "--group-by",
-        choices=GROUP_FIELDS,
-        help="one line per group: the kind, the error (ids and numbers stripped), or the shard_id the "
-        "event names; largest group first",
-    )
-    show = action(
-        "show",
-        [connection],
-        "print a dead letter in full",
-        "Print every dead letter with this event id in full: properties, headers, body (as JSON "
-        "when it parses). The queue is left as it was.",
-    )
-    show.add_argument("event_id", metavar="EVENT_ID")
-    replay = action(
-        "replay",
-        [connection, database, filters, audited],
-        "send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
-        "Republish the selected dead letters (all by default) to tomori.tool_calls with their "
-        "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/-attempts "
-        "and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ copy is removed "
-        "only after the broker confirmed the republished one, so an interrupted replay loses nothing (at "
-        "worst an event is in both queues; the worker's idempotency makes that harmless). Recorded in the "
-        "audit tables (worker dlq history) before anything moves: no record, no replay. A dry run reads "
-        "only the queue and records nothing.",
-    )
-    replay.add_argument("--limit", type=_positive_int, metavar="N", help="move at most N dead letters")
-    replay.add_argument("--dry-run", action="store_true", help="list what would move; move nothing")
-    replay.add_argument(
-        "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
-    )
-    purge = action(
-        "purge",
-        [connection, database, filters, audited],
-        "delete dead letters for good (asks first unless --yes)",
-        "Delete the selected dead letters (all by default). Scans the whole queue first, then "
-        "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
-        "stdin, --yes is required. Recorded in the audit tables (worker dlq history) before anything is "
-        "deleted, a refusal too: no record, no purge.",
-    )
-    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    purge.add_argument(
-        "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
-    )
-    history = action(
-        "history",
-        [database],
-        "who replayed or purged what, newest first",
-        "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
-        "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
-        "letters ended how (pending: in doubt, the operation was cut short there). With --operation, each "
-        "letter of that operation.",
-    )
-    history.add_argument("--json", action="store_true", help="one JSON object per line")
-    history.add_argument(
-        "--limit", type=_positive_int, default=50, metavar="N", help="the latest N operations (50)"
-    )
-    history.add_argument("--operation", metavar="ID", help="one operation, with each of its letters")
-    ui = action(
-        "ui",
-        [connection, database],
-        "a read-only web page: counts, groups, letters, the audit history",
-        "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
-        "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
-        "the way `list` does (each message held only while the page is built, then put back in order); "
-        "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise; "
-        "any other address needs a token (--token-file, or --token), given once as ?token=... .",
-    )
-    ui.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
-    ui.add_argument("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)")
-    ui.add_argument(
-        "--token",
-        help="the token the page asks for (shows in the process list: prefer --token-file)",
-    )
-    ui.add_argument("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)")
+
+def _epilog(action: Action | None) -> str:
+    """The exit codes and the environment variables the action reads (all of them for ``worker dlq``)."""
+    settings = action.settings if action else ("rabbitmq_url", "postgres_dsn")
+    return EXIT_CODES_HELP + environment_help(*settings, *_LOGS)
+
+
+def add_dlq_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], add_options: AddSettings
+) -> None:
+    """Add ``worker dlq`` and its actions to the ``worker`` parser; ``add_options`` adds the options of the
+    settings named (worker/cli.py ``add_setting_options``)."""
+    add_command(commands, DLQ, add_options, _epilog)
 
 
 def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
