@@ -38,7 +38,9 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f3f4f7;padding:8px 10px;border-radius:4px;overflow-x:auto;white-space:pre-wrap;
 word-break:break-all;margin:4px 0}
-code.cmd{background:#eef2fb;padding:2px 6px;border-radius:3px;user-select:all;word-break:break-all}
+code.cmd{background:#eef2fb;padding:2px 6px;border-radius:3px;user-select:all;display:inline-block;
+max-width:100%;overflow-x:auto;white-space:pre;vertical-align:bottom}
+.fails{color:#8a4b00;margin:2px 0}details{margin-top:4px}
 th.k{text-transform:none;font-size:13px;width:180px}
 .muted{color:#69728a}.tiles{display:flex;gap:12px;flex-wrap:wrap}
 .tile{border:1px solid #dde1e8;border-radius:6px;padding:8px 14px;min-width:120px;background:#fff}

@@ -14,7 +14,8 @@ from worker.config import Topology
 from worker.ops.dlq.audit import Audit
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
-from worker.ops.dlq.sweep import DEFAULT_BATCH, Found, open_dead_letters
+from worker.ops.dlq.reading import Seen
+from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
 
 
 @dataclass
@@ -58,16 +59,17 @@ class Reader:
                 time.monotonic() - started,
             )
 
-    async def letter(self, event_id: str) -> tuple[list[tuple[Found, datetime]], int]:
-        """Every dead letter with this event id, as ``show`` finds them (bodies kept), and how many were
-        scanned."""
-        found: list[tuple[Found, datetime]] = []
+    async def letter(self, event_id: str) -> tuple[list[tuple[Seen, datetime]], int]:
+        """Every dead letter with this event id, as ``show`` finds them (headers and body kept), and how many
+        were scanned."""
+        found: list[tuple[Seen, datetime]] = []
         async with open_dead_letters(self.url, self.topology) as dlq:
             totals = await browse(
                 dlq,
                 Selection(event_ids=frozenset({event_id})),
                 lambda item, now: found.append((item, now)),
                 batch=self.batch,
+                details=True,
             )
         return found, totals.scanned
 

@@ -10,12 +10,13 @@ from typing import Any
 
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Group, Grouping
+from worker.ops.dlq.kinds import advice, replay_note
 from worker.ops.dlq.letters import GROUP_FIELDS, Letter, group_value
 from worker.ops.dlq.page.charts import Timeline, sparkline, stacked_chart
 from worker.ops.dlq.page.markup import esc, esc_lines, link, page, pairs, time_text
 from worker.ops.dlq.page.reading import Snapshot
-from worker.ops.dlq.render import body_lines, format_age, message_properties, terminal_safe
-from worker.ops.dlq.sweep import Found
+from worker.ops.dlq.reading import DELIVERY_COUNT, Seen
+from worker.ops.dlq.render import body_lines, format_age, read_count, terminal_safe
 
 #: error groups charted one by one (the rest are in the table)
 CHARTED_ERRORS = 8
@@ -36,19 +37,39 @@ def group_table(groups: Sequence[Group], timeline: Timeline, letters: Sequence[L
             f"<a href='{link('/letter', id=sample)}'><code>{esc(sample)}</code></a>" if sample else "-"
         )
         rows.append(
-            f"<tr data-group='{esc(group.selector)}' data-count='{group.count}'>"
+            f"<tr data-group='{esc(group.selector)}' data-count='{group.count}' "
+            f"data-replay-helps='{group.replay_helps}'>"
             f"<td><a href='{link('/group', by=group.by, value=group.value)}'>{esc(group.value)}</a></td>"
             f"<td class=n>{group.count}</td><td>{esc(time_text(group.oldest))}</td>"
             f"<td>{esc(time_text(group.newest))}</td>"
             f"<td>{sparkline(timeline.counts(by_value.get(group.value, ())))}</td><td>{sample_cell}</td>"
-            f"<td><code class=cmd>{esc(group.replay_command())}</code><br>"
-            "<span class=muted>try it first with --dry-run</span></td></tr>"
+            f"<td>{replay_cell(group)}</td></tr>"
         )
     return (
         "<table><tr><th>group</th><th>count</th><th>oldest failure</th><th>newest failure</th>"
-        f"<th>over time ({esc(timeline.step_text)} a bar)</th><th>sample</th><th>replay it</th></tr>"
+        f"<th>over time ({esc(timeline.step_text)} a bar)</th><th>sample</th><th>what to do</th></tr>"
         + "".join(rows)
         + "</table>"
+    )
+
+
+def replay_cell(group: Group) -> str:
+    """The group's advice: the replay command where a replay can help, else why not (the command folded)."""
+    useful = group.useful_replay()
+    if useful == group.replay_command():
+        return (
+            f"<code class=cmd>{esc(useful)}</code><br><span class=muted>try it first with --dry-run; "
+            f"{esc(group.hint())}</span>"
+        )
+    advice = f"<p class=fails>{esc(group.hint())}</p>"
+    if useful is not None:
+        advice += (
+            f"<p>Replay only the letters it can help: <code class=cmd>{esc(useful)}</code> (try it first "
+            "with --dry-run)</p>"
+        )
+    return advice + (
+        "<details><summary class=muted>the group's replay command all the same</summary>"
+        f"<code class=cmd>{esc(group.replay_command())}</code></details>"
     )
 
 
@@ -150,13 +171,13 @@ def group_page(by: str, value: str, snapshot: Snapshot) -> str:
         f"<td>{esc(x.error)}</td></tr>"
         for x in letters[:GROUP_PAGE_LETTERS]
     )
+    group = Grouping(by).extend(letters).groups
     selector = f"{by}={value}"
     more = f" (the first {GROUP_PAGE_LETTERS} shown)" if len(letters) > GROUP_PAGE_LETTERS else ""
     body = (
         f"<section><h2>{esc(selector)}: <span id=group-count>{len(letters)}</span> dead letters{more}</h2>"
-        f"<p>Replay: <code class=cmd>worker dlq replay --group {esc(shlex.quote(selector))}</code> (see "
-        f"first: <code class=cmd>worker dlq replay --group {esc(shlex.quote(selector))} --dry-run</code>)"
-        "</p><table><tr><th>event id</th><th>kind</th><th>attempts</th><th>failed at</th><th>shard</th>"
+        f"{replay_cell(group[0]) if group else ''}"
+        "<table><tr><th>event id</th><th>kind</th><th>attempts</th><th>failed at</th><th>shard</th>"
         f"<th>error</th></tr>{rows}</table></section>"
     )
     return page(selector, body)
@@ -168,7 +189,7 @@ def _letter_link(event_id: str | None) -> str:
     return f"<a href='{link('/letter', id=event_id)}'><code>{esc(event_id)}</code></a>"
 
 
-def letter_page(event_id: str, found: list[tuple[Found, datetime]], scanned: int) -> str:
+def letter_page(event_id: str, found: list[tuple[Seen, datetime]], scanned: int) -> str:
     if not found:
         return page(
             "No such dead letter",
@@ -176,42 +197,55 @@ def letter_page(event_id: str, found: list[tuple[Found, datetime]], scanned: int
             "scanned; it may have been replayed or purged.</p></section>",
         )
     sections = []
-    for n, (item, now) in enumerate(found, 1):
-        message, letter = item.message, item.letter
-        answer = shard_answer(letter, message.body)
-        summary = [
-            ("event id", letter.event_id or "-"),
-            ("kind", letter.kind),
-            ("error", letter.error),
-            ("attempts", "?" if letter.attempts is None else letter.attempts),
-            ("failed at", f"{time_text(letter.failed_at)} ({format_age(letter.age(now))} ago)"),
-            ("shard", "-" if letter.shard_id is None else letter.shard_id),
-            ("replays to", f"{letter.routing_key or '?'} (replayed {letter.replay_count} time(s) so far)"),
-            ("delivery", f"exchange {message.exchange!r}, routing key {message.routing_key!r}"),
-        ]
-        properties = message_properties(message)
-        shown_body = body_lines(message.body)
-        result = (
-            "<pre id=result>"
-            + esc_lines(
-                [
-                    terminal_safe(x)
-                    for x in json.dumps(answer.result, indent=2, ensure_ascii=False).split("\n")
-                ]
-            )
-            + "</pre>"
-            if answer.result is not None
-            else ""
-        )
+    for n, (seen, now) in enumerate(found, 1):
         heading = f"Dead letter {n} of {len(found)}" if len(found) > 1 else "Dead letter"
-        sections.append(
-            f"<section class=letter><h2>{heading}</h2>{pairs(summary)}"
-            f"<h3>The failure result the shard got</h3><p class=muted>{esc(answer.note)}</p>{result}"
-            f"<h3>Headers</h3>{pairs(sorted((str(k), v) for k, v in (message.headers or {}).items()))}"
-            f"<h3>Properties</h3>{pairs(properties)}"
-            f"<h3>{esc(shown_body[0].rstrip(':'))}</h3><pre id=body>{esc_lines(shown_body[1:])}</pre>"
-            "<p>Replay it: <code class=cmd>worker dlq replay --event-id "
-            f"{esc(shlex.quote(event_id))}</code></p>"
-            "</section>"
-        )
+        sections.append(f"<section class=letter><h2>{heading}</h2>{_letter(seen, now, event_id)}</section>")
     return page(f"Dead letter {event_id}", "".join(sections))
+
+
+def _letter(seen: Seen, now: datetime, event_id: str) -> str:
+    letter = seen.letter
+    answer = shard_answer(letter, seen.body)
+    summary: list[tuple[str, object]] = [
+        ("event id", letter.event_id or "-"),
+        ("kind", letter.kind),
+        ("error", letter.error),
+        ("attempts", "?" if letter.attempts is None else letter.attempts),
+        ("failed at", f"{time_text(letter.failed_at)} ({format_age(letter.age(now))} ago)"),
+        ("shard", "-" if letter.shard_id is None else letter.shard_id),
+    ]
+    if letter.published_by is not None:
+        summary.append(("published by", f"{letter.published_by} (RabbitMQ user, as the worker recorded it)"))
+    summary += [
+        ("replays to", f"{letter.replay_key or '?'} (replayed {letter.replay_count} time(s) so far)"),
+        ("read from the DLQ", read_count(seen)),
+        ("delivery", f"exchange {seen.exchange!r}, routing key {seen.routing_key!r}"),
+    ]
+    shown_body = body_lines(seen.body, seen.body_size)
+    result = (
+        "<pre id=result>"
+        + esc_lines(
+            [terminal_safe(x) for x in json.dumps(answer.result, indent=2, ensure_ascii=False).split("\n")]
+        )
+        + "</pre>"
+        if answer.result is not None
+        else ""
+    )
+    headers = [
+        (key, f"{value} (times read from the DLQ)" if key == DELIVERY_COUNT else value)
+        for key, value in sorted((str(k), v) for k, v in seen.headers.items())
+    ]
+    command = f"worker dlq replay --event-id {shlex.quote(event_id)}"
+    found = advice(letter.kind)
+    what = (
+        f"<p id=advice>{esc(found.hint)}</p><p>Replay it: <code class=cmd>{esc(command)}</code></p>"
+        if found.replay_helps
+        else f"<p id=advice class=fails>{esc(replay_note(letter.kind))}</p><details><summary class=muted>"
+        f"the replay command all the same</summary><code class=cmd>{esc(command)}</code></details>"
+    )
+    return (
+        f"{pairs(summary)}<h3>What to do</h3>{what}"
+        f"<h3>The failure result the shard got</h3><p class=muted>{esc(answer.note)}</p>{result}"
+        f"<h3>Headers</h3>{pairs(headers)}<h3>Properties</h3>{pairs(seen.properties)}"
+        f"<h3>{esc(shown_body[0].rstrip(':'))}</h3><pre id=body>{esc_lines(shown_body[1:])}</pre>"
+    )
