@@ -38,7 +38,7 @@ from tests.integration.test_dlq import (
 from tests.services import Services
 from worker.broker.urls import vhost_of
 from worker.ops import dlq
-from worker.ops.dlq.commands import Audited
+from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.letters import normalise_error
 
 pytestmark = pytest.mark.integration
@@ -126,12 +126,14 @@ async def test_list_group_by_counts_each_group(broker: Broker, seeded: Seeded) -
     human = await cli("list", "--group-by", "kind", "--kind", "schema,malformed", url=broker.url)
     assert human.code == 0, human.err
     header, *rows = human.out.splitlines()
-    assert header.split() == ["COUNT", "OLDEST", "NEWEST", "SAMPLE_EVENT_ID", "GROUP"]
-    assert [(row.split()[0], row.split()[-1]) for row in rows] == [
-        ("4", "kind=schema"),
-        ("1", "kind=malformed"),
+    assert header.split() == ["COUNT", "OLDEST", "NEWEST", "SAMPLE_EVENT_ID", "REPLAY_HELPS", "GROUP"]
+    assert [(row.split()[0], row.split()[-2], row.split()[-1]) for row in rows] == [
+        ("4", "no", "kind=schema"),
+        ("1", "no", "kind=malformed"),
     ]
-    assert human.err == "5 of 8 dead letters in ltm.create_memory.dlq, 2 group(s) by kind\n"
+    first, note = human.err.splitlines()
+    assert first == "5 of 8 dead letters in ltm.create_memory.dlq, 2 group(s) by kind"
+    assert note.startswith("REPLAY_HELPS no: a replay of the group fails again")
     # grouping reads like list: the queue is as it was, in its order
     assert await event_ids(broker.url) == [*seeded.order(*"ABCDE"), *extra]
 
@@ -172,9 +174,7 @@ async def test_a_group_selects_what_it_counts(broker: Broker, seeded: Seeded) ->
 
 async def history(dsn: str, *args: str) -> list[dict[str, Any]]:
     out = io.StringIO()
-    code = await dlq.commands.history_command(
-        dsn, console=dlq.Console(out=out, err=io.StringIO()), **_opts(args)
-    )
+    code = await dlq.history_command(dsn, console=dlq.Console(out=out, err=io.StringIO()), **_opts(args))
     assert code == 0
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
@@ -213,7 +213,7 @@ async def test_replay_and_purge_are_on_record(broker: Broker, seeded: Seeded, au
     ]
 
     out = io.StringIO()
-    assert await dlq.commands.history_command(audit_database, console=dlq.Console(out, io.StringIO())) == 0
+    assert await dlq.history_command(audit_database, console=dlq.Console(out, io.StringIO())) == 0
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
     assert "replay  done         by alice  [replayed 1]  group=kind=schema" in lines[2]

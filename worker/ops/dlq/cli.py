@@ -15,19 +15,14 @@ from typing import Any
 
 from worker.config import Settings, environment_help
 from worker.ops.dlq.audit import default_actor
-from worker.ops.dlq.commands import (
-    EXIT_CODES_HELP,
-    EXIT_INTERRUPTED,
-    Audited,
-    history_command,
-    list_command,
-    purge_command,
-    replay_command,
-    show_command,
-)
+from worker.ops.dlq.audited import Audited
+from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
+from worker.ops.dlq.console import EXIT_CODES_HELP, EXIT_INTERRUPTED
+from worker.ops.dlq.history import history_command
 from worker.ops.dlq.kinds import WORKER_KINDS
 from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
 from worker.ops.dlq.operations import StopFn
+from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
 from worker.ops.dlq.sweep import DEFAULT_BATCH
 from worker.ops.subcommands import Action, AddSettings, Command, Setting, add_command, option
 
@@ -208,8 +203,10 @@ DLQ = Command(
             "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
             "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
             "the way `list` does (each message held only while the page is built, then put back in order); "
-            "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise; "
-            "any other address needs a token (--token-file, or --token), given once as ?token=... .",
+            "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise. "
+            "Every request needs the page's token: given once as ?token=... (a cookie keeps it) or as "
+            "Authorization: Bearer; without --token-file or --token a random one is made and printed in the "
+            "URL (on loopback only: any other address needs one given).",
             (
                 *_CONNECTION,
                 *_DATABASE,
@@ -217,9 +214,19 @@ DLQ = Command(
                 option("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)"),
                 option(
                     "--token",
-                    help="the token the page asks for (shows in the process list: prefer --token-file)",
+                    help="the token the page asks for (shows in the process list: prefer --token-file); at "
+                    f"least {MIN_TOKEN} characters, {MIN_DISTINCT} of them different, no blanks. Neither "
+                    "given: a random one, printed in the page's URL",
                 ),
                 option("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)"),
+                option(
+                    "--allow-host",
+                    action="append",
+                    default=[],
+                    metavar="NAME",
+                    help="a name the page may be reached by besides its address and localhost (a proxy's, a "
+                    "tunnel's); repeat for several. Any other Host header is refused (421)",
+                ),
             ),
         ),
     ),
@@ -329,7 +336,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, stop: StopFn |
             settings.postgres_dsn, as_json=args.json, limit=args.limit, operation=args.operation
         )
     if args.dlq_command == "ui":
-        from worker.ops.dlq.page import ui_command
+        from worker.ops.dlq.page.command import ui_command
 
         return await ui_command(
             url,
@@ -339,6 +346,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, stop: StopFn |
             port=args.port,
             token=args.token,
             token_file=args.token_file,
+            allow_hosts=args.allow_host,
             batch=args.batch,
         )
     kinds = {kind.strip() for value in args.kind or () for kind in value.split(",") if kind.strip()}
