@@ -211,6 +211,30 @@ async def seeded(broker: Broker) -> Seeded:
     return seed
 
 
+async def add_schema_letters(broker: Broker, versions: list[int], *, shard: int = 9) -> list[str]:
+    """Dead letters whose errors differ only by a number (one error group), from shard ``shard``."""
+    ids = []
+    for n, version in enumerate(versions):
+        event_id = str(uuid.uuid4())
+        ids.append(event_id)
+        body = event_body({"memory_content": "x"}, persona_id=7, event_id=event_id, shard_id=shard)
+        await dead_letter_copy(
+            broker,
+            shard_message(body, event_id=event_id),
+            MAIN_KEY,
+            kind="schema",
+            error=f"unknown schema_version {version}",
+            attempts=1,
+            failed_at=datetime.now(UTC) - timedelta(minutes=30 - n),
+        )
+    return ids
+
+
+def json_lines(ran: Ran) -> list[dict[str, Any]]:
+    assert ran.code == 0, ran.err
+    return [json.loads(line) for line in ran.out.splitlines()]
+
+
 # --- calling the tool -------------------------------------------------------------------------------------
 
 
@@ -697,7 +721,7 @@ async def test_show_says_reads_are_not_attempts_and_what_to_do(broker: Broker, s
 
     assert shown.code == 0, shown.err
     assert "schema, 1 attempt(s)" in shown.out  # the processing attempts, from x-ltm-attempts
-    assert "read from the DLQ: 2 time(s) before this one (times read from the DLQ" in shown.out
+    assert "read from the DLQ: 2 time(s) before this one (every list, show and page view takes" in shown.out
     assert "  x-delivery-count: 2 (times read from the DLQ)" in shown.out
     assert "  redelivered: true (read from the DLQ before, not a processing attempt)" in shown.out
     assert "what to do: a replay fails again: the event breaks the contract" in shown.out

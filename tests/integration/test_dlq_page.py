@@ -31,13 +31,14 @@ from tests.integration.test_dlq import (
     TOPOLOGY,
     Broker,
     Seeded,
+    add_schema_letters,
     cli,
     dead_letter_copy,
     event_ids,
+    json_lines,
     shard_message,
     start_dlq,
 )
-from tests.integration.test_dlq_oncall import add_schema_letters, json_lines
 
 pytestmark = pytest.mark.integration
 

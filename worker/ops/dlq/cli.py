@@ -182,10 +182,13 @@ DLQ = Command(
             "who replayed or purged what, newest first",
             "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
             "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
-            "letters ended how (pending: in doubt, the operation was cut short there). With --operation, "
-            "each letter of that operation.",
+            "letters ended how (pending: in doubt, the operation was cut short there), and how many replayed "
+            "letters came back to the DLQ (the replay failed again: a later replay or purge took them, or "
+            "they are in the DLQ now, which it reads when the record does not tell). With --operation, each "
+            "letter of that operation.",
             (
                 *_DATABASE,
+                Setting("rabbitmq_url"),
                 option("--json", action="store_true", help="one JSON object per line"),
                 option(
                     "--limit",
@@ -333,7 +336,12 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, stop: StopFn |
         return await show_command(url, topology, args.event_id, batch=args.batch)
     if args.dlq_command == "history":
         return await history_command(
-            settings.postgres_dsn, as_json=args.json, limit=args.limit, operation=args.operation
+            settings.postgres_dsn,
+            url=url,
+            topology=topology,
+            as_json=args.json,
+            limit=args.limit,
+            operation=args.operation,
         )
     if args.dlq_command == "ui":
         from worker.ops.dlq.page.command import ui_command

@@ -73,7 +73,7 @@ class Journal(Protocol):
 
 def taken(found: Sequence[Found]) -> list[Taken]:
     return [
-        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind)
+        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind, item.letter.replay_count)
         for item in found
         if item.message.delivery_tag is not None
     ]

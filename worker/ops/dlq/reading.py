@@ -47,9 +47,10 @@ IDLE_CHECK = 0.5
 MAX_KEPT_BODY = 1024 * 1024
 #: the broker's count of deliveries, raised by every read of the DLQ (and set by RabbitMQ, not the worker)
 DELIVERY_COUNT = "x-delivery-count"
-#: how ``show`` and the page name it: not processing attempts
+#: what it counts, as ``show`` and the page say it: reads of the DLQ, not processing attempts
 DELIVERY_COUNT_MEANS = (
-    "times read from the DLQ (every list, show and page view takes each letter and puts it back)"
+    "every list, show and page view takes each letter and puts it back, and RabbitMQ counts that in "
+    "x-delivery-count; the processing attempts are x-ltm-attempts"
 )
 
 _PROPERTIES = (

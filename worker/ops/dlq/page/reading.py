@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit
+from worker.ops.dlq.history import Record, read_record, returned
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.reading import Seen
@@ -73,13 +74,21 @@ class Reader:
             )
         return found, totals.scanned
 
-    async def history(self, limit: int, operation: str | None = None) -> list[dict[str, Any]]:
+    async def history(
+        self, limit: int, operation: str | None = None, letters: Collection[Letter] | None = None
+    ) -> Record:
+        """The audit record (``operation``: that one, with its letters), each replay with the letters that
+        came back; ``letters``: the DLQ as a view just read it (else read here if the record cannot tell)."""
         operation_id = uuid.UUID(operation) if operation else None
         audit = await Audit.open(self.dsn)
         try:
-            entries = await audit.history(limit=limit, operation_id=operation_id)
-            if operation_id is not None and entries:
-                entries[0]["letter_outcomes"] = await audit.letters(operation_id)
-            return entries
+            return await read_record(
+                audit,
+                limit=limit,
+                operation_id=operation_id,
+                url=self.url,
+                topology=self.topology,
+                in_dlq=None if letters is None else returned(letters),
+            )
         finally:
             await audit.close()

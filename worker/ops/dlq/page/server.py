@@ -23,7 +23,8 @@ from typing import Any, TextIO
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from worker.ops.dlq.audit import AuditUnavailable
-from worker.ops.dlq.letters import GROUP_FIELDS, Selection
+from worker.ops.dlq.history import Record
+from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection
 from worker.ops.dlq.page.auth import COOKIE, Guard, host_name, without_token
 from worker.ops.dlq.page.markup import esc, page
 from worker.ops.dlq.page.reading import Reader
@@ -223,7 +224,7 @@ class UiServer(ThreadingHTTPServer):
         reader = self.reader
         if path == "/":
             snapshot = self.run(reader.snapshot())
-            return HTTPStatus.OK, overview(snapshot, self._history(10))
+            return HTTPStatus.OK, overview(snapshot, self._history(10, letters=snapshot.letters))
         if path == "/letter" and query.get("id"):
             found, scanned = self.run(reader.letter(query["id"]))
             return (HTTPStatus.OK if found else HTTPStatus.NOT_FOUND), letter_page(
@@ -238,9 +239,11 @@ class UiServer(ThreadingHTTPServer):
             return HTTPStatus.OK, history_page(self._history(200, operation), operation)
         return HTTPStatus.NOT_FOUND, page("Not found", "<section><h2>Nothing here</h2></section>")
 
-    def _history(self, limit: int, operation: str | None = None) -> list[dict[str, Any]] | str:
+    def _history(
+        self, limit: int, operation: str | None = None, letters: list[Letter] | None = None
+    ) -> Record | str:
         try:
-            return self.run(self.reader.history(limit, operation))  # type: ignore[no-any-return]
+            return self.run(self.reader.history(limit, operation, letters))  # type: ignore[no-any-return]
         except (AuditUnavailable, ValueError) as exc:
             return str(exc)
         except Exception as exc:

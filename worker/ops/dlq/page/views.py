@@ -6,10 +6,10 @@ import json
 import shlex
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Group, Grouping
+from worker.ops.dlq.history import CAME_BACK, Record, letters_text
 from worker.ops.dlq.kinds import advice, replay_note
 from worker.ops.dlq.letters import GROUP_FIELDS, Letter, group_value
 from worker.ops.dlq.page.charts import Timeline, sparkline, stacked_chart
@@ -73,7 +73,7 @@ def replay_cell(group: Group) -> str:
     )
 
 
-def overview(snapshot: Snapshot, history: list[dict[str, Any]] | str) -> str:
+def overview(snapshot: Snapshot, history: Record | str) -> str:
     letters = snapshot.letters
     timeline = Timeline.over(letters, snapshot.taken_at)
     groupings = {by: Grouping(by).extend(letters).groups for by in GROUP_FIELDS}
@@ -116,29 +116,35 @@ def overview(snapshot: Snapshot, history: list[dict[str, Any]] | str) -> str:
     return page("Dead letters", "".join(body), note=f"{len(letters)} in {snapshot.queue}")
 
 
-def history_table(history: list[dict[str, Any]] | str) -> str:
+def history_table(history: Record | str) -> str:
     if isinstance(history, str):
         return f"<p class=muted>the audit record cannot be read: {esc(history)}</p>"
-    if not history:
+    if not history.entries:
         return "<p class=muted>no replay or purge on record</p>"
     rows = []
-    for entry in history:
-        letters = ", ".join(f"{k} {v}" for k, v in entry["letters"].items()) or "none"
+    for entry in history.entries:
         filters = " ".join(
             f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in entry["filters"].items()
         )
+        back = " class=fails" if entry["came_back"] else ""
         rows.append(
-            f"<tr data-operation='{esc(entry['operation_id'])}'><td><a href='"
-            f"{link('/history', operation=entry['operation_id'])}'><code>{esc(entry['operation_id'][:8])}"
-            f"</code></a></td><td>{esc(time_text(_parse(entry['started_at'])))}</td>"
-            f"<td>{esc(entry['actor'])}</td><td>{esc(entry['action'])}</td>"
+            f"<tr data-operation='{esc(entry['operation_id'])}' data-came-back='{entry['came_back']}'><td>"
+            f"<a href='{link('/history', operation=entry['operation_id'])}'><code>"
+            f"{esc(entry['operation_id'][:8])}</code></a></td><td>{esc(time_text(_parse(entry['started_at'])))}"
+            f"</td><td>{esc(entry['actor'])}</td><td>{esc(entry['action'])}</td>"
             f"<td class='state-{esc(entry['state'])}'>{esc(entry['state'])}</td>"
-            f"<td>{esc(letters)}</td><td><code>{esc(filters or 'all')}</code></td>"
+            f"<td{back}>{esc(letters_text(entry))}</td><td><code>{esc(filters or 'all')}</code></td>"
             f"<td>{esc(entry['detail'] or '')}</td></tr>"
         )
+    unchecked = (
+        ""
+        if history.unchecked is None
+        else f"<p class=muted>Could not read the DLQ to see which replayed letters came back "
+        f"({esc(history.unchecked)}): only what later replays and purges recorded is counted.</p>"
+    )
     return (
         "<table><tr><th>operation</th><th>started</th><th>by</th><th>action</th><th>state</th>"
-        "<th>letters</th><th>filters</th><th>detail</th></tr>" + "".join(rows) + "</table>"
+        "<th>letters</th><th>filters</th><th>detail</th></tr>" + "".join(rows) + "</table>" + unchecked
     )
 
 
@@ -146,14 +152,16 @@ def _parse(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def history_page(history: list[dict[str, Any]] | str, operation: str | None) -> str:
+def history_page(history: Record | str, operation: str | None) -> str:
     body = "<section><h2>Replays and purges, newest first</h2>" + history_table(history) + "</section>"
-    if operation and isinstance(history, list) and history:
+    if operation and isinstance(history, Record) and history.entries:
         rows = "".join(
-            f"<tr><td class=n>{x['position']}</td><td><code>{esc(x['event_id'] or '-')}</code></td>"
-            f"<td>{esc(x['kind'])}</td><td>{esc(x['outcome'])}</td><td>{esc(x['detail'] or '')}</td>"
+            f"<tr data-came-back='{str(bool(x['came_back'])).lower()}'><td class=n>{x['position']}</td>"
+            f"<td><code>{esc(x['event_id'] or '-')}</code></td><td>{esc(x['kind'])}</td>"
+            f"<td{' class=fails' if x['came_back'] else ''}>{esc(x['outcome'])}"
+            f"{esc(', ' + CAME_BACK) if x['came_back'] else ''}</td><td>{esc(x['detail'] or '')}</td>"
             f"<td>{esc(time_text(_parse(x['recorded_at'])))}</td></tr>"
-            for x in history[0].get("letter_outcomes", ())
+            for x in history.entries[0].get("letter_outcomes", ())
         )
         body += (
             f"<section id=letters><h2>Letters of {esc(operation)}</h2><table><tr><th>#</th><th>event id</th>"
