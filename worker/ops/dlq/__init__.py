@@ -6,7 +6,8 @@ replay can help, ``sweep`` connects and takes the queue's messages once, putting
 and purges, ``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays and purges
 in Postgres and ``audited`` is how the commands use it, ``answer`` rebuilds the failure result a shard got,
 ``history`` is ``worker dlq history``, ``page`` is ``worker dlq ui``, ``commands`` are the other actions,
-``console`` where they write and their exit codes, ``cli`` their options and a Ctrl-C.
+``console`` where they write and their exit codes, ``options`` the actions' options (data), ``cli`` what each
+action runs and a Ctrl-C.
 """
 
 from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation
-from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, Console
+from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, Console, guarded
 from worker.ops.dlq.letters import Selection
 from worker.ops.dlq.operations import StopFn, Totals
+
+#: what an operation does to a letter, as "nothing was ..." says it
+_DONE = {"replay": "replayed", "purge": "deleted"}
+#: how an operation ended, as :meth:`Audited.perform` records it: its totals, a note, a state (None: by the
+#: exit code)
+Ending = tuple[Totals | None, str | None, str | None]
 
 
 class Recorder:
@@ -61,6 +67,34 @@ class Audited:
         except AuditUnavailable:
             await self.close()
             raise
+
+    async def perform(
+        self,
+        action: str,
+        where: tuple[Selection, str, Topology],
+        console: Console,
+        work: Callable[[Operation], Awaitable[int]],
+        ending: Callable[[], Ending],
+        *,
+        limit: int | None = None,
+        stop: StopFn | None = None,
+    ) -> int:
+        """Run ``work(operation)`` on record: refused (exit 5) when the record cannot be started, an
+        interruption put on record, the record closed by the exit code; ``where``: the selection, the
+        broker's URL and the topology; ``ending()``: the totals, a note and a state, once it has run."""
+        selection, url, topology = where
+        recorder = Recorder(console)
+        try:
+            operation = await self.start(action, selection, url, topology, limit=limit)
+        except AuditUnavailable as exc:
+            console.err.write(f"refusing to {action}: {exc}; nothing was {_DONE[action]}\n")
+            return EXIT_AUDIT
+        try:
+            code = await self.run(operation, guarded(work(operation), url, recorder.console), stop=stop)
+            totals, note, state = ending()
+            return await self.finish(operation, code, recorder, totals, note, state=state)
+        finally:
+            await self.close()
 
     async def run(self, operation: Operation, work: Awaitable[int], *, stop: StopFn | None = None) -> int:
         """Run the operation; an interruption (Ctrl-C) is put on record before it goes on. ``stop`` says

@@ -1,5 +1,6 @@
-"""``worker dlq``'s command line: its options (``add_dlq_parser``), one command's run (``run_dlq``), and what
-a Ctrl-C does to it (:class:`Interruption`)."""
+"""``worker dlq``'s command line: its parser (``add_dlq_parser``, from :mod:`worker.ops.dlq.options`), what
+each action runs (a table), one command's run (``run_dlq``), and what a Ctrl-C does to it
+(:class:`Interruption`)."""
 
 from __future__ import annotations
 
@@ -9,237 +10,19 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from worker.config import Settings, environment_help
+from worker.config import Settings
 from worker.ops.dlq.audit import default_actor
 from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
-from worker.ops.dlq.console import EXIT_CODES_HELP, EXIT_INTERRUPTED
+from worker.ops.dlq.console import EXIT_INTERRUPTED
 from worker.ops.dlq.history import history_command
-from worker.ops.dlq.kinds import WORKER_KINDS
-from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
+from worker.ops.dlq.letters import Selection
 from worker.ops.dlq.operations import StopFn
-from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
-from worker.ops.dlq.sweep import DEFAULT_BATCH
-from worker.ops.subcommands import Action, AddSettings, Command, Setting, add_command, option
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-def _duration(text: str) -> timedelta:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _group(text: str) -> tuple[str, str]:
-    try:
-        return parse_group(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-#: the log settings: every command logs
-_LOGS = ("log_format", "log_level")
-
-_CONNECTION = (
-    Setting("rabbitmq_url"),
-    option(
-        "--batch",
-        type=_positive_int,
-        default=DEFAULT_BATCH,
-        help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
-    ),
-)
-_DATABASE = (Setting("postgres_dsn"),)
-_AUDITED = (
-    option(
-        "--by",
-        metavar="NAME",
-        help="who runs it, for the audit record (default: the OS user and host, user@host)",
-    ),
-)
-_FILTERS = (
-    option(
-        "--kind",
-        action="append",
-        metavar="KIND",
-        help=f"only this error kind ({', '.join(WORKER_KINDS)}, or a broker reason such as delivery_limit); "
-        "repeat or comma-separate for several",
-    ),
-    option("--event-id", action="append", metavar="ID", help="only this event id; repeat for several"),
-    option(
-        "--older-than",
-        type=_duration,
-        metavar="DURATION",
-        help="only dead letters that failed at least this long ago (30s, 10m, 2h, 1d, 1h30m)",
-    ),
-    option(
-        "--group",
-        action="append",
-        type=_group,
-        metavar="FIELD=VALUE",
-        help="only this group, as `list --group-by FIELD` prints it: kind=schema, shard=3 (shard=none: no "
-        "shard_id in the body), error='unknown schema_version <n>' (the error with ids as <id> and numbers "
-        "as <n>); repeat for several (same field: either, different fields: both)",
-    ),
-)
-_PROGRESS = option(
-    "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
-)
-
-DLQ = Command(
-    "dlq",
-    help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
-    description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
-    "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
-    "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
-    "(`worker dlq history`).",
-    dest="dlq_command",
-    metavar="ACTION",
-    actions=(
-        Action(
-            "list",
-            "one line per dead letter, or per group",
-            "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
-            "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
-            "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
-            (
-                *_CONNECTION,
-                *_FILTERS,
-                option(
-                    "--json",
-                    action="store_true",
-                    help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, "
-                    "routing_key (with --group-by: group_by, group, selector, count, oldest_failed_at, "
-                    "newest_failed_at, sample_event_id, kinds, replay)",
-                ),
-                option(
-                    "--group-by",
-                    choices=GROUP_FIELDS,
-                    help="one line per group: the kind, the error (ids and numbers stripped), or the "
-                    "shard_id the event names; largest group first",
-                ),
-            ),
-        ),
-        Action(
-            "show",
-            "print a dead letter in full",
-            "Print every dead letter with this event id in full: properties, headers, body (as JSON "
-            "when it parses). The queue is left as it was.",
-            (*_CONNECTION, option("event_id", metavar="EVENT_ID")),
-        ),
-        Action(
-            "replay",
-            "send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
-            "Republish the selected dead letters (all by default) to tomori.tool_calls with their "
-            "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/"
-            "-attempts and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ "
-            "copy is removed only after the broker confirmed the republished one, so an interrupted replay "
-            "loses nothing (at worst an event is in both queues; the worker's idempotency makes that "
-            "harmless). Recorded in the audit tables (worker dlq history) before anything moves: no record, "
-            "no replay. A dry run reads only the queue and records nothing.",
-            (
-                *_CONNECTION,
-                *_DATABASE,
-                *_FILTERS,
-                *_AUDITED,
-                option("--limit", type=_positive_int, metavar="N", help="move at most N dead letters"),
-                option("--dry-run", action="store_true", help="list what would move; move nothing"),
-                _PROGRESS,
-            ),
-        ),
-        Action(
-            "purge",
-            "delete dead letters for good (asks first unless --yes)",
-            "Delete the selected dead letters (all by default). Scans the whole queue first, then "
-            "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
-            "stdin, --yes is required. Recorded in the audit tables (worker dlq history) before anything is "
-            "deleted, a refusal too: no record, no purge.",
-            (
-                *_CONNECTION,
-                *_DATABASE,
-                *_FILTERS,
-                *_AUDITED,
-                option("--yes", action="store_true", help="do not ask for confirmation"),
-                _PROGRESS,
-            ),
-        ),
-        Action(
-            "history",
-            "who replayed or purged what, newest first",
-            "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
-            "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
-            "letters ended how (pending: in doubt, the operation was cut short there), and how many replayed "
-            "letters came back to the DLQ (the replay failed again: a later replay or purge took them, or "
-            "they are in the DLQ now, which it reads when the record does not tell). With --operation, each "
-            "letter of that operation.",
-            (
-                *_DATABASE,
-                Setting("rabbitmq_url"),
-                option("--json", action="store_true", help="one JSON object per line"),
-                option(
-                    "--limit",
-                    type=_positive_int,
-                    default=50,
-                    metavar="N",
-                    help="the latest N operations (50)",
-                ),
-                option("--operation", metavar="ID", help="one operation, with each of its letters"),
-            ),
-        ),
-        Action(
-            "ui",
-            "a read-only web page: counts, groups, letters, the audit history",
-            "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
-            "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
-            "the way `list` does (each message held only while the page is built, then put back in order); "
-            "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise. "
-            "Every request needs the page's token: given once as ?token=... (a cookie keeps it) or as "
-            "Authorization: Bearer; without --token-file or --token a random one is made and printed in the "
-            "URL (on loopback only: any other address needs one given).",
-            (
-                *_CONNECTION,
-                *_DATABASE,
-                option("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)"),
-                option("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)"),
-                option(
-                    "--token",
-                    help="the token the page asks for (shows in the process list: prefer --token-file); at "
-                    f"least {MIN_TOKEN} characters, {MIN_DISTINCT} of them different, no blanks. Neither "
-                    "given: a random one, printed in the page's URL",
-                ),
-                option("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)"),
-                option(
-                    "--allow-host",
-                    action="append",
-                    default=[],
-                    metavar="NAME",
-                    help="a name the page may be reached by besides its address and localhost (a proxy's, a "
-                    "tunnel's); repeat for several. Any other Host header is refused (421)",
-                ),
-            ),
-        ),
-    ),
-)
-
-
-def _epilog(action: Action | None) -> str:
-    """The exit codes and the environment variables the action reads (all of them for ``worker dlq``)."""
-    settings = action.settings if action else ("rabbitmq_url", "postgres_dsn")
-    return EXIT_CODES_HELP + environment_help(*settings, *_LOGS)
+from worker.ops.dlq.options import DLQ, epilog
+from worker.ops.subcommands import AddSettings, add_command
 
 
 def add_dlq_parser(
@@ -247,7 +30,7 @@ def add_dlq_parser(
 ) -> None:
     """Add ``worker dlq`` and its actions to the ``worker`` parser; ``add_options`` adds the options of the
     settings named (worker/cli.py ``add_setting_options``)."""
-    add_command(commands, DLQ, add_options, _epilog)
+    add_command(commands, DLQ, add_options, epilog)
 
 
 def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
@@ -331,63 +114,70 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, stop: StopFn |
     # logs (aiormq logs every failed connect) would only repeat them as noise
     for name in ("aiormq", "aio_pika"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    url, topology = settings.rabbitmq_url, settings.topology
-    if args.dlq_command == "show":
-        return await show_command(url, topology, args.event_id, batch=args.batch)
-    if args.dlq_command == "history":
-        return await history_command(
-            settings.postgres_dsn,
-            url=url,
-            topology=topology,
-            as_json=args.json,
-            limit=args.limit,
-            operation=args.operation,
-        )
-    if args.dlq_command == "ui":
-        from worker.ops.dlq.page.command import ui_command
+    return await _RUNS[args.dlq_command](args, settings, stop)
 
-        return await ui_command(
-            url,
-            settings.postgres_dsn,
-            topology,
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            token_file=args.token_file,
-            allow_hosts=args.allow_host,
-            batch=args.batch,
-        )
+
+def _selection(args: argparse.Namespace) -> Selection:
     kinds = {kind.strip() for value in args.kind or () for kind in value.split(",") if kind.strip()}
-    selection = Selection(
+    return Selection(
         kinds=frozenset(kinds),
         event_ids=frozenset(args.event_id or ()),
         older_than=args.older_than,
         groups=frozenset(args.group or ()),
     )
-    if args.dlq_command == "list":
-        return await list_command(
-            url, topology, selection, batch=args.batch, as_json=args.json, group_by=args.group_by
-        )
-    audit = Audited(settings.postgres_dsn, args.by or default_actor())
-    if args.dlq_command == "replay":
-        return await replay_command(
-            url,
-            topology,
-            selection,
-            batch=args.batch,
-            limit=args.limit,
-            dry_run=args.dry_run,
-            progress=args.progress,
-            audit=audit,
-            stop=stop,
-        )
+
+
+def _audited(args: argparse.Namespace, settings: Settings) -> Audited:
+    return Audited(settings.postgres_dsn, args.by or default_actor())
+
+
+async def _list(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await list_command(
+        settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, as_json=args.json,
+        group_by=args.group_by,
+    )  # fmt: skip
+
+
+async def _show(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await show_command(settings.rabbitmq_url, settings.topology, args.event_id, batch=args.batch)
+
+
+async def _replay(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
+    return await replay_command(
+        settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, limit=args.limit,
+        dry_run=args.dry_run, progress=args.progress, audit=_audited(args, settings), stop=stop,
+    )  # fmt: skip
+
+
+async def _purge(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
     return await purge_command(
-        url,
-        topology,
-        selection,
-        yes=args.yes,
-        batch=args.batch,
-        progress=args.progress,
-        audit=audit,
-        stop=stop,
-    )
+        settings.rabbitmq_url, settings.topology, _selection(args), yes=args.yes, batch=args.batch,
+        progress=args.progress, audit=_audited(args, settings), stop=stop,
+    )  # fmt: skip
+
+
+async def _history(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await history_command(
+        settings.postgres_dsn, url=settings.rabbitmq_url, topology=settings.topology, as_json=args.json,
+        limit=args.limit, operation=args.operation,
+    )  # fmt: skip
+
+
+async def _ui(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    from worker.ops.dlq.page.command import ui_command  # the page's modules load only for the page
+
+    return await ui_command(
+        settings.rabbitmq_url, settings.postgres_dsn, settings.topology, host=args.host, port=args.port,
+        token=args.token, token_file=args.token_file, allow_hosts=args.allow_host, batch=args.batch,
+    )  # fmt: skip
+
+
+#: what each action of :data:`~worker.ops.dlq.options.DLQ` runs
+_RUNS: dict[str, Callable[[argparse.Namespace, Settings, StopFn | None], Awaitable[int]]] = {
+    "list": _list,
+    "show": _show,
+    "replay": _replay,
+    "purge": _purge,
+    "history": _history,
+    "ui": _ui,
+}

@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from worker.config import Topology
-from worker.ops.dlq.audit import AuditUnavailable, Operation
-from worker.ops.dlq.audited import Audited, Recorder
-from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, guarded
+from worker.ops.dlq.audit import Operation
+from worker.ops.dlq.audited import Audited, Ending
+from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, guarded
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
 from worker.ops.dlq.kinds import replay_helps
 from worker.ops.dlq.letters import Selection
@@ -143,67 +143,54 @@ async def replay_command(
     """``audit``: where the operation is recorded (the CLI always gives one; a dry run records nothing);
     ``stop``: whether Ctrl-C was pressed (the CLI's :class:`Interruption`), asked between batches."""
     console = console or Console()
-    journal: Operation | None = None
     outcome: Totals | None = None
     hopeless: Counter[str] = Counter()
 
-    async def run() -> int:
+    def on_found(found: Found, now: datetime) -> None:
+        if dry_run:
+            console.out.write(list_line(found.letter, now) + "\n")
+        if not replay_helps(found.letter.kind):
+            hopeless[found.letter.kind] += 1
+
+    async def run(journal: Operation | None) -> int:
         nonlocal outcome
         async with open_dead_letters(url, topology) as dlq:
             meter = _meter("replay", console, progress) if not dry_run else None
             if dry_run:
                 console.out.write(list_header() + "\n")
-
-            def on_found(found: Found, now: datetime) -> None:
-                if dry_run:
-                    console.out.write(list_line(found.letter, now) + "\n")
-                if not replay_helps(found.letter.kind):
-                    hopeless[found.letter.kind] += 1
-
             try:
-                totals = await replay(
-                    dlq,
-                    selection,
-                    batch=batch,
-                    limit=limit,
-                    dry_run=dry_run,
-                    on_found=on_found,
-                    progress=meter,
-                    journal=journal,
-                    stop=stop,
-                )
+                outcome = await replay(
+                    dlq, selection, batch=batch, limit=limit, dry_run=dry_run, on_found=on_found,
+                    progress=meter, journal=journal, stop=stop,
+                )  # fmt: skip
             finally:
                 if meter is not None:
                     meter.finish()
-            outcome = totals
-            if dry_run:
-                console.out.write(
-                    f"dry run: would move {totals.selected}, keep {totals.kept - totals.selected}; "
-                    "nothing moved\n"
-                )
-                console.err.write(_hopeless_note(hopeless, "would fail again"))
-                return EXIT_OK
-            for event_id, why in totals.failures:
-                console.err.write(f"not replayed: {terminal_safe(event_id or '-')}: {terminal_safe(why)}\n")
-            console.out.write(f"moved {totals.removed}, kept {totals.kept}\n")
-            console.err.write(_hopeless_note(hopeless, "will fail again"))
-            return EXIT_FAILED if totals.failures else EXIT_OK
+            return _replayed(outcome, dry_run, hopeless, console)
+
+    def ending() -> Ending:
+        failed = 0 if outcome is None else len(outcome.failures)
+        return outcome, f"{failed} not replayed" if failed else None, None
 
     if dry_run or audit is None:
-        return await guarded(run(), url, console)
-    recorder = Recorder(console)
-    try:
-        journal = await audit.start("replay", selection, url, topology, limit=limit)
-    except AuditUnavailable as exc:
-        console.err.write(f"refusing to replay: {exc}; nothing was replayed\n")
-        return EXIT_AUDIT
-    try:
-        code = await audit.run(journal, guarded(run(), url, recorder.console), stop=stop)
-        failed = 0 if outcome is None else len(outcome.failures)
-        note = f"{failed} not replayed" if failed else None
-        return await audit.finish(journal, code, recorder, outcome, note)
-    finally:
-        await audit.close()
+        return await guarded(run(None), url, console)
+    where = (selection, url, topology)
+    return await audit.perform("replay", where, console, run, ending, limit=limit, stop=stop)
+
+
+def _replayed(totals: Totals, dry_run: bool, hopeless: Counter[str], console: Console) -> int:
+    """What a replay says when it is done, and its exit code."""
+    if dry_run:
+        console.out.write(
+            f"dry run: would move {totals.selected}, keep {totals.kept - totals.selected}; nothing moved\n"
+        )
+        console.err.write(_hopeless_note(hopeless, "would fail again"))
+        return EXIT_OK
+    for event_id, why in totals.failures:
+        console.err.write(f"not replayed: {terminal_safe(event_id or '-')}: {terminal_safe(why)}\n")
+    console.out.write(f"moved {totals.removed}, kept {totals.kept}\n")
+    console.err.write(_hopeless_note(hopeless, "will fail again"))
+    return EXIT_FAILED if totals.failures else EXIT_OK
 
 
 async def purge_command(
@@ -222,7 +209,6 @@ async def purge_command(
     """``ask`` shows the prompt and returns the answer (default: ``input`` on the terminal); ``audit``:
     where the operation is recorded (the CLI always gives one); ``stop``: as for :func:`replay_command`."""
     console = console or Console()
-    journal: Operation | None = None
     outcome: Totals | None = None
     if not yes and ask is None and not sys.stdin.isatty():
         why = "stdin is not a terminal, so there is no one to confirm"
@@ -242,44 +228,29 @@ async def purge_command(
         declined = answer.strip().lower() not in ("y", "yes")
         return not declined
 
-    async def run() -> int:
+    async def run(journal: Operation | None) -> int:
         nonlocal outcome
         async with open_dead_letters(url, topology) as dlq:
             try:
-                totals = await purge(
-                    dlq,
-                    selection,
-                    batch=batch,
-                    confirm=None if yes else confirm,
-                    progress=meter,
-                    journal=journal,
-                    stop=stop,
-                )
+                outcome = await purge(
+                    dlq, selection, batch=batch, confirm=None if yes else confirm, progress=meter,
+                    journal=journal, stop=stop,
+                )  # fmt: skip
             finally:
                 if meter is not None:
                     meter.finish()
-            outcome = totals
             if declined:
-                console.out.write(f"nothing deleted, kept {totals.kept}\n")
+                console.out.write(f"nothing deleted, kept {outcome.kept}\n")
                 return EXIT_FAILED
-            console.out.write(f"deleted {totals.removed}, kept {totals.kept}\n")
+            console.out.write(f"deleted {outcome.removed}, kept {outcome.kept}\n")
         return EXIT_OK
 
+    def ending() -> Ending:
+        return (outcome, "not confirmed", "refused") if declined else (outcome, None, None)
+
     if audit is None:
-        return await guarded(run(), url, console)
-    recorder = Recorder(console)
-    try:
-        journal = await audit.start("purge", selection, url, topology)
-    except AuditUnavailable as exc:
-        console.err.write(f"refusing to purge: {exc}; nothing was deleted\n")
-        return EXIT_AUDIT
-    try:
-        code = await audit.run(journal, guarded(run(), url, recorder.console), stop=stop)
-        if declined:
-            return await audit.finish(journal, code, recorder, outcome, "not confirmed", state="refused")
-        return await audit.finish(journal, code, recorder, outcome, None)
-    finally:
-        await audit.close()
+        return await guarded(run(None), url, console)
+    return await audit.perform("purge", (selection, url, topology), console, run, ending, stop=stop)
 
 
 def _hopeless_note(kinds: Counter[str], verb: str) -> str:
