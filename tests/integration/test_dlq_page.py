@@ -187,12 +187,17 @@ async def test_the_page_shows_what_the_cli_says(broker: Broker, seeded: Seeded) 
     assert await broker.depth(TOPOLOGY.work_queue) == 1  # C, by carol's replay
 
 
-def get(url: str, *, cookie: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], str]:
+def get(
+    url: str, *, cookie: str | None = None, method: str = "GET", bearer: str | None = None
+) -> tuple[int, dict[str, str], str]:
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: object, **kwargs: object) -> None:
             return None
 
-    request = urllib.request.Request(url, method=method, headers={"Cookie": cookie} if cookie else {})
+    headers = {"Cookie": cookie} if cookie else {}
+    if bearer is not None:
+        headers["Authorization"] = f"Bearer {bearer}"
+    request = urllib.request.Request(url, method=method, headers=headers)
     opener = urllib.request.build_opener(NoRedirect)
     try:
         with opener.open(request, timeout=60) as response:
@@ -266,3 +271,32 @@ async def test_what_a_shard_wrote_is_shown_as_text(broker: Broker) -> None:
         assert "\x1b" not in dom
         assert "\\x1b[2J" in dom
     assert pre(pages[1], "body").count("<script>") == 2  # in the body twice, as text
+
+
+async def test_a_letter_says_who_published_it_and_that_a_replay_cannot_help(broker: Broker) -> None:
+    """The letter's page names the publishing user the worker recorded, and for a kind a replay cannot help
+    says so first, the replay command folded away (newcomer review F12)."""
+    event_id = str(uuid.uuid4())
+    message = shard_message(json.dumps({"event_id": event_id, "shard_id": 4}).encode(), event_id=event_id)
+    message.headers = {**(message.headers or {}), "x-ltm-user-id": "shard-3"}
+    await dead_letter_copy(
+        broker,
+        message,
+        f"{MAIN_KEY}.shard.4",
+        kind="unverified_shard",
+        error="user shard-3 may not speak for shard 4",
+        attempts=1,
+        failed_at=datetime.now(UTC),
+    )
+    await broker.wait_depth(DLQ, 1)
+    async with ui(broker.url) as page:
+        status, _, text = await asyncio.to_thread(
+            get, f"{page.base}letter?{urllib.parse.urlencode({'id': event_id})}", bearer=page.token
+        )
+    assert status == 200
+    assert "published by</th><td><code>shard-3 (RabbitMQ user, as the worker recorded it)" in text
+    assert f"replays to</th><td><code>{MAIN_KEY} (replayed 0 time(s) so far)" in text
+    advice = re.search(r"<p id=advice class=fails>(.*?)</p>", text)
+    assert advice is not None
+    assert advice.group(1).startswith("a replay fails again: the RabbitMQ user that published it")
+    assert "<details><summary class=muted>the replay command all the same</summary>" in text
