@@ -154,6 +154,7 @@ def _dlq_environment(url: str, dsn: str) -> dict[str, str]:
 
 
 async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]:
+    """``worker dlq ui`` started; the URL it printed, its token in it (the page makes one on loopback)."""
     env = _dlq_environment(url, dsn)
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "worker", "dlq", "ui", "--port", "0",
@@ -161,7 +162,7 @@ async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]
     )  # fmt: skip
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-    found = re.search(r"(http://\S+/)", line)
+    found = re.search(r"(http://\S+/\?token=\S+)", line)
     if found is None:
         process.terminate()
         raise RuntimeError(f"worker dlq ui did not start: {line!r}")
@@ -169,7 +170,10 @@ async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]
 
 
 def fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=120) as response:
+    """GET the page at ``url`` (``...?token=...``): the token as a bearer, since urllib keeps no cookie."""
+    base, _, token = url.partition("?token=")
+    request = urllib.request.Request(base, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=120) as response:
         return str(response.read().decode())
 
 
@@ -244,7 +248,7 @@ async def screenshots(page: str, folder: Path) -> None:
         await run_chromium(
             "--window-size=1400,1900",
             f"--screenshot={folder / 'dlq-ui-letter.png'}",
-            f"{page}letter?id={sample[1]}",
+            page.replace("/?token=", f"/letter?id={sample[1]}&token="),
         )
     print(f"screenshots in {folder}", file=sys.stderr)
 

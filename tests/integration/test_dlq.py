@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -215,6 +216,30 @@ async def seeded(broker: Broker) -> Seeded:
     return seed
 
 
+async def add_schema_letters(broker: Broker, versions: list[int], *, shard: int = 9) -> list[str]:
+    """Dead letters whose errors differ only by a number (one error group), from shard ``shard``."""
+    ids = []
+    for n, version in enumerate(versions):
+        event_id = str(uuid.uuid4())
+        ids.append(event_id)
+        body = event_body({"memory_content": "x"}, persona_id=7, event_id=event_id, shard_id=shard)
+        await dead_letter_copy(
+            broker,
+            shard_message(body, event_id=event_id),
+            MAIN_KEY,
+            kind="schema",
+            error=f"unknown schema_version {version}",
+            attempts=1,
+            failed_at=datetime.now(UTC) - timedelta(minutes=30 - n),
+        )
+    return ids
+
+
+def json_lines(ran: Ran) -> list[dict[str, Any]]:
+    assert ran.code == 0, ran.err
+    return [json.loads(line) for line in ran.out.splitlines()]
+
+
 # --- calling the tool -------------------------------------------------------------------------------------
 
 
@@ -342,11 +367,15 @@ async def test_a_queue_deeper_than_one_prefetch_window_is_read_by_the_get_pass(
 ) -> None:
     """A DLQ deeper than AMQP's prefetch limit (65,535) cannot be held by one consumer: the read falls back
     to the basic.get pass on the channel it opened. The window is lowered to 2 to get there with 5 letters."""
-    from worker.ops.dlq import sweep as sweeps
+    from worker.ops.dlq import reading as readings
+    from worker.ops.dlq.sweep import Sweep
 
-    monkeypatch.setattr(sweeps, "MAX_PREFETCH", 2)
-    async with dlq.open_dead_letters(broker.url, TOPOLOGY) as queue, await queue.read(EVERY) as reading:
-        assert isinstance(reading, sweeps.Sweep)
+    monkeypatch.setattr(readings, "MAX_PREFETCH", 2)
+    async with (
+        dlq.open_dead_letters(broker.url, TOPOLOGY) as queue,
+        await readings.read(queue, EVERY) as reading,
+    ):
+        assert isinstance(reading, Sweep)
     assert await event_ids(broker.url) == seeded.order(*"ABCDE")
     assert await broker.depth(TOPOLOGY.dead_letter_queue) == 5
 
@@ -649,3 +678,97 @@ async def test_an_empty_dlq_lists_no_lines(broker: Broker) -> None:
     ran = await cli("list", url=broker.url)
 
     assert (ran.code, ran.out, ran.err) == (0, "", "0 of 0 dead letters in ltm.create_memory.dlq\n")
+
+
+# --- what the shard fairness change adds: per-shard keys, the publisher's identity -----------------------
+
+
+async def test_a_replay_reaches_the_common_key_as_the_operator_with_the_recorded_publisher(
+    broker: Broker,
+) -> None:
+    """A letter of a per-shard key (``tool.<name>.shard.<N>``) replays to ``tool.<name>``, keeps the worker's
+    ``x-ltm-user-id`` and is published as the replaying connection's own user (the broker refuses any
+    other)."""
+    event_id = str(uuid.uuid4())
+    message = shard_message(event_body({}, persona_id=7, event_id=event_id, shard_id=3), event_id=event_id)
+    message.headers = {**(message.headers or {}), "x-ltm-user-id": "shard-3"}
+    await dead_letter_copy(
+        broker,
+        message,
+        f"{MAIN_KEY}.shard.3",
+        kind="shard_backlog_full",
+        error="shard 3 had 1000 events waiting",
+        attempts=1,
+        failed_at=datetime.now(UTC),
+    )
+    await broker.wait_depth(TOPOLOGY.dead_letter_queue, 1)
+
+    shown = await cli("show", event_id, url=broker.url)
+    assert shown.code == 0, shown.err
+    assert f"replays to: {MAIN_KEY} (replayed 0 time(s) so far)" in shown.out
+    assert "published by: shard-3 (RabbitMQ user, as the worker recorded it)" in shown.out
+    assert "what to do: the shard had more events waiting than its bound" in shown.out
+
+    ran = await cli("replay", url=broker.url)
+    assert (ran.code, ran.out) == (0, "moved 1, kept 0\n"), ran.err
+    [replayed] = await broker.take_all(TOPOLOGY.work_queue)
+    assert replayed.routing_key == MAIN_KEY
+    assert replayed.user_id == "guest"  # the user of the URL the replay connected with
+    assert replayed.headers["x-ltm-user-id"] == "shard-3"
+
+
+# --- reading is not neutral: said so, and bounded ---------------------------------------------------------
+
+
+async def test_show_says_reads_are_not_attempts_and_what_to_do(broker: Broker, seeded: Seeded) -> None:
+    """Newcomer review F13: every read raises x-delivery-count; F12: what a replay can do, per kind."""
+    for _ in range(2):
+        assert (await cli("list", url=broker.url)).code == 0
+    shown = await cli("show", seeded.ids["B"], url=broker.url)
+
+    assert shown.code == 0, shown.err
+    assert "schema, 1 attempt(s)" in shown.out  # the processing attempts, from x-ltm-attempts
+    assert "read from the DLQ: 2 time(s) before this one (every list, show and page view takes" in shown.out
+    assert "  x-delivery-count: 2 (times read from the DLQ)" in shown.out
+    assert "  redelivered: true (read from the DLQ before, not a processing attempt)" in shown.out
+    assert "what to do: a replay fails again: the event breaks the contract" in shown.out
+    a = await cli("show", seeded.ids["A"], url=broker.url)
+    assert "what to do: a database or broker fault outlasted every retry: replay once it is fixed" in a.out
+
+
+async def test_a_replay_says_which_letters_will_fail_again(broker: Broker, seeded: Seeded) -> None:
+    dry = await cli("replay", "--dry-run", url=broker.url)
+    assert dry.code == 0, dry.err
+    assert "note: 2 of them (1 schema, 1 malformed) would fail again and come back to the DLQ" in dry.err
+    ran = await cli("replay", "--kind", "transient_exhausted", url=broker.url)
+    assert ran.code == 0, ran.err
+    assert "note:" not in ran.err  # nothing hopeless was replayed
+
+
+async def test_a_view_keeps_no_bodies(broker: Broker) -> None:
+    """Security review 4, N7: a list held every body of the DLQ (1,000 letters of 255 KB: 304 MB). A read
+    keeps a description per letter and drops the body as it arrives: the Python heap's peak over a list of
+    60 letters of 200 KB (12 MB of bodies) stays under half of that (it held all 12 MB before; what stays is
+    aiormq's buffer of at most ten frames per channel, and the connection's own)."""
+    body = json.dumps({"padding": "x" * 200_000}).encode()
+    for _ in range(60):
+        event_id = str(uuid.uuid4())
+        await dead_letter_copy(
+            broker,
+            shard_message(body, event_id=event_id),
+            MAIN_KEY,
+            kind="schema",
+            error="body over the bound",
+            attempts=1,
+            failed_at=datetime.now(UTC),
+        )
+    await broker.wait_depth(TOPOLOGY.dead_letter_queue, 60)
+
+    tracemalloc.start()
+    try:
+        found = await letters(broker.url)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(found) == 60
+    assert peak < 6_000_000, f"a list of 12 MB of dead letters peaked at {peak} bytes"

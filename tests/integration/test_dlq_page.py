@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,13 +31,14 @@ from tests.integration.test_dlq import (
     TOPOLOGY,
     Broker,
     Seeded,
+    add_schema_letters,
     cli,
     dead_letter_copy,
     event_ids,
+    json_lines,
     shard_message,
     start_dlq,
 )
-from tests.integration.test_dlq_oncall import add_schema_letters, json_lines
 
 pytestmark = pytest.mark.integration
 
@@ -78,22 +80,44 @@ async def browse_page(url: str) -> str:
     return dom
 
 
+@dataclass
+class Page:
+    """A running ``worker dlq ui``: where it is, its token, its access log so far."""
+
+    base: str
+    token: str
+    process: asyncio.subprocess.Process
+    #: stderr, one line per request: read once the page has stopped
+    log: str = ""
+
+    def at(self, path: str = "", **query: str) -> str:
+        """The URL of ``path`` with the token in it (each browser run starts without the cookie)."""
+        return f"{self.base}{path}?{urllib.parse.urlencode({**query, 'token': self.token})}"
+
+
 @contextlib.asynccontextmanager
-async def ui(url: str, *args: str) -> AsyncIterator[str]:
-    """``worker dlq ui --port 0 ARGS`` running; its base URL."""
+async def ui(url: str, *args: str, token: str | None = None) -> AsyncIterator[Page]:
+    """``worker dlq ui --port 0 ARGS`` running (stderr, its access log, to a pipe read at the end)."""
     process = await start_dlq(
         *("ui", "--port", "0", "--rabbitmq-url", url, *args),
-        stdout=asyncio.subprocess.PIPE,  # stderr: one access line per request, not read
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
+    shown = Page("", "", process)
     try:
         assert process.stdout is not None
         line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-        found = re.search(r"(http://\S+/)", line)
+        found = re.search(r"(http://\S+/)(\?token=(\S+))?", line)
         assert found, line
-        yield found.group(1)
+        given = found.group(3) or token
+        assert given, "no token printed and none given"
+        shown.base, shown.token = found.group(1), urllib.parse.unquote(given)
+        yield shown
     finally:
-        process.terminate()
-        await asyncio.wait_for(process.wait(), 30)
+        if process.returncode is None:
+            process.terminate()
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+        shown.log = err.decode()
 
 
 def section(dom: str, section_id: str) -> str:
@@ -103,7 +127,7 @@ def section(dom: str, section_id: str) -> str:
 
 
 def groups_shown(dom: str, by: str) -> dict[str, int]:
-    rows = re.findall(r'<tr data-group="([^"]*)" data-count="(\d+)">', section(dom, f"groups-{by}"))
+    rows = re.findall(r'<tr data-group="([^"]*)" data-count="(\d+)"', section(dom, f"groups-{by}"))
     return {html.unescape(group): int(count) for group, count in rows}
 
 
@@ -121,8 +145,8 @@ async def test_the_page_shows_what_the_cli_says(broker: Broker, seeded: Seeded) 
     assert replayed.code == 0, replayed.err
     order = await event_ids(broker.url)
 
-    async with ui(broker.url) as base_url:
-        dom = await browse_page(base_url)
+    async with ui(broker.url) as served:
+        dom = await browse_page(served.at())
 
         assert re.search(r'<div class="tile" id="total" data-count="7">', dom)
         for by in ("kind", "error", "shard"):
@@ -138,24 +162,24 @@ async def test_the_page_shows_what_the_cli_says(broker: Broker, seeded: Seeded) 
 
         for letter in ("B", "D", "E"):  # JSON, not JSON, the broker's own dead letter
             event_id = seeded.ids[letter]
-            letter_dom = await browse_page(f"{base_url}letter?id={event_id}")
+            letter_dom = await browse_page(served.at("letter", id=event_id))
             shown = await cli("show", event_id, url=broker.url)
             assert shown.code == 0, shown.err
             show_body = shown.out.split("\nbody (", 1)[1].split("\n", 1)[1].rstrip("\n")
             assert pre(letter_dom, "body") == show_body, letter
         # the failure result the shard got: B (schema, ids readable) was answered; E (broker) was not
-        b_dom = await browse_page(f"{base_url}letter?id={seeded.ids['B']}")
+        b_dom = await browse_page(served.at("letter", id=seeded.ids["B"]))
         result = json.loads(pre(b_dom, "result"))
         assert (result["event_id"], result["success"], result["status"]) == (
             seeded.ids["B"],
             False,
             "memory_save_failed_internal_error",
         )
-        e_dom = await browse_page(f"{base_url}letter?id={seeded.ids['E']}")
+        e_dom = await browse_page(served.at("letter", id=seeded.ids["E"]))
         assert 'id="result"' not in e_dom
         assert "the broker dead-lettered it (delivery_limit); the worker sent no result" in e_dom
 
-        group_dom = await browse_page(f"{base_url}group?by=shard&value=9")
+        group_dom = await browse_page(served.at("group", by="shard", value="9"))
         assert re.search(r'<span id="group-count">3</span>', group_dom)
 
     # the page only read: every dead letter is where it was, in the same order, and nothing was replayed
@@ -163,12 +187,17 @@ async def test_the_page_shows_what_the_cli_says(broker: Broker, seeded: Seeded) 
     assert await broker.depth(TOPOLOGY.work_queue) == 1  # C, by carol's replay
 
 
-def get(url: str, *, cookie: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], str]:
+def get(
+    url: str, *, cookie: str | None = None, method: str = "GET", bearer: str | None = None
+) -> tuple[int, dict[str, str], str]:
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: object, **kwargs: object) -> None:
             return None
 
-    request = urllib.request.Request(url, method=method, headers={"Cookie": cookie} if cookie else {})
+    headers = {"Cookie": cookie} if cookie else {}
+    if bearer is not None:
+        headers["Authorization"] = f"Bearer {bearer}"
+    request = urllib.request.Request(url, method=method, headers=headers)
     opener = urllib.request.build_opener(NoRedirect)
     try:
         with opener.open(request, timeout=60) as response:
@@ -181,7 +210,8 @@ async def test_a_token_guards_the_page_and_nothing_writes(broker: Broker, seeded
     with tempfile.NamedTemporaryFile("w", suffix=".token") as token_file:
         token_file.write(TOKEN + "\n")
         token_file.flush()
-        async with ui(broker.url, "--token-file", token_file.name) as base_url:
+        async with ui(broker.url, "--token-file", token_file.name, token=TOKEN) as shown:
+            base_url = shown.base
             status, _, text = await asyncio.to_thread(get, base_url)
             assert status == 401
             assert "needs its token" in text
@@ -191,6 +221,7 @@ async def test_a_token_guards_the_page_and_nothing_writes(broker: Broker, seeded
             assert status == 303
             assert headers["Location"] == "/letter?id=x"
             cookie = headers["Set-Cookie"].split(";")[0]
+            assert TOKEN not in cookie  # the cookie is derived from the token, not the token
             status, headers, text = await asyncio.to_thread(get, base_url, cookie=cookie)
             assert status == 200
             assert "id=total data-count='5'" in text  # the server's own HTML, before a browser
@@ -230,11 +261,8 @@ async def test_what_a_shard_wrote_is_shown_as_text(broker: Broker) -> None:
         broker, message, MAIN_KEY, kind=f"schema{evil}", error=evil, attempts=1, failed_at=datetime.now(UTC)
     )
     await broker.wait_depth(DLQ, 1)
-    async with ui(broker.url) as base_url:
-        pages = [
-            await browse_page(base_url),
-            await browse_page(f"{base_url}letter?{urllib.parse.urlencode({'id': event_id})}"),
-        ]
+    async with ui(broker.url) as shown:
+        pages = [await browse_page(shown.at()), await browse_page(shown.at("letter", id=event_id))]
     for dom in pages:
         assert "<script" not in dom
         assert "<img" not in dom
@@ -243,3 +271,32 @@ async def test_what_a_shard_wrote_is_shown_as_text(broker: Broker) -> None:
         assert "\x1b" not in dom
         assert "\\x1b[2J" in dom
     assert pre(pages[1], "body").count("<script>") == 2  # in the body twice, as text
+
+
+async def test_a_letter_says_who_published_it_and_that_a_replay_cannot_help(broker: Broker) -> None:
+    """The letter's page names the publishing user the worker recorded, and for a kind a replay cannot help
+    says so first, the replay command folded away (newcomer review F12)."""
+    event_id = str(uuid.uuid4())
+    message = shard_message(json.dumps({"event_id": event_id, "shard_id": 4}).encode(), event_id=event_id)
+    message.headers = {**(message.headers or {}), "x-ltm-user-id": "shard-3"}
+    await dead_letter_copy(
+        broker,
+        message,
+        f"{MAIN_KEY}.shard.4",
+        kind="unverified_shard",
+        error="user shard-3 may not speak for shard 4",
+        attempts=1,
+        failed_at=datetime.now(UTC),
+    )
+    await broker.wait_depth(DLQ, 1)
+    async with ui(broker.url) as page:
+        status, _, text = await asyncio.to_thread(
+            get, f"{page.base}letter?{urllib.parse.urlencode({'id': event_id})}", bearer=page.token
+        )
+    assert status == 200
+    assert "published by</th><td><code>shard-3 (RabbitMQ user, as the worker recorded it)" in text
+    assert f"replays to</th><td><code>{MAIN_KEY} (replayed 0 time(s) so far)" in text
+    advice = re.search(r"<p id=advice class=fails>(.*?)</p>", text)
+    assert advice is not None
+    assert advice.group(1).startswith("a replay fails again: the RabbitMQ user that published it")
+    assert "<details><summary class=muted>the replay command all the same</summary>" in text

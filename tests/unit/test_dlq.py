@@ -13,7 +13,7 @@ from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
 from worker.ops.dlq.cli import Interruption
-from worker.ops.dlq.operations import StopFn
+from worker.ops.dlq.operations import StopFn, user_of
 from worker.ops.dlq.render import json_depth, terminal_safe
 from worker.redact import redact_url
 
@@ -164,6 +164,7 @@ def test_replay_headers_drop_failure_and_broker_bookkeeping() -> None:
             "x-first-death-queue": "q",
             "x-last-death-reason": "expired",
             "x-delivery-count": 3,
+            "x-ltm-user-id": "shard-3",
         },
         NOW,
     )
@@ -172,7 +173,47 @@ def test_replay_headers_drop_failure_and_broker_bookkeeping() -> None:
         "x-ltm-routing-key": "tool.remember_this_fact",
         "x-ltm-replayed-at": "2026-12-02T10:00:00.000Z",
         "x-ltm-replay-count": 3,
+        # the worker's record of who published it travels with the replay: it checks the same identity
+        "x-ltm-user-id": "shard-3",
     }
+
+
+@pytest.mark.parametrize(
+    ("key", "replayed_to"),
+    [
+        ("tool.create_long_term_memory.shard.3", "tool.create_long_term_memory"),
+        ("tool.remember_this_fact.shard.12", "tool.remember_this_fact"),
+        ("tool.create_long_term_memory", "tool.create_long_term_memory"),
+        ("tool.x.shard.", "tool.x.shard."),  # not a shard number
+        ("other.thing.shard.3", "other.thing.shard.3"),  # not a tool key
+    ],
+)
+def test_a_per_shard_routing_key_replays_to_the_common_key(key: str, replayed_to: str) -> None:
+    letter = dlq.describe_dead_letter(
+        b"{}", {"x-ltm-error-kind": "shard_backlog_full"}, message_id=None, routing_key=key, topology=TOPOLOGY
+    )
+    assert (letter.routing_key, letter.replay_key) == (key, replayed_to)
+
+
+def test_the_publishing_user_is_read_from_the_workers_header() -> None:
+    headers = {"x-ltm-error-kind": "unverified_shard", "x-ltm-user-id": b"shard-4"}
+    letter = dlq.describe_dead_letter(b"{}", headers, message_id=None, routing_key="k", topology=TOPOLOGY)
+    assert letter.published_by == "shard-4"
+    bare = dlq.describe_dead_letter(b"{}", {}, message_id=None, routing_key="k", topology=TOPOLOGY)
+    assert bare.published_by is None
+
+
+@pytest.mark.parametrize(
+    ("url", "user"),
+    [
+        ("amqp://operator:pw@rmq:5672/ltm", "operator"),
+        ("amqp://ops%40team:pw@rmq/", "ops@team"),
+        ("amqp://rmq:5672/", "guest"),  # aio-pika's default login
+        ("amqps://:pw@rmq/", "guest"),
+    ],
+)
+def test_a_replay_publishes_as_the_user_it_connected_as(url: str, user: str) -> None:
+    assert user_of(url) == user
 
 
 @pytest.mark.parametrize(
@@ -249,7 +290,7 @@ async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_ca
         seen.append(stop())  # what replay and purge ask between batches
         return 0
 
-    assert await interruption.run(command) == dlq.commands.EXIT_INTERRUPTED
+    assert await interruption.run(command) == dlq.EXIT_INTERRUPTED
     assert seen == [False, "swallowed", True]  # the cancellation was lost; the interruption was not
     if default is signal.default_int_handler:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back

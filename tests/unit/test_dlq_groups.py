@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from contracts.models import DeadLetterKind
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Grouping
-from worker.ops.dlq.letters import Letter, Selection, group_value, parse_group
+from worker.ops.dlq.kinds import WORKER_KINDS, advice, replay_helps, replay_note
+from worker.ops.dlq.letters import Letter, Selection, group_value, normalise_error, parse_group
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 
@@ -87,3 +89,78 @@ def test_the_failure_result_a_shard_got() -> None:
     assert shard_answer(letter("delivery_limit", "x", 5, 1), sent).result is None
     assert shard_answer(letter("malformed", "x", None, 1), b"\xff not json").result is None
     assert shard_answer(letter("schema", "x", 5, 1), body(event_id="not-a-uuid")).result is None
+
+
+@pytest.mark.parametrize(
+    ("error", "group"),
+    [
+        # newcomer review F11: names and fixed formats keep their digits
+        ("not UTF-8 JSON: invalid literal at line 1", "not UTF-8 JSON: invalid literal at line <n>"),
+        (
+            "event_id: must be a lower-case UUID with hyphens (8-4-4-4-12), as crypto.randomUUID() writes it",
+            "event_id: must be a lower-case UUID with hyphens (8-4-4-4-12), as crypto.randomUUID() writes it",
+        ),
+        ("sha256 mismatch in v1.2", "sha256 mismatch in v1.2"),
+        # what varies from letter to letter is a number standing alone, with its sign, dots and unit
+        ("unknown schema_version 2", "unknown schema_version <n>"),
+        (
+            "database unavailable: connection to 10.0.0.5:5432 refused",
+            "database unavailable: connection to <n>:<n> refused",
+        ),
+        ("timed out after 30.5s", "timed out after <n>s"),
+        ("value -5 is out of range", "value <n> is out of range"),
+        # a bound the worker's own sentence states is the rule, not the case
+        (
+            "body of 300000 bytes is over the 262144 byte limit",
+            "body of <n> bytes is over the 262144 byte limit",
+        ),
+        ("context.participants: 120000 items, at most 100", "context.participants: <n> items, at most 100"),
+        (
+            "arguments are nested more than 1024 levels deep",
+            "arguments are nested more than 1024 levels deep",
+        ),
+        (f"event {uuid.uuid4()} and deadbeef0042", "event <id> and <id>"),
+    ],
+)
+def test_error_groups_replace_only_what_varies(error: str, group: str) -> None:
+    assert normalise_error(error) == group
+
+
+def test_each_kind_says_whether_a_replay_can_help() -> None:
+    for kind in ("malformed", "schema", "event_conflict", "unverified_shard"):
+        assert not replay_helps(kind), kind
+        assert replay_note(kind).startswith("a replay fails again: "), kind
+    for kind in ("transient_exhausted", "internal", "shard_backlog_full", "delivery_limit", "expired"):
+        assert replay_helps(kind), kind
+        assert not replay_note(kind).startswith("a replay fails again"), kind
+    # a kind this tool does not know (a newer worker's): shown as it is, a replay offered, neutral words
+    assert replay_helps("something_new")
+    assert "a kind this tool does not know" in advice("something_new").hint
+    # the kinds the worker writes today are all in the table
+    assert {kind.value for kind in DeadLetterKind} <= set(WORKER_KINDS)
+
+
+def test_a_group_offers_the_replay_only_for_what_it_can_help() -> None:
+    same_error = "database unavailable"
+    kinds = (
+        Grouping("kind")
+        .extend([letter("schema", "x", 3, 1), letter("transient_exhausted", same_error, 3, 1)])
+        .groups
+    )
+    by_kind = {g.value: g for g in kinds}
+    assert by_kind["schema"].replay_helps == "no"
+    assert by_kind["schema"].useful_replay() is None
+    assert by_kind["schema"].hint().startswith("a replay fails again: the event breaks the contract")
+    assert by_kind["transient_exhausted"].replay_helps == "yes"
+    assert (
+        by_kind["transient_exhausted"].useful_replay() == "worker dlq replay --group kind=transient_exhausted"
+    )
+    (mixed,) = (
+        Grouping("shard")
+        .extend([letter("schema", "x", 3, 1), letter("transient_exhausted", same_error, 3, 1)])
+        .groups
+    )
+    assert mixed.replay_helps == "some"
+    assert mixed.useful_replay() == "worker dlq replay --group shard=3 --kind transient_exhausted"
+    assert mixed.as_json()["replay_helps"] == "some"
+    assert mixed.as_json()["replay"] == "worker dlq replay --group shard=3"  # the group's own, as before

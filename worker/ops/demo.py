@@ -98,95 +98,14 @@ def example_event(
     return event
 
 
-# --- the command line -----------------------------------------------------------------------------------
+# --- the command line (its options: ops/demo_cli.py) ----------------------------------------------------
 
 
-def add_demo_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    epilog: str,
-    add_options: Callable[..., None],
-) -> None:
-    """``worker demo seed | send | clean``; ``add_options`` adds the connection options (worker/cli.py
-    ``add_setting_options``)."""
-    demo = commands.add_parser(
-        "demo",
-        help="a first save on a development machine: seed the example's rows, send its event, clean up",
-        description="Seed the bot rows of CONTRACT.md's example event, send that event as a shard does and "
-        'print its result and notice, then remove what the demo made (README, "Try it locally"). For a '
-        "scratch database and a development broker.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    steps = demo.add_subparsers(dest="demo_command", required=True, metavar="STEP")
-    seed = steps.add_parser(
-        "seed",
-        help=f"add the rows the example event needs (guild {GUILD}, persona {PERSONA_ID}, its users)",
-        description=f"Add, where missing, the servers row of guild {GUILD}, personas row {PERSONA_ID} "
-        f"({PERSONA_NICKNAME}) on it, and users rows for the author {AUTHOR} and Sparrow {SPARROW}. Exit 0 "
-        "when they are there, 1 when the database refuses (not migrated, persona 7 on another server), "
-        "3 when Postgres cannot be reached.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_options(seed, "postgres_dsn")
-    send = steps.add_parser(
-        "send",
-        help=f"send the example event as shard {DEFAULT_SHARD} (--shard) and print its result and notice",
-        description="Declare and bind the shard's queues (tomori.shard.N.results and .notifications), "
-        "publish CONTRACT.md's example event (a fresh event_id; user_id the user of the URL, as a shard "
-        "with a user of its own sends it) and print its result and, after a save, its notice. Waits for a "
-        "worker to consume ltm.create_memory first. Exit 0 for memory_saved_successfully, 1 for any other "
-        "status, 3 when RabbitMQ cannot be reached or nothing answers within --timeout.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    send.add_argument(
-        "--scope",
-        choices=("server_wide", "target_user"),
-        default="server_wide",
-        help="server_wide (the contract's example) or target_user (a personal memory about Sparrow)",
-    )
-    send.add_argument("--content", help="the memory_content to send ({user} is the author, or the target)")
-    _add_shard_option(send, "the shard to send as")
-    send.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds to wait for a worker and for the answer (60)"
-    )
-    add_options(send, "rabbitmq_url")
-    clean = steps.add_parser(
-        "clean",
-        help="remove the demo's rows, memories, ledger rows and queues (--topology: the worker's too)",
-        description=f"Delete the demo's ledger rows (tool_call_id {TOOL_CALL_PREFIX}...), the users rows "
-        f"of {AUTHOR} and {SPARROW} and the servers row of guild {GUILD} with what hangs on them (persona "
-        f"{PERSONA_ID}, memories), and the shard's two queues (--shard) when empty and unused. --topology: "
-        "also the worker's exchanges and queues on the vhost, each only when empty and unused.",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    clean.add_argument(
-        "--topology",
-        action="store_true",
-        help="also delete the worker's queues and exchanges (only those empty and unused)",
-    )
-    _add_shard_option(clean, "the shard whose queues to delete (the one `send` spoke as)")
-    add_options(clean, "postgres_dsn", "rabbitmq_url")
-
-
-def _shard_id(text: str) -> int:
+def shard_id_argument(text: str) -> int:
+    """``--shard N``: a shard id the contract allows."""
     if not (text.isascii() and text.isdigit()) or int(text) > MAX_SHARD_ID:
         raise argparse.ArgumentTypeError(f"a shard id is an integer 0..{MAX_SHARD_ID}, not {text!r}")
     return int(text)
-
-
-def _add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--shard",
-        type=_shard_id,
-        default=DEFAULT_SHARD,
-        metavar="N",
-        help=f"{what} ({DEFAULT_SHARD} unless given); with a broker whose shards have users of their own "
-        "(deploy/README.md), shard N with user shard-N's URL: --shard 0 --rabbitmq-url "
-        "amqp://shard-0:...@host:5672/",
-    )
 
 
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,21 +1,18 @@
 """``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``.
 
-``letters`` reads a dead letter, selects and groups (pure), ``sweep`` takes the queue's messages and puts
-them back (``Reading``: the read-only pass with one consumer), ``operations`` browses, replays and purges,
-``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays and purges in
-Postgres, ``answer`` rebuilds the failure result a shard got, ``page`` is ``worker dlq ui``, ``commands`` are
-what the CLI runs, ``cli`` their options and a Ctrl-C.
+``letters`` reads a dead letter, selects and groups (pure), ``kinds`` says what each kind means and whether a
+replay can help, ``sweep`` connects and takes the queue's messages once, putting back what it does not remove,
+``reading`` is the read-only pass and what it keeps of each letter (``Seen``), ``operations`` browses, replays
+and purges, ``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays and purges
+in Postgres and ``audited`` is how the commands use it, ``answer`` rebuilds the failure result a shard got,
+``history`` is ``worker dlq history``, ``page`` is ``worker dlq ui``, ``commands`` are the other actions,
+``console`` where they write and their exit codes, ``options`` the actions' options (data), ``cli`` what each
+action runs and a Ctrl-C.
 """
 
-from worker.ops.dlq.commands import (
-    EXIT_CODES_HELP,
-    EXIT_INTERRUPTED,
-    Console,
-    list_command,
-    purge_command,
-    replay_command,
-    show_command,
-)
+from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
+from worker.ops.dlq.console import EXIT_CODES_HELP, EXIT_INTERRUPTED, Console
+from worker.ops.dlq.history import history_command
 from worker.ops.dlq.letters import Letter, Selection, describe_dead_letter, parse_duration, replay_headers
 from worker.ops.dlq.operations import browse, purge, replay
 from worker.ops.dlq.render import format_age
@@ -31,6 +28,7 @@ __all__ = [
     "browse",
     "describe_dead_letter",
     "format_age",
+    "history_command",
     "list_command",
     "open_dead_letters",
     "parse_duration",

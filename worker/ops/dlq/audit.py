@@ -13,7 +13,7 @@ from __future__ import annotations
 import getpass
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,7 +22,7 @@ import asyncpg
 import orjson
 
 from worker.broker.headers import rfc3339
-from worker.ops.dlq.sweep import error_text
+from worker.redact import describe
 from worker.redact import redact_url as redact
 from worker.store.pool import connect_once
 
@@ -53,6 +53,8 @@ class Taken:
     tag: int
     event_id: str | None
     kind: str
+    #: its ``x-ltm-replay-count`` (0: never replayed); a replayed copy carries one more
+    replay_count: int = 0
 
 
 class Audit:
@@ -68,18 +70,22 @@ class Audit:
         try:
             conn = await connect_once(dsn, timeout=CONNECT_TIMEOUT)
         except Exception as exc:
-            raise AuditUnavailable(f"cannot reach Postgres at {redact(dsn)}: {error_text(exc)}") from None
+            raise AuditUnavailable(f"cannot reach Postgres at {redact(dsn)}: {describe(exc)}") from None
         try:
             exists = await conn.fetchval(
-                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL", OPERATIONS, LETTERS
+                "SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute"
+                " WHERE attrelid = to_regclass($2) AND attname = 'replay_count' AND NOT attisdropped)",
+                OPERATIONS,
+                LETTERS,
             )
         except Exception as exc:
             await conn.close()
-            raise AuditUnavailable(f"cannot read Postgres at {redact(dsn)}: {error_text(exc)}") from None
+            raise AuditUnavailable(f"cannot read Postgres at {redact(dsn)}: {describe(exc)}") from None
         if not exists:
             await conn.close()
             raise AuditUnavailable(
-                f"the audit tables ({OPERATIONS}) do not exist in {redact(dsn)}: run `worker migrate` first"
+                f"the audit tables ({OPERATIONS}, migrations 0007 and 0008) do not exist in {redact(dsn)}: "
+                "run `worker migrate` first"
             )
         return cls(conn, dsn)
 
@@ -111,36 +117,75 @@ class Audit:
             await self._conn.execute(sql, *args)
         except Exception as exc:
             raise AuditUnavailable(
-                f"cannot write the audit record to Postgres at {redact(self.dsn)}: {error_text(exc)}"
+                f"cannot write the audit record to Postgres at {redact(self.dsn)}: {describe(exc)}"
             ) from None
 
     async def history(
-        self, *, limit: int = 50, operation_id: uuid.UUID | None = None
+        self,
+        *,
+        limit: int = 50,
+        operation_id: uuid.UUID | None = None,
+        in_dlq: Collection[tuple[str, int]] = (),
     ) -> list[dict[str, Any]]:
-        """The latest operations, newest first, with their letters counted by outcome."""
+        """The latest operations, newest first, with their letters counted by outcome and how many of the
+        letters they replayed came back (``in_dlq``: the (event id, replay count) of the letters in the DLQ
+        now, besides what later operations recorded)."""
+        events, counts = _pairs(in_dlq)
         rows = await self._conn.fetch(
             f"""
-            SELECT o.*, coalesce(l.outcomes, '{{}}'::jsonb) AS outcomes
+            SELECT o.*, coalesce(l.outcomes, '{{}}'::jsonb) AS outcomes, back.n AS came_back
             FROM {OPERATIONS} o
             LEFT JOIN LATERAL (
                 SELECT jsonb_object_agg(outcome, n) AS outcomes
                 FROM (SELECT outcome, count(*) AS n FROM {LETTERS} WHERE operation_id = o.operation_id
                       GROUP BY outcome) c
             ) l ON true
+            CROSS JOIN LATERAL (
+                SELECT count(*) AS n FROM {LETTERS} r
+                WHERE r.operation_id = o.operation_id AND {_came_back("r", "$3", "$4")}
+            ) back
             WHERE $2::uuid IS NULL OR o.operation_id = $2
             ORDER BY o.started_at DESC, o.operation_id
             LIMIT $1
             """,
             limit,
             operation_id,
+            events,
+            counts,
         )
         return [_operation_json(row) for row in rows]
 
-    async def letters(self, operation_id: uuid.UUID) -> list[dict[str, Any]]:
+    async def undecided(self, *, limit: int = 50, operation_id: uuid.UUID | None = None) -> bool:
+        """Whether a letter these operations replayed may have come back without a later operation having
+        recorded it: only the DLQ can tell."""
+        return bool(
+            await self._conn.fetchval(
+                f"""
+                SELECT EXISTS (
+                    SELECT 1 FROM (
+                        SELECT operation_id FROM {OPERATIONS} WHERE $2::uuid IS NULL OR operation_id = $2
+                        ORDER BY started_at DESC, operation_id LIMIT $1
+                    ) o JOIN {LETTERS} r USING (operation_id)
+                    WHERE {_replayed("r")} AND NOT {_taken_again("r")}
+                )
+                """,
+                limit,
+                operation_id,
+            )
+        )
+
+    async def letters(
+        self, operation_id: uuid.UUID, in_dlq: Collection[tuple[str, int]] = ()
+    ) -> list[dict[str, Any]]:
+        """The letters of one operation, in order; ``came_back``: a replayed one came back to the DLQ."""
+        events, counts = _pairs(in_dlq)
         rows = await self._conn.fetch(
-            f"SELECT position, event_id, kind, outcome, detail, recorded_at FROM {LETTERS}"
-            " WHERE operation_id = $1 ORDER BY position",
+            f"SELECT position, event_id, kind, outcome, detail, recorded_at, replay_count,"
+            f" {_came_back('r', '$2', '$3')} AS came_back FROM {LETTERS} r WHERE operation_id = $1"
+            " ORDER BY position",
             operation_id,
+            events,
+            counts,
         )
         return [
             {
@@ -150,9 +195,38 @@ class Audit:
                 "outcome": row["outcome"],
                 "detail": row["detail"],
                 "recorded_at": _time(row["recorded_at"]),
+                "replay_count": row["replay_count"],
+                "came_back": row["came_back"],
             }
             for row in rows
         ]
+
+
+def _pairs(in_dlq: Collection[tuple[str, int]]) -> tuple[list[str], list[int]]:
+    return [event_id for event_id, _ in in_dlq], [count for _, count in in_dlq]
+
+
+def _replayed(row: str) -> str:
+    """SQL: the letter ``row`` was replayed, and can be recognised if it comes back."""
+    return f"{row}.outcome = 'replayed' AND {row}.event_id IS NOT NULL AND {row}.replay_count IS NOT NULL"
+
+
+def _taken_again(row: str) -> str:
+    """SQL: a later operation took the replayed copy of ``row`` from the DLQ (same event id, one more
+    replay)."""
+    return (
+        f"EXISTS (SELECT 1 FROM {LETTERS} later WHERE later.event_id = {row}.event_id"
+        f" AND later.replay_count = {row}.replay_count + 1)"
+    )
+
+
+def _came_back(row: str, events: str, counts: str) -> str:
+    """SQL: the replayed letter ``row`` came back: taken again, or in the DLQ now (the parameters ``events``
+    and ``counts``: the event ids and replay counts found there, side by side)."""
+    return (
+        f"({_replayed(row)} AND ({_taken_again(row)} OR EXISTS (SELECT 1 FROM unnest({events}::text[],"
+        f" {counts}::int[]) AS d(e, c) WHERE d.e = {row}.event_id AND d.c = {row}.replay_count + 1)))"
+    )
 
 
 @dataclass
@@ -175,12 +249,13 @@ class Operation:
                 position = self._positions[letter.tag] = len(self._positions) + 1
                 positions.append(position)
             await self.audit._write(
-                f"INSERT INTO {LETTERS} (operation_id, position, event_id, kind)"
-                " SELECT $1, p, e, k FROM unnest($2::int[], $3::text[], $4::text[]) AS t(p, e, k)",
+                f"INSERT INTO {LETTERS} (operation_id, position, event_id, kind, replay_count) SELECT $1,"
+                " p, e, k, r FROM unnest($2::int[], $3::text[], $4::text[], $5::int[]) AS t(p, e, k, r)",
                 self.id,
                 positions,
                 [letter.event_id for letter in chunk],
                 [letter.kind for letter in chunk],
+                [letter.replay_count for letter in chunk],
             )
             self.outcomes["pending"] = self.outcomes.get("pending", 0) + len(chunk)
 
@@ -246,4 +321,5 @@ def _operation_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "expected": row["expected"],
         "scanned": row["scanned"],
         "letters": dict(sorted(outcomes.items())),
+        "came_back": row["came_back"],
     }

@@ -1,5 +1,6 @@
-"""``worker dlq``'s command line: its options (``add_dlq_parser``), one command's run (``run_dlq``), and what
-a Ctrl-C does to it (:class:`Interruption`)."""
+"""``worker dlq``'s command line: its parser (``add_dlq_parser``, from :mod:`worker.ops.dlq.options`), what
+each action runs (a table), one command's run (``run_dlq``), and what a Ctrl-C does to it
+(:class:`Interruption`)."""
 
 from __future__ import annotations
 
@@ -9,230 +10,27 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from contracts.models import DeadLetterKind
-from worker.config import Settings, environment_help
+from worker.config import Settings
 from worker.ops.dlq.audit import default_actor
-from worker.ops.dlq.commands import (
-    EXIT_CODES_HELP,
-    EXIT_INTERRUPTED,
-    Audited,
-    history_command,
-    list_command,
-    purge_command,
-    replay_command,
-    show_command,
-)
-from worker.ops.dlq.letters import GROUP_FIELDS, Selection, parse_duration, parse_group
+from worker.ops.dlq.audited import Audited
+from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
+from worker.ops.dlq.console import EXIT_INTERRUPTED
+from worker.ops.dlq.history import history_command
+from worker.ops.dlq.letters import Selection
 from worker.ops.dlq.operations import StopFn
-from worker.ops.dlq.sweep import DEFAULT_BATCH
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-def _duration(text: str) -> timedelta:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _group(text: str) -> tuple[str, str]:
-    try:
-        return parse_group(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-#: the log settings: every command logs
-_LOGS = ("log_format", "log_level")
-
-#: what each action reads: the broker for the letters, Postgres for the audit
-_READS = {
-    "list": ("rabbitmq_url", *_LOGS),
-    "show": ("rabbitmq_url", *_LOGS),
-    "replay": ("rabbitmq_url", "postgres_dsn", *_LOGS),
-    "purge": ("rabbitmq_url", "postgres_dsn", *_LOGS),
-    "history": ("postgres_dsn", *_LOGS),
-    "ui": ("rabbitmq_url", "postgres_dsn", *_LOGS),
-}
+from worker.ops.dlq.options import DLQ, epilog
+from worker.ops.subcommands import AddSettings, add_command
 
 
 def add_dlq_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], add_options: Callable[..., None]
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], add_options: AddSettings
 ) -> None:
     """Add ``worker dlq`` and its actions to the ``worker`` parser; ``add_options`` adds the options of the
     settings named (worker/cli.py ``add_setting_options``)."""
-
-    def epilog(action: str | None = None) -> str:
-        fields = _READS[action] if action else ("rabbitmq_url", "postgres_dsn", *_LOGS)
-        return EXIT_CODES_HELP + environment_help(*fields)
-
-    connection = argparse.ArgumentParser(add_help=False)
-    add_options(connection, "rabbitmq_url")
-    connection.add_argument(
-        "--batch",
-        type=_positive_int,
-        default=DEFAULT_BATCH,
-        help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
-    )
-    database = argparse.ArgumentParser(add_help=False)
-    add_options(database, "postgres_dsn")
-    audited = argparse.ArgumentParser(add_help=False)
-    audited.add_argument(
-        "--by",
-        metavar="NAME",
-        help="who runs it, for the audit record (default: the OS user and host, user@host)",
-    )
-    filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument(
-        "--kind",
-        action="append",
-        metavar="KIND",
-        help=f"only this error kind ({', '.join(DeadLetterKind)}, or a broker reason such as "
-        "delivery_limit); repeat or comma-separate for several",
-    )
-    filters.add_argument(
-        "--event-id", action="append", metavar="ID", help="only this event id; repeat for several"
-    )
-    filters.add_argument(
-        "--older-than",
-        type=_duration,
-        metavar="DURATION",
-        help="only dead letters that failed at least this long ago (30s, 10m, 2h, 1d, 1h30m)",
-    )
-    filters.add_argument(
-        "--group",
-        action="append",
-        type=_group,
-        metavar="FIELD=VALUE",
-        help="only this group, as `list --group-by FIELD` prints it: kind=schema, shard=3 (shard=none: no "
-        "shard_id in the body), error='unknown schema_version <n>' (the error with ids as <id> and numbers "
-        "as <n>); repeat for several (same field: either, different fields: both)",
-    )
-
-    def action(name: str, parents: list[argparse.ArgumentParser], help: str, description: str) -> Any:
-        return actions.add_parser(
-            name,
-            parents=parents,
-            help=help,
-            description=description,
-            epilog=epilog(name),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-
-    dlq = commands.add_parser(
-        "dlq",
-        help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
-        description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
-        "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
-        "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
-        "(`worker dlq history`).",
-        epilog=epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    actions = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
-    listing = action(
-        "list",
-        [connection, filters],
-        "one line per dead letter, or per group",
-        "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
-        "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
-        "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
-    )
-    listing.add_argument(
-        "--json",
-        action="store_true",
-        help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, routing_key "
-        "(with --group-by: group_by, group, selector, count, oldest_failed_at, newest_failed_at, "
-        "sample_event_id, kinds, replay)",
-    )
-    listing.add_argument(
-        "--group-by",
-        choices=GROUP_FIELDS,
-        help="one line per group: the kind, the error (ids and numbers stripped), or the shard_id the "
-        "event names; largest group first",
-    )
-    show = action(
-        "show",
-        [connection],
-        "print a dead letter in full",
-        "Print every dead letter with this event id in full: properties, headers, body (as JSON "
-        "when it parses). The queue is left as it was.",
-    )
-    show.add_argument("event_id", metavar="EVENT_ID")
-    replay = action(
-        "replay",
-        [connection, database, filters, audited],
-        "send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
-        "Republish the selected dead letters (all by default) to tomori.tool_calls with their "
-        "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/-attempts "
-        "and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ copy is removed "
-        "only after the broker confirmed the republished one, so an interrupted replay loses nothing (at "
-        "worst an event is in both queues; the worker's idempotency makes that harmless). Recorded in the "
-        "audit tables (worker dlq history) before anything moves: no record, no replay. A dry run reads "
-        "only the queue and records nothing.",
-    )
-    replay.add_argument("--limit", type=_positive_int, metavar="N", help="move at most N dead letters")
-    replay.add_argument("--dry-run", action="store_true", help="list what would move; move nothing")
-    replay.add_argument(
-        "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
-    )
-    purge = action(
-        "purge",
-        [connection, database, filters, audited],
-        "delete dead letters for good (asks first unless --yes)",
-        "Delete the selected dead letters (all by default). Scans the whole queue first, then "
-        "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
-        "stdin, --yes is required. Recorded in the audit tables (worker dlq history) before anything is "
-        "deleted, a refusal too: no record, no purge.",
-    )
-    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    purge.add_argument(
-        "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
-    )
-    history = action(
-        "history",
-        [database],
-        "who replayed or purged what, newest first",
-        "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
-        "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
-        "letters ended how (pending: in doubt, the operation was cut short there). With --operation, each "
-        "letter of that operation.",
-    )
-    history.add_argument("--json", action="store_true", help="one JSON object per line")
-    history.add_argument(
-        "--limit", type=_positive_int, default=50, metavar="N", help="the latest N operations (50)"
-    )
-    history.add_argument("--operation", metavar="ID", help="one operation, with each of its letters")
-    ui = action(
-        "ui",
-        [connection, database],
-        "a read-only web page: counts, groups, letters, the audit history",
-        "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
-        "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
-        "the way `list` does (each message held only while the page is built, then put back in order); "
-        "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise; "
-        "any other address needs a token (--token-file, or --token), given once as ?token=... .",
-    )
-    ui.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
-    ui.add_argument("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)")
-    ui.add_argument(
-        "--token",
-        help="the token the page asks for (shows in the process list: prefer --token-file)",
-    )
-    ui.add_argument("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)")
+    add_command(commands, DLQ, add_options, epilog)
 
 
 def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
@@ -316,57 +114,70 @@ async def _dispatch(args: argparse.Namespace, settings: Settings, stop: StopFn |
     # logs (aiormq logs every failed connect) would only repeat them as noise
     for name in ("aiormq", "aio_pika"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    url, topology = settings.rabbitmq_url, settings.topology
-    if args.dlq_command == "show":
-        return await show_command(url, topology, args.event_id, batch=args.batch)
-    if args.dlq_command == "history":
-        return await history_command(
-            settings.postgres_dsn, as_json=args.json, limit=args.limit, operation=args.operation
-        )
-    if args.dlq_command == "ui":
-        from worker.ops.dlq.page import ui_command
+    return await _RUNS[args.dlq_command](args, settings, stop)
 
-        return await ui_command(
-            url,
-            settings.postgres_dsn,
-            topology,
-            host=args.host,
-            port=args.port,
-            token=args.token,
-            token_file=args.token_file,
-            batch=args.batch,
-        )
+
+def _selection(args: argparse.Namespace) -> Selection:
     kinds = {kind.strip() for value in args.kind or () for kind in value.split(",") if kind.strip()}
-    selection = Selection(
+    return Selection(
         kinds=frozenset(kinds),
         event_ids=frozenset(args.event_id or ()),
         older_than=args.older_than,
         groups=frozenset(args.group or ()),
     )
-    if args.dlq_command == "list":
-        return await list_command(
-            url, topology, selection, batch=args.batch, as_json=args.json, group_by=args.group_by
-        )
-    audit = Audited(settings.postgres_dsn, args.by or default_actor())
-    if args.dlq_command == "replay":
-        return await replay_command(
-            url,
-            topology,
-            selection,
-            batch=args.batch,
-            limit=args.limit,
-            dry_run=args.dry_run,
-            progress=args.progress,
-            audit=audit,
-            stop=stop,
-        )
+
+
+def _audited(args: argparse.Namespace, settings: Settings) -> Audited:
+    return Audited(settings.postgres_dsn, args.by or default_actor())
+
+
+async def _list(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await list_command(
+        settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, as_json=args.json,
+        group_by=args.group_by,
+    )  # fmt: skip
+
+
+async def _show(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await show_command(settings.rabbitmq_url, settings.topology, args.event_id, batch=args.batch)
+
+
+async def _replay(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
+    return await replay_command(
+        settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, limit=args.limit,
+        dry_run=args.dry_run, progress=args.progress, audit=_audited(args, settings), stop=stop,
+    )  # fmt: skip
+
+
+async def _purge(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
     return await purge_command(
-        url,
-        topology,
-        selection,
-        yes=args.yes,
-        batch=args.batch,
-        progress=args.progress,
-        audit=audit,
-        stop=stop,
-    )
+        settings.rabbitmq_url, settings.topology, _selection(args), yes=args.yes, batch=args.batch,
+        progress=args.progress, audit=_audited(args, settings), stop=stop,
+    )  # fmt: skip
+
+
+async def _history(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await history_command(
+        settings.postgres_dsn, url=settings.rabbitmq_url, topology=settings.topology, as_json=args.json,
+        limit=args.limit, operation=args.operation,
+    )  # fmt: skip
+
+
+async def _ui(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    from worker.ops.dlq.page.command import ui_command  # the page's modules load only for the page
+
+    return await ui_command(
+        settings.rabbitmq_url, settings.postgres_dsn, settings.topology, host=args.host, port=args.port,
+        token=args.token, token_file=args.token_file, allow_hosts=args.allow_host, batch=args.batch,
+    )  # fmt: skip
+
+
+#: what each action of :data:`~worker.ops.dlq.options.DLQ` runs
+_RUNS: dict[str, Callable[[argparse.Namespace, Settings, StopFn | None], Awaitable[int]]] = {
+    "list": _list,
+    "show": _show,
+    "replay": _replay,
+    "purge": _purge,
+    "history": _history,
+    "ui": _ui,
+}

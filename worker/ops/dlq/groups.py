@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from worker.broker.headers import rfc3339
+from worker.ops.dlq.kinds import FAILS_AGAIN, hopeless, replay_note
 from worker.ops.dlq.letters import Letter, group_value
 from worker.ops.dlq.render import terminal_safe
 
@@ -51,6 +52,35 @@ class Group:
         """The exact command that replays this group (as a POSIX shell reads it)."""
         return f"worker dlq replay --group {shlex.quote(self.selector)}"
 
+    @property
+    def hopeless(self) -> list[str]:
+        """Its kinds whose letters a replay cannot help (:mod:`worker.ops.dlq.kinds`)."""
+        return hopeless(self.kinds)
+
+    @property
+    def replay_helps(self) -> str:
+        """``yes``: a replay can succeed for every letter of the group; ``no``: for none; ``some``."""
+        cannot = len(self.hopeless)
+        return "yes" if cannot == 0 else "no" if cannot == len(self.kinds) else "some"
+
+    def useful_replay(self) -> str | None:
+        """The command that replays the letters of the group a replay can help (None: none can)."""
+        cannot = self.hopeless
+        if not cannot:
+            return self.replay_command()
+        can = [kind for kind in self.kinds if kind not in cannot]
+        return f"{self.replay_command()} --kind {shlex.quote(','.join(can))}" if can else None
+
+    def hint(self) -> str:
+        """What to do about the group, in one sentence (per kind when it spans several)."""
+        kinds = list(self.kinds)
+        if len(kinds) == 1:
+            return replay_note(kinds[0])
+        cannot = self.hopeless
+        if not cannot:
+            return "replay once the cause is fixed (kinds " + ", ".join(kinds) + ")"
+        return f"{FAILS_AGAIN} for its {', '.join(cannot)} letters (see each kind)"
+
     def as_json(self) -> dict[str, Any]:
         return {
             "group_by": self.by,
@@ -62,6 +92,8 @@ class Group:
             "sample_event_id": self.sample_event_id,
             "kinds": dict(sorted(self.kinds.items())),
             "replay": self.replay_command(),
+            "replay_helps": self.replay_helps,
+            "hint": self.hint(),
         }
 
 
@@ -90,8 +122,8 @@ class Grouping:
         return sorted(self._groups.values(), key=lambda g: (-g.count, g.value))
 
 
-_COLUMNS = ("COUNT", "OLDEST", "NEWEST", "SAMPLE_EVENT_ID", "GROUP")
-_WIDTHS = (6, 20, 20, 36)
+_COLUMNS = ("COUNT", "OLDEST", "NEWEST", "SAMPLE_EVENT_ID", "REPLAY_HELPS", "GROUP")
+_WIDTHS = (6, 20, 20, 36, 12)
 
 
 def group_header() -> str:
@@ -106,6 +138,7 @@ def group_line(group: Group) -> str:
             "-" if group.oldest is None else rfc3339(group.oldest)[:19] + "Z",
             "-" if group.newest is None else rfc3339(group.newest)[:19] + "Z",
             terminal_safe(group.sample_event_id or "-"),
+            group.replay_helps,
             terminal_safe(group.selector),
         )
     )

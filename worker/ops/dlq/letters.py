@@ -26,6 +26,12 @@ from worker.broker.headers import (
 )
 from worker.config import Topology
 
+#: the RabbitMQ user that published the event, as the worker recorded it on the letter (the worker's own
+#: header, like ``x-ltm-attempts``; a replay keeps it, so the worker checks the same identity again)
+PUBLISHED_BY = "x-ltm-user-id"
+#: a per-shard routing key (``tool.<name>.shard.<N>``): its ``.shard.<N>`` is dropped on replay
+_SHARD_SUFFIX = re.compile(r"^(tool\..+)\.shard\.[0-9]+$")
+
 #: broker-owned headers a replayed message must not carry back into the work queue
 _BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count"})
 _BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
@@ -56,6 +62,14 @@ class Letter:
     routing_key: str
     message_id: str | None = None
     replay_count: int = 0
+    #: ``x-ltm-user-id``: the RabbitMQ user that published the event, when the worker recorded it
+    published_by: str | None = None
+
+    @property
+    def replay_key(self) -> str:
+        """Where a replay sends it: its routing key without a per-shard ``.shard.<N>`` suffix, so it always
+        reaches the common work queue (``tool.<name>``)."""
+        return replay_key(self.routing_key)
 
     def age(self, now: datetime) -> timedelta | None:
         return None if self.failed_at is None else now - self.failed_at
@@ -97,6 +111,7 @@ def describe_dead_letter(
     if event_id is None:
         event_id = message_id or None
     replay_count = _integer(headers.get(REPLAY_COUNT)) or 0
+    published_by = header_text(headers.get(PUBLISHED_BY))
     kept_key = header_text(headers.get(ORIGINAL_ROUTING_KEY))
 
     kind = header_text(headers.get(ERROR_KIND))
@@ -111,6 +126,7 @@ def describe_dead_letter(
             routing_key=kept_key or routing_key,
             message_id=message_id,
             replay_count=replay_count,
+            published_by=published_by,
         )
 
     # the broker dead-lettered it (over the work queue's delivery limit, or a rejection / TTL / length limit)
@@ -142,6 +158,7 @@ def describe_dead_letter(
         or routing_key,
         message_id=message_id,
         replay_count=replay_count,
+        published_by=published_by,
     )
 
 
@@ -221,20 +238,44 @@ NO_SHARD = "none"
 
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}\b")
 _HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b")
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?")
+#: a number standing alone as a word: not part of a name (``UTF-8``, ``sha256``, ``8-4-4-4-12``, ``v1.2``);
+#: a sign, a decimal or dotted part (``127.0.0.1``) and a unit (``30.5s``, ``64KiB``, ``5ms``) go with it
+_NUMBER = re.compile(
+    r"(?<![\w.+-])(?P<number>[-+]?[0-9]+(?:\.[0-9]+)*)(?P<unit>ms|s|m|h|d|B|KiB|MiB|GiB|KB|MB|GB|%)?(?![\w-])"
+)
+#: the project's own fixed sentences name their bounds after these words (``at most 100``, ``over the 262144
+#: byte limit``, ``nested deeper than 1024 levels``): such a number is the rule, not the case, and stays
+_BOUND_BEFORE = (
+    "at most ",
+    "at least ",
+    "more than ",
+    "less than ",
+    "over the ",
+    "over ",
+    "deeper than ",
+    "equal to ",
+    "U+",
+)
 _SPACES = re.compile(r"\s+")
 #: an error group's text is at most this long (the rest of a longer error is detail, not class)
 MAX_ERROR_GROUP = 200
 
 
 def normalise_error(error: str) -> str:
-    """The error's class: ids (UUIDs, long hex) become ``<id>``, numbers ``<n>``, blanks one space, so
-    ``unknown schema_version 2`` and ``unknown schema_version 7`` are one group."""
+    """The error's class: ids (UUIDs, long hex) become ``<id>``, numbers that stand alone ``<n>`` (a bound the
+    sentence states stays), blanks one space, so ``unknown schema_version 2`` and ``unknown schema_version 7``
+    are one group while ``not UTF-8 JSON`` reads as it was written."""
     text = _UUID.sub("<id>", error)
     text = _HEX_ID.sub("<id>", text)
-    text = _NUMBER.sub("<n>", text)
+    text = _NUMBER.sub(_number_class, text)
     text = _SPACES.sub(" ", text).strip()
     return text[:MAX_ERROR_GROUP] if text else "-"
+
+
+def _number_class(match: re.Match[str]) -> str:
+    if match.string[: match.start()].endswith(_BOUND_BEFORE):
+        return match.group()
+    return "<n>" + (match.group("unit") or "")
 
 
 def group_value(letter: Letter, field: str) -> str:
@@ -311,8 +352,15 @@ class Selection:
 # --- replaying ----------------------------------------------------------------------------------------
 
 
+def replay_key(routing_key: str) -> str:
+    """``tool.<name>.shard.<N>`` as ``tool.<name>``; any other key as it is."""
+    found = _SHARD_SUFFIX.match(routing_key)
+    return found.group(1) if found else routing_key
+
+
 def replay_headers(headers: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """The headers a replayed message carries: dead-letter and broker bookkeeping gone, replay recorded."""
+    """The headers a replayed message carries: dead-letter and broker bookkeeping gone, replay recorded;
+    the worker's other headers (``x-ltm-user-id``, ``x-ltm-routing-key``) and the shard's own kept."""
     kept = {
         key: value
         for key, value in headers.items()

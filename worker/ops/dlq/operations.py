@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aiormq.exceptions
@@ -15,14 +16,9 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from worker.broker.headers import copy_message, frame_max_of
 from worker.ops.dlq.audit import Taken
 from worker.ops.dlq.letters import Letter, Selection, replay_headers
-from worker.ops.dlq.sweep import (
-    DEFAULT_BATCH,
-    DeadLetterQueue,
-    Found,
-    Reading,
-    Sweep,
-    error_text,
-)
+from worker.ops.dlq.reading import Seen, read
+from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Pass, Sweep
+from worker.redact import describe
 from worker.runtime.aio import close_quietly
 
 PUBLISH_TIMEOUT = 30.0
@@ -46,11 +42,11 @@ class Totals:
         return max(self.expected, self.scanned) - self.removed
 
     @classmethod
-    def of(cls, sweep: Sweep | Reading) -> Totals:
+    def of(cls, sweep: Pass[Any]) -> Totals:
         return cls(sweep.expected, sweep.scanned, sweep.selected, sweep.removed)
 
 
-ProgressFn = Callable[[Sweep], None]
+ProgressFn = Callable[[Sweep[Found]], None]
 
 #: asked between batches: True stops a replay or purge there, the way a cancellation would (Ctrl-C was
 #: pressed, and the cancellation it sent may have been lost on the way: see :class:`commands.Interruption`)
@@ -77,7 +73,7 @@ class Journal(Protocol):
 
 def taken(found: Sequence[Found]) -> list[Taken]:
     return [
-        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind)
+        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind, item.letter.replay_count)
         for item in found
         if item.message.delivery_tag is not None
     ]
@@ -86,13 +82,15 @@ def taken(found: Sequence[Found]) -> list[Taken]:
 async def browse(
     dlq: DeadLetterQueue,
     selection: Selection,
-    on_found: Callable[[Found, datetime], None],
+    on_found: Callable[[Seen, datetime], None],
     *,
     batch: int = DEFAULT_BATCH,
     limit: int | None = None,
+    details: bool = False,
 ) -> Totals:
-    """Call ``on_found`` for every selected dead letter; the queue is left as it was."""
-    async with await dlq.read(selection, batch=batch, limit=limit) as sweep:
+    """Call ``on_found`` for every selected dead letter, with its headers, properties and (the start of) its
+    body when ``details`` is set, else with its description alone; the queue is left as it was."""
+    async with await read(dlq, selection, batch=batch, limit=limit, details=details) as sweep:
         while (found := await sweep.next_batch()) is not None:
             for item in found:
                 on_found(item, sweep.now)
@@ -139,7 +137,7 @@ async def replay(
                     if journal is not None:
                         await journal.taking(taken(found))
                     frame_max = frame_max_of(await publish_channel.get_underlay_channel())
-                    confirmed, refused = await _republish(exchange, found, frame_max)
+                    confirmed, refused = await _republish(exchange, found, frame_max, user_of(dlq.url))
                     failures.extend((item.letter.event_id, why) for item, why in refused)
                     if journal is not None:
                         # before the acks: a letter acked is always on record as replayed
@@ -162,7 +160,7 @@ async def replay(
 
 
 async def _republish(
-    exchange: AbstractExchange, found: Sequence[Found], frame_max: int
+    exchange: AbstractExchange, found: Sequence[Found], frame_max: int, user: str
 ) -> tuple[list[Found], list[tuple[Found, str]]]:
     """Publish every one at once and wait for the confirms; the ones the broker confirmed, and the others
     with why."""
@@ -170,8 +168,8 @@ async def _republish(
     results = await asyncio.gather(
         *(
             exchange.publish(
-                replay_message(item.message, now, frame_max),
-                item.letter.routing_key,
+                replay_message(item.message, now, frame_max, user),
+                item.letter.replay_key,
                 mandatory=True,
                 timeout=PUBLISH_TIMEOUT,
             )
@@ -193,17 +191,28 @@ async def _republish(
 
 def _publish_failure(exc: Exception, letter: Letter) -> str:
     if isinstance(exc, aiormq.exceptions.PublishError):
-        return f"routing key {letter.routing_key!r} is not bound to any queue (returned unroutable)"
+        return f"routing key {letter.replay_key!r} is not bound to any queue (returned unroutable)"
     if isinstance(exc, aiormq.exceptions.DeliveryError):
         return "the broker refused the message (nack)"
     if isinstance(exc, TimeoutError):
         return f"no confirm within {PUBLISH_TIMEOUT:g}s"
-    return error_text(exc)
+    return describe(exc)
 
 
-def replay_message(message: AbstractIncomingMessage, now: datetime, frame_max: int) -> aio_pika.Message:
-    """The original body and properties with the replay headers, within the frame."""
-    return copy_message(message, replay_headers(dict(message.headers or {}), now), frame_max=frame_max)
+def replay_message(
+    message: AbstractIncomingMessage, now: datetime, frame_max: int, user: str
+) -> aio_pika.Message:
+    """The original body and properties with the replay headers, within the frame, published as ``user``
+    (AMQP ``user_id``: the broker accepts only the publishing connection's own user there, and a worker that
+    requires identities takes the replay as that operator's)."""
+    return copy_message(
+        message, replay_headers(dict(message.headers or {}), now), frame_max=frame_max, user_id=user
+    )
+
+
+def user_of(url: str) -> str:
+    """The RabbitMQ user an AMQP URL logs in as (aio-pika's default, ``guest``, when it names none)."""
+    return unquote(urlsplit(url).username or "") or "guest"
 
 
 async def purge(
@@ -246,7 +255,7 @@ async def purge(
         return Totals.of(sweep)
 
 
-async def _delete(sweep: Sweep, letters: Sequence[Taken], journal: Journal | None) -> None:
+async def _delete(sweep: Sweep[Found], letters: Sequence[Taken], journal: Journal | None) -> None:
     """Ack ``letters``: on record as pending first, deleted once acked."""
     if journal is not None:
         await journal.taking(letters)

@@ -18,8 +18,10 @@ from typing import Any, TextIO
 import orjson
 
 from worker.broker.headers import rfc3339
+from worker.ops.dlq.kinds import replay_note
 from worker.ops.dlq.letters import Letter
-from worker.ops.dlq.sweep import Found, Sweep
+from worker.ops.dlq.reading import DELIVERY_COUNT, DELIVERY_COUNT_MEANS, Seen
+from worker.ops.dlq.sweep import Sweep
 
 #: what a terminal acts on rather than shows: C0 controls (ESC, CR, LF, BS...), DEL, C1 controls (the 8-bit
 #: CSI), and the Unicode format characters that hide or reorder text (zero-width, bidi embeddings, isolates)
@@ -114,32 +116,10 @@ def json_line(letter: Letter) -> str:
     return orjson.dumps(letter.as_json()).decode()
 
 
-_PROPERTIES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-)
-
-
-def message_properties(message: object) -> list[tuple[str, Any]]:
-    """The AMQP properties a message has set, by name, in the order ``show`` and the page list them."""
-    properties = [(name, getattr(message, name, None)) for name in _PROPERTIES]
-    return [(name, value) for name, value in properties if value is not None]
-
-
-def format_message(found: Found, now: datetime) -> str:
-    """The whole message for ``worker dlq show``: summary, delivery, properties, headers, body; every piece
-    of the message's own text made :func:`terminal_safe`."""
-    message, letter = found.message, found.letter
+def format_message(seen: Seen, now: datetime) -> str:
+    """The whole dead letter for ``worker dlq show``: summary, what to do, delivery, properties, headers,
+    body; every piece of the message's own text made :func:`terminal_safe`."""
+    letter = seen.letter
     attempts = "?" if letter.attempts is None else letter.attempts
     failed_at = "?" if letter.failed_at is None else rfc3339(letter.failed_at)
     shard = "-" if letter.shard_id is None else letter.shard_id
@@ -148,24 +128,46 @@ def format_message(found: Found, now: datetime) -> str:
         f"event {safe(letter.event_id or '-')}: {safe(letter.kind)}, {attempts} attempt(s), failed at "
         f"{failed_at} ({format_age(letter.age(now))} ago), shard {shard}",
         f"error: {safe(letter.error)}",
-        f"replays to: {safe(letter.routing_key or '?')} (replayed {letter.replay_count} time(s) so far)",
+        f"what to do: {safe(replay_note(letter.kind))}",
+        f"replays to: {safe(letter.replay_key or '?')} (replayed {letter.replay_count} time(s) so far)",
+    ]
+    if letter.published_by is not None:
+        lines.append(f"published by: {safe(letter.published_by)} (RabbitMQ user, as the worker recorded it)")
+    lines += [
+        f"read from the DLQ: {read_count(seen)}",
         "delivery:",
-        f"  exchange: {safe(repr(message.exchange))}",
-        f"  routing_key: {safe(repr(message.routing_key))}",
-        f"  redelivered: {str(bool(message.redelivered)).lower()}",
+        f"  exchange: {safe(repr(seen.exchange))}",
+        f"  routing_key: {safe(repr(seen.routing_key))}",
+        f"  redelivered: {str(seen.redelivered).lower()}"
+        + (" (read from the DLQ before, not a processing attempt)" if seen.redelivered else ""),
         "properties:",
     ]
-    for name, value in message_properties(message):
+    for name, value in seen.properties:
         lines.append(f"  {name}: {_render(value)}")
     lines.append("headers:")
-    for key, value in sorted((message.headers or {}).items()):
-        lines.append(f"  {safe(str(key))}: {_render(value, indent=2)}")
-    lines.extend(_body_lines(message.body))
+    for key, value in sorted(seen.headers.items()):
+        shown = _render(value, indent=2)
+        if key == DELIVERY_COUNT:
+            shown += " (times read from the DLQ)"
+        lines.append(f"  {safe(str(key))}: {shown}")
+    lines.extend(body_lines(seen.body, seen.body_size))
     return "\n".join(lines)
 
 
-def _body_lines(body: bytes) -> list[str]:
-    """The body: indented JSON, or as received when it is not JSON or nests too deep to indent."""
+def read_count(seen: Seen) -> str:
+    """``x-delivery-count`` in words: how often the letter was read from the DLQ before this read."""
+    times = seen.times_read
+    return f"{0 if times is None else times} time(s) before this one ({DELIVERY_COUNT_MEANS})"
+
+
+def body_lines(body: bytes, size: int | None = None) -> list[str]:
+    """The body: indented JSON, or as received when it is not JSON, nests too deep to indent, or only its
+    first bytes were kept (``size``: the whole body's length)."""
+    if size is not None and size > len(body):
+        return [
+            f"body ({size} bytes; the first {len(body)} shown, as received):",
+            terminal_safe(body.decode(errors="replace")),
+        ]
     depth = json_depth(body)
     if depth > MAX_PRETTY_DEPTH:
         text = body.decode(errors="replace")
@@ -211,7 +213,7 @@ class Progress:
         self._last = 0.0
         self._width = 0
 
-    def __call__(self, sweep: Sweep) -> None:
+    def __call__(self, sweep: Sweep[Any]) -> None:
         text = f"{self._verb}: {sweep.scanned}/{sweep.expected} scanned, {sweep.removed} {_PAST[self._verb]}"
         if self._live:
             now = time.monotonic()

@@ -6,20 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Self
+from typing import Generic, Self, TypeVar
 
 import aiormq.exceptions
-from aio_pika import IncomingMessage
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
-from aiormq.abc import DeliveredMessage
 
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
 from worker.faults import refusal
 from worker.ops.dlq.letters import Letter, Selection, read_dead_letter
+from worker.redact import describe
 from worker.redact import redact_url as redact
 from worker.runtime.aio import close_quietly
 
@@ -28,16 +27,11 @@ CONNECT_TIMEOUT = 10.0
 GET_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 3.0
 SETTLE_GRACE = 0.5
-#: a read-only pass with a consumer holds every message it was given until it ends: AMQP's prefetch count
-#: is 16 bits, so a deeper queue is read with basic.get instead
-MAX_PREFETCH = 65535
-#: how long a read-only pass waits for the next delivery before it asks whether any is left
-IDLE_CHECK = 0.5
 
 
 #: what a channel raises once it is closed under a command: an interrupted RPC (Ctrl-C) closes it, and
 #: closing a channel requeues everything it held, so a release that meets one has nothing left to do
-_CHANNEL_GONE = (
+CHANNEL_GONE = (
     aiormq.exceptions.AMQPError,
     aiormq.exceptions.ChannelInvalidStateError,
     OSError,
@@ -86,64 +80,29 @@ class DeadLetterQueue:
         batch: int = DEFAULT_BATCH,
         limit: int | None = None,
         now: datetime | None = None,
-    ) -> Sweep:
-        """Start one pass over the queue (use it as ``async with``)."""
-        channel, expected = await self._open_pass(batch)
-        return self._sweep_on(channel, expected, selection, batch, limit, now)
-
-    def _sweep_on(
-        self,
-        channel: AbstractChannel,
-        expected: int,
-        selection: Selection,
-        batch: int,
-        limit: int | None,
-        now: datetime | None,
-    ) -> Sweep:
+    ) -> Sweep[Found]:
+        """Start one pass over the queue that hands over the selected messages, held (use it as
+        ``async with``)."""
+        channel, expected = await self.open_pass(batch)
         return Sweep(
             channel,
             self.name,
             self.topology,
             selection,
+            Found,
             expected=expected,
             batch=batch,
             limit=limit,
             now=now or datetime.now(UTC),
         )
 
-    async def read(
-        self,
-        selection: Selection = Selection(),
-        *,
-        batch: int = DEFAULT_BATCH,
-        limit: int | None = None,
-    ) -> Sweep | Reading:
-        """Start a read-only pass (use it as ``async with``): a consumer (:class:`Reading`) when the queue
-        fits in one prefetch window, else a :meth:`sweep`. Either holds every message until it ends and
-        puts them all back in the order taken."""
-        channel, expected = await self._open_pass(batch)
-        if expected > MAX_PREFETCH:  # deeper than a prefetch window: the basic.get pass, same channel
-            return self._sweep_on(channel, expected, selection, batch, limit, None)
-        reading = Reading(
-            channel,
-            self.name,
-            self.topology,
-            selection,
-            expected=expected,
-            batch=batch,
-            limit=limit,
-            now=datetime.now(UTC),
-        )
-        await reading.start()
-        return reading
-
-    async def _open_pass(self, batch: int) -> tuple[AbstractChannel, int]:
+    async def open_pass(self, batch: int) -> tuple[AbstractChannel, int]:
         """A channel for a pass of its own, and how many messages the queue holds now (the pass ends after
         that many)."""
         if batch < 1:
             raise ValueError("batch must be at least 1")
         channel = await self.connection.channel(publisher_confirms=False)
-        return channel, await _queue_depth(channel, self.name)
+        return channel, await queue_depth(channel, self.name)
 
     async def work_exchange(self) -> AbstractChannel:
         """A confirm-mode channel for republishing, after checking the work exchange exists."""
@@ -173,7 +132,7 @@ async def open_dead_letters(url: str, topology: Topology) -> AsyncIterator[DeadL
     try:
         probe = await connection.channel(publisher_confirms=False)
         try:
-            depth = await _queue_depth(probe, topology.dead_letter_queue)
+            depth = await queue_depth(probe, topology.dead_letter_queue)
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise Undeclared(
                 f"queue {topology.dead_letter_queue} does not exist on vhost {vhost_of(url)!r}; "
@@ -187,15 +146,21 @@ async def open_dead_letters(url: str, topology: Topology) -> AsyncIterator[DeadL
             await asyncio.wait_for(connection.close(), timeout=5)
 
 
-async def _queue_depth(channel: AbstractChannel, name: str) -> int:
+async def queue_depth(channel: AbstractChannel, name: str) -> int:
+    """How many messages are ready in the queue ``name``."""
     queue = await channel.declare_queue(name, passive=True)
     result = queue.declaration_result
     return int(result.message_count or 0)
 
 
-class _Pass:
-    """What a :class:`Sweep` and a :class:`Reading` share: the counts, when the pass is over, which
-    messages it selects and the wait for released messages to show as ready again."""
+#: what a pass hands over of each dead letter it selects (``keep(message, letter)``): the message itself,
+#: held (:class:`Found`), or what a read-only pass keeps of it (``reading.Seen``)
+Kept = TypeVar("Kept")
+
+
+class Pass(Generic[Kept]):
+    """What a :class:`Sweep` and a ``reading.Reading`` share: the counts, when the pass is over, which
+    messages it selects, what it keeps of them and the wait for released messages to show as ready again."""
 
     def __init__(
         self,
@@ -203,6 +168,7 @@ class _Pass:
         queue_name: str,
         topology: Topology,
         selection: Selection,
+        keep: Callable[[AbstractIncomingMessage, Letter], Kept],
         *,
         expected: int,
         batch: int,
@@ -213,6 +179,7 @@ class _Pass:
         self._queue_name = queue_name
         self._topology = topology
         self._selection = selection
+        self._keep = keep
         self.expected = expected
         self._batch = batch
         self._limit = limit
@@ -239,25 +206,26 @@ class _Pass:
         limit_reached = self._limit is not None and self.selected >= self._limit
         return self._exhausted or self.scanned >= self.expected or limit_reached
 
-    def _consider(self, message: AbstractIncomingMessage, found: list[Found]) -> None:
-        """Count a message taken; add it to ``found`` if the selection picks its dead letter."""
+    def _consider(self, message: AbstractIncomingMessage, found: list[Kept]) -> None:
+        """Count a message taken; add what the pass keeps of it to ``found`` if the selection picks its
+        dead letter."""
         self.scanned += 1
         letter = read_dead_letter(message, self._topology)
         if self._selection.matches(letter, self.now):
             self.selected += 1
-            found.append(Found(message, letter))
+            found.append(self._keep(message, letter))
 
     async def _wait_until_ready(self, ready: int) -> None:
         """Wait (briefly) until the queue shows the released messages as ready again: a nack has no
         reply and the queue applies it a moment later; a command run right after this one must see them."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
-        while await _queue_depth(self._channel, self._queue_name) < ready:
+        while await queue_depth(self._channel, self._queue_name) < ready:
             if time.monotonic() > deadline:
                 return
             await asyncio.sleep(0.01)
 
 
-class Sweep(_Pass):
+class Sweep(Pass[Kept]):
     """One pass over the DLQ on one channel: each message is taken once and held until settled.
 
     ``next_batch`` returns the selected dead letters of the next ``batch`` messages taken (possibly none),
@@ -285,13 +253,13 @@ class Sweep(_Pass):
     def held(self) -> int:
         return len(self._held)
 
-    async def next_batch(self) -> list[Found] | None:
+    async def next_batch(self) -> list[Kept] | None:
         if self._done():
             return None
         if self._queue is None:
             self._queue = await self._channel.get_queue(self._queue_name, ensure=False)
         queue = self._queue
-        found: list[Found] = []
+        found: list[Kept] = []
         taken = 0
         while taken < self._batch and not self._done():
             message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
@@ -322,8 +290,8 @@ class Sweep(_Pass):
         """Requeue everything still held, in the order taken, and close the channel."""
         try:
             if self._held and not self._channel.is_closed:
-                with contextlib.suppress(*_CHANNEL_GONE):  # its close requeues all it held
-                    ready_before = await _queue_depth(self._channel, self._queue_name)
+                with contextlib.suppress(*CHANNEL_GONE):  # its close requeues all it held
+                    ready_before = await queue_depth(self._channel, self._queue_name)
                     underlay = await self._channel.get_underlay_channel()
                     for tag in self._held:
                         await underlay.basic_nack(tag, multiple=False, requeue=True)
@@ -342,92 +310,6 @@ class Sweep(_Pass):
             await close_quietly(self._channel)
 
 
-class Reading(_Pass):
-    """A read-only pass with one consumer: the reading ``list``, ``show`` and the page make.
-
-    The same promise as a :class:`Sweep` (each message seen once, held unacked until the pass ends, all put
-    back in the order taken, dead letters that arrive meanwhile left for the next pass) at a fraction of its
-    cost on a quorum queue: ``basic.get`` is one queue command per message and the sweep's release one
-    ``basic.nack`` each, while a consumer is given up to ``expected`` messages (its prefetch) without asking
-    and the pass ends with one ``basic.cancel`` and a ``basic.nack(requeue=True)`` per message in the order
-    given (no reply to wait for). If the tool dies, the broker requeues
-    whatever it held: nothing is lost. Nothing is ever acked here (``remove`` does not exist).
-    """
-
-    def _init_state(self) -> None:
-        self._inbox: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
-        self._consumer_tag: str | None = None
-        #: the highest delivery tag given to this channel: releasing up to it releases everything
-        self._highest = 0
-        self._exhausted = self.expected == 0
-
-    async def start(self) -> None:
-        if self._exhausted:
-            return
-        underlay = await self._channel.get_underlay_channel()
-        # at most the messages present now: the pass ends with them, like a sweep
-        await underlay.basic_qos(prefetch_count=self.expected)
-        ok = await underlay.basic_consume(self._queue_name, self._deliver, no_ack=False)
-        self._consumer_tag = ok.consumer_tag
-
-    async def _deliver(self, message: DeliveredMessage) -> None:
-        self._highest = max(self._highest, message.delivery_tag or 0)
-        self._inbox.put_nowait(message)
-
-    async def next_batch(self) -> list[Found] | None:
-        if self._done():
-            return None
-        found: list[Found] = []
-        taken = 0
-        idle_since = time.monotonic()
-        while taken < self._batch and not self._done():
-            try:
-                delivered = await asyncio.wait_for(self._inbox.get(), IDLE_CHECK)
-            except TimeoutError:
-                # fewer messages than counted at the start (another client took some): stop once none is
-                # ready, or after as long as a basic.get may take
-                ready = await _queue_depth(self._channel, self._queue_name)
-                if ready == 0 or time.monotonic() - idle_since > GET_TIMEOUT:
-                    self._exhausted = True
-                continue
-            idle_since = time.monotonic()
-            message = IncomingMessage(delivered, no_ack=False)
-            taken += 1
-            self._consider(message, found)
-        return found
-
-    async def close(self) -> None:
-        """Stop the consumer and put every message back, in the order taken; close the channel."""
-        try:
-            if not self._channel.is_closed and self._consumer_tag is not None:
-                await self._release()
-        except _CHANNEL_GONE:  # the channel's close below requeues everything it held
-            pass
-        finally:
-            await close_quietly(self._channel)
-
-    async def _release(self) -> None:
-        """Cancel the consumer and nack every message, oldest first; wait until the queue shows them."""
-        assert self._consumer_tag is not None
-        underlay = await self._channel.get_underlay_channel()
-        await underlay.basic_cancel(self._consumer_tag)
-        if self._highest:
-            ready_before = await _queue_depth(self._channel, self._queue_name)
-            # one nack per message, oldest first: a quorum queue returns the messages of one
-            # multiple nack in no particular order once there are more than a few dozen
-            held = self._highest  # delivery tags count from 1 on a fresh channel
-            for tag in range(1, held + 1):
-                await underlay.basic_nack(tag, multiple=False, requeue=True)
-            await self._wait_until_ready(ready_before + held)
-
-
 def _connect_reason(exc: BaseException, url: str) -> str:
     # a refused login or vhost in the words every command uses (worker/faults.py)
-    return refusal(exc, url) or error_text(exc)
-
-
-def error_text(exc: BaseException) -> str:
-    """What an error says on one line (a password it quotes redacted), or its class name when it says
-    nothing."""
-    text = " ".join(redact(str(exc)).split())
-    return text if text else type(exc).__name__
+    return refusal(exc, url) or describe(exc)

@@ -1,0 +1,230 @@
+"""``worker dlq``'s options, declared as data: one :class:`~worker.ops.subcommands.Action` per action, built
+from shared groups (the connection, the database, the filters, who runs it)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+
+from worker.config import environment_help
+from worker.ops.dlq.console import EXIT_CODES_HELP
+from worker.ops.dlq.kinds import WORKER_KINDS
+from worker.ops.dlq.letters import GROUP_FIELDS, parse_duration, parse_group
+from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
+from worker.ops.dlq.sweep import DEFAULT_BATCH
+from worker.ops.subcommands import Action, Command, Setting, option
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _group(text: str) -> tuple[str, str]:
+    try:
+        return parse_group(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: the log settings: every command logs
+_LOGS = ("log_format", "log_level")
+
+_CONNECTION = (
+    Setting("rabbitmq_url"),
+    option(
+        "--batch",
+        type=_positive_int,
+        default=DEFAULT_BATCH,
+        help=f"messages taken from the DLQ per round (default {DEFAULT_BATCH})",
+    ),
+)
+_DATABASE = (Setting("postgres_dsn"),)
+_AUDITED = (
+    option(
+        "--by",
+        metavar="NAME",
+        help="who runs it, for the audit record (default: the OS user and host, user@host)",
+    ),
+)
+_FILTERS = (
+    option(
+        "--kind",
+        action="append",
+        metavar="KIND",
+        help=f"only this error kind ({', '.join(WORKER_KINDS)}, or a broker reason such as delivery_limit); "
+        "repeat or comma-separate for several",
+    ),
+    option("--event-id", action="append", metavar="ID", help="only this event id; repeat for several"),
+    option(
+        "--older-than",
+        type=_duration,
+        metavar="DURATION",
+        help="only dead letters that failed at least this long ago (30s, 10m, 2h, 1d, 1h30m)",
+    ),
+    option(
+        "--group",
+        action="append",
+        type=_group,
+        metavar="FIELD=VALUE",
+        help="only this group, as `list --group-by FIELD` prints it: kind=schema, shard=3 (shard=none: no "
+        "shard_id in the body), error='unknown schema_version <n>' (the error with ids as <id> and numbers "
+        "as <n>); repeat for several (same field: either, different fields: both)",
+    ),
+)
+_PROGRESS = option(
+    "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
+)
+
+DLQ = Command(
+    "dlq",
+    help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
+    description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
+    "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
+    "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
+    "(`worker dlq history`).",
+    dest="dlq_command",
+    metavar="ACTION",
+    actions=(
+        Action(
+            "list",
+            "one line per dead letter, or per group",
+            "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
+            "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
+            "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
+            (
+                *_CONNECTION,
+                *_FILTERS,
+                option(
+                    "--json",
+                    action="store_true",
+                    help="one JSON object per line: event_id, kind, error, attempts, failed_at, shard_id, "
+                    "routing_key (with --group-by: group_by, group, selector, count, oldest_failed_at, "
+                    "newest_failed_at, sample_event_id, kinds, replay)",
+                ),
+                option(
+                    "--group-by",
+                    choices=GROUP_FIELDS,
+                    help="one line per group: the kind, the error (ids and numbers stripped), or the "
+                    "shard_id the event names; largest group first",
+                ),
+            ),
+        ),
+        Action(
+            "show",
+            "print a dead letter in full",
+            "Print every dead letter with this event id in full: properties, headers, body (as JSON "
+            "when it parses). The queue is left as it was.",
+            (*_CONNECTION, option("event_id", metavar="EVENT_ID")),
+        ),
+        Action(
+            "replay",
+            "send dead letters back to the work exchange (all by default; no prompt: replay is safe)",
+            "Republish the selected dead letters (all by default) to tomori.tool_calls with their "
+            "original routing key, body and properties, without the x-ltm-error/-error-kind/-failed-at/"
+            "-attempts and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ "
+            "copy is removed only after the broker confirmed the republished one, so an interrupted replay "
+            "loses nothing (at worst an event is in both queues; the worker's idempotency makes that "
+            "harmless). Recorded in the audit tables (worker dlq history) before anything moves: no record, "
+            "no replay. A dry run reads only the queue and records nothing.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                *_FILTERS,
+                *_AUDITED,
+                option("--limit", type=_positive_int, metavar="N", help="move at most N dead letters"),
+                option("--dry-run", action="store_true", help="list what would move; move nothing"),
+                _PROGRESS,
+            ),
+        ),
+        Action(
+            "purge",
+            "delete dead letters for good (asks first unless --yes)",
+            "Delete the selected dead letters (all by default). Scans the whole queue first, then "
+            "asks 'Delete N dead letters? [y/N]'; exactly the N counted are deleted. Without a terminal on "
+            "stdin, --yes is required. Recorded in the audit tables (worker dlq history) before anything is "
+            "deleted, a refusal too: no record, no purge.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                *_FILTERS,
+                *_AUDITED,
+                option("--yes", action="store_true", help="do not ask for confirmation"),
+                _PROGRESS,
+            ),
+        ),
+        Action(
+            "history",
+            "who replayed or purged what, newest first",
+            "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
+            "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
+            "letters ended how (pending: in doubt, the operation was cut short there), and how many replayed "
+            "letters came back to the DLQ (the replay failed again: a later replay or purge took them, or "
+            "they are in the DLQ now, which it reads when the record does not tell). With --operation, each "
+            "letter of that operation.",
+            (
+                *_DATABASE,
+                Setting("rabbitmq_url"),
+                option("--json", action="store_true", help="one JSON object per line"),
+                option(
+                    "--limit",
+                    type=_positive_int,
+                    default=50,
+                    metavar="N",
+                    help="the latest N operations (50)",
+                ),
+                option("--operation", metavar="ID", help="one operation, with each of its letters"),
+            ),
+        ),
+        Action(
+            "ui",
+            "a read-only web page: counts, groups, letters, the audit history",
+            "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
+            "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
+            "the way `list` does (each message held only while the page is built, then put back in order); "
+            "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise. "
+            "Every request needs the page's token: given once as ?token=... (a cookie keeps it) or as "
+            "Authorization: Bearer; without --token-file or --token a random one is made and printed in the "
+            "URL (on loopback only: any other address needs one given).",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                option("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)"),
+                option("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)"),
+                option(
+                    "--token",
+                    help="the token the page asks for (shows in the process list: prefer --token-file); at "
+                    f"least {MIN_TOKEN} characters, {MIN_DISTINCT} of them different, no blanks. Neither "
+                    "given: a random one, printed in the page's URL",
+                ),
+                option("--token-file", metavar="PATH", help="a file holding the token (a mounted secret)"),
+                option(
+                    "--allow-host",
+                    action="append",
+                    default=[],
+                    metavar="NAME",
+                    help="a name the page may be reached by besides its address and localhost (a proxy's, a "
+                    "tunnel's); repeat for several. Any other Host header is refused (421)",
+                ),
+            ),
+        ),
+    ),
+)
+
+
+def epilog(action: Action | None) -> str:
+    """The exit codes and the environment variables the action reads (all of them for ``worker dlq``)."""
+    settings = action.settings if action else ("rabbitmq_url", "postgres_dsn")
+    return EXIT_CODES_HELP + environment_help(*settings, *_LOGS)

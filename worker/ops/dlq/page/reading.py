@@ -1,0 +1,94 @@
+"""What a view of the page reads: one pass over the DLQ (:class:`Snapshot`), a letter in full, the audit
+history."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from worker.broker.urls import vhost_of
+from worker.config import Topology
+from worker.ops.dlq.audit import Audit
+from worker.ops.dlq.history import Record, read_record, returned
+from worker.ops.dlq.letters import Letter, Selection
+from worker.ops.dlq.operations import browse
+from worker.ops.dlq.reading import Seen
+from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
+
+
+@dataclass
+class Snapshot:
+    """Every dead letter of one pass (described, not kept), and what the pass saw."""
+
+    taken_at: datetime
+    letters: list[Letter]
+    scanned: int
+    queue: str
+    vhost: str
+    seconds: float
+
+
+@dataclass
+class Reader:
+    """What the page reads from: the broker and, for the history, Postgres."""
+
+    url: str
+    dsn: str
+    topology: Topology
+    batch: int = DEFAULT_BATCH
+
+    async def snapshot(self, selection: Selection = Selection(), limit: int | None = None) -> Snapshot:
+        started = time.monotonic()
+        letters: list[Letter] = []
+        async with open_dead_letters(self.url, self.topology) as dlq:
+            totals = await browse(
+                dlq,
+                selection,
+                lambda found, _now: letters.append(found.letter),
+                batch=self.batch,
+                limit=limit,
+            )
+            return Snapshot(
+                datetime.now(UTC),
+                letters,
+                totals.scanned,
+                dlq.name,
+                vhost_of(dlq.url),
+                time.monotonic() - started,
+            )
+
+    async def letter(self, event_id: str) -> tuple[list[tuple[Seen, datetime]], int]:
+        """Every dead letter with this event id, as ``show`` finds them (headers and body kept), and how many
+        were scanned."""
+        found: list[tuple[Seen, datetime]] = []
+        async with open_dead_letters(self.url, self.topology) as dlq:
+            totals = await browse(
+                dlq,
+                Selection(event_ids=frozenset({event_id})),
+                lambda item, now: found.append((item, now)),
+                batch=self.batch,
+                details=True,
+            )
+        return found, totals.scanned
+
+    async def history(
+        self, limit: int, operation: str | None = None, letters: Collection[Letter] | None = None
+    ) -> Record:
+        """The audit record (``operation``: that one, with its letters), each replay with the letters that
+        came back; ``letters``: the DLQ as a view just read it (else read here if the record cannot tell)."""
+        operation_id = uuid.UUID(operation) if operation else None
+        audit = await Audit.open(self.dsn)
+        try:
+            return await read_record(
+                audit,
+                limit=limit,
+                operation_id=operation_id,
+                url=self.url,
+                topology=self.topology,
+                in_dlq=None if letters is None else returned(letters),
+            )
+        finally:
+            await audit.close()

@@ -1,0 +1,250 @@
+"""The page's HTTP server: ``http.server`` with a thread per connection, at most :data:`MAX_CONNECTIONS` at
+once, and one view at a time (two views at once would each see only the letters the other does not hold),
+every view run on the command's event loop.
+
+A connection must send its request line and headers within :data:`HEAD_DEADLINE` seconds, and may be silent
+for at most :data:`IDLE_TIMEOUT` seconds at any point: a client that connects and says nothing (or trickles
+its headers) is cut off, and while it waits the other connections are served. The ``Host`` check and the
+token come before a view, so a request without them never waits for one, and never costs a pass over the
+DLQ. The access log never shows a token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TextIO
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from worker.ops.dlq.audit import AuditUnavailable
+from worker.ops.dlq.history import Record
+from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection
+from worker.ops.dlq.page.auth import COOKIE, Guard, host_name, without_token
+from worker.ops.dlq.page.markup import esc, page
+from worker.ops.dlq.page.reading import Reader
+from worker.ops.dlq.page.views import group_page, history_page, letter_page, overview
+from worker.ops.dlq.render import terminal_safe
+from worker.redact import describe
+
+#: connections served at once; one more is answered 503 and closed
+MAX_CONNECTIONS = 8
+#: seconds a connection has to send its request line and headers
+HEAD_DEADLINE = 10.0
+#: seconds a connection may be silent while the server waits for it (or it for the server's answer)
+IDLE_TIMEOUT = 10.0
+
+Runner = Callable[[Coroutine[Any, Any, Any]], Any]
+
+_BUSY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+    b"Retry-After: 2\r\n\r\nThe dead-letter page is serving as many connections as it takes; try again.\n"
+)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """GET and HEAD only; every view rendered on the command's event loop."""
+
+    server: UiServer
+    server_version = "worker-dlq-ui"
+    sys_version = ""
+    timeout = IDLE_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.watch(self)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.unwatch(self)  # the request line and headers are in (or refused)
+        return parsed
+
+    def finish(self) -> None:
+        self.server.unwatch(self)
+        super().finish()
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        if not self._for_this_page() or not self._authorised(parts.path, query):
+            return
+        try:
+            status, text = self.server.view(parts.path, query)
+        except Exception as exc:  # the broker or the database failed this view: say so, keep serving
+            status, text = HTTPStatus.SERVICE_UNAVAILABLE, page("Unavailable", _problem(exc))
+        self._send(status, text)
+
+    def _for_this_page(self) -> bool:
+        """The ``Host`` header names this page (a name rebound to this address does not)."""
+        host = self.headers.get("Host")
+        if self.server.guard.answers_to(host):
+            return True
+        asked = host_name(host) if host else "no Host header"
+        names = ", ".join(sorted(self.server.guard.names))
+        self._send(
+            HTTPStatus.MISDIRECTED_REQUEST,
+            page(
+                "Not this page's name",
+                f"<section><h2>This page answers to {esc(names)}, not {esc(asked)}</h2><p>If that is how you "
+                "reach it (a proxy, a tunnel), start it with <code>--allow-host NAME</code>.</p></section>",
+            ),
+        )
+        return False
+
+    def _authorised(self, path: str, query: dict[str, str]) -> bool:
+        guard = self.server.guard
+        given = query.get("token")
+        if given is not None and guard.is_token(given):
+            rest = {k: v for k, v in query.items() if k != "token"}
+            self.send_response(HTTPStatus.SEE_OTHER)
+            self.send_header("Location", path + ("?" + urlencode(rest) if rest else ""))
+            self.send_header("Set-Cookie", f"{COOKIE}={guard.cookie}; HttpOnly; SameSite=Strict; Path=/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return False
+        try:
+            cookie = SimpleCookie(self.headers.get("Cookie", ""))
+        except CookieError:
+            cookie = SimpleCookie()
+        if COOKIE in cookie and guard.is_cookie(cookie[COOKIE].value):
+            return True
+        bearer = self.headers.get("Authorization", "")
+        if bearer.startswith("Bearer ") and guard.is_token(bearer[7:]):
+            return True
+        self._send(
+            HTTPStatus.UNAUTHORIZED,
+            page(
+                "Token needed",
+                "<section><h2>This page needs its token</h2><p>Open it once as "
+                "<code>/?token=...</code>, the URL <code>worker dlq ui</code> printed (a cookie keeps it "
+                "for the session), or send <code>Authorization: Bearer ...</code>.</p></section>",
+            ),
+        )
+        return False
+
+    def _send(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; "
+            "frame-ancestors 'none'; base-uri 'none'",
+        )
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """One line per request or error: the token never shown, control characters escaped."""
+        line = terminal_safe(without_token(f"{self.address_string()} {format % args}"))
+        self.server.log.write(line + "\n")
+        self.server.log.flush()
+
+
+def _problem(exc: BaseException) -> str:
+    return f"<section><h2>The page cannot be built now</h2><p>{esc(describe(exc))}</p></section>"
+
+
+class UiServer(ThreadingHTTPServer):
+    """A thread per connection up to :data:`MAX_CONNECTIONS`; views one at a time on ``run`` (the command's
+    loop); connections slow to say what they want cut off by :meth:`service_actions`."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], reader: Reader, run: Runner, log: TextIO) -> None:
+        super().__init__(address, Handler)
+        self.reader = reader
+        self.run = run
+        self.log = log
+        #: set once the address is bound (:meth:`guard_with`)
+        self.guard = Guard("", frozenset(), False)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._one_view = threading.Lock()
+        self._heads: dict[Handler, float] = {}
+        self._heads_lock = threading.Lock()
+
+    def guard_with(self, guard: Guard) -> None:
+        self.guard = guard
+
+    # --- connections -------------------------------------------------------------------------------------
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def watch(self, handler: Handler) -> None:
+        with self._heads_lock:
+            self._heads[handler] = time.monotonic() + HEAD_DEADLINE
+
+    def unwatch(self, handler: Handler) -> None:
+        with self._heads_lock:
+            self._heads.pop(handler, None)
+
+    def service_actions(self) -> None:
+        """Between polls (every half second): cut off connections past their deadline for the head."""
+        now = time.monotonic()
+        with self._heads_lock:
+            late = [handler for handler, deadline in self._heads.items() if deadline < now]
+            for handler in late:
+                del self._heads[handler]
+        for handler in late:
+            with contextlib.suppress(OSError):  # its read returns at once: it ends
+                handler.connection.shutdown(socket.SHUT_RDWR)
+
+    # --- views ---------------------------------------------------------------------------------------------
+
+    def view(self, path: str, query: dict[str, str]) -> tuple[int, str]:
+        with self._one_view:
+            return self._view(path, query)
+
+    def _view(self, path: str, query: dict[str, str]) -> tuple[int, str]:
+        reader = self.reader
+        if path == "/":
+            snapshot = self.run(reader.snapshot())
+            return HTTPStatus.OK, overview(snapshot, self._history(10, letters=snapshot.letters))
+        if path == "/letter" and query.get("id"):
+            found, scanned = self.run(reader.letter(query["id"]))
+            return (HTTPStatus.OK if found else HTTPStatus.NOT_FOUND), letter_page(
+                query["id"], found, scanned
+            )
+        if path == "/group" and query.get("by") in GROUP_FIELDS and "value" in query:
+            by, value = query["by"], query["value"]
+            snapshot = self.run(reader.snapshot(Selection(groups=frozenset({(by, value)}))))
+            return HTTPStatus.OK, group_page(by, value, snapshot)
+        if path == "/history":
+            operation = query.get("operation")
+            return HTTPStatus.OK, history_page(self._history(200, operation), operation)
+        return HTTPStatus.NOT_FOUND, page("Not found", "<section><h2>Nothing here</h2></section>")
+
+    def _history(
+        self, limit: int, operation: str | None = None, letters: list[Letter] | None = None
+    ) -> Record | str:
+        try:
+            return self.run(self.reader.history(limit, operation, letters))  # type: ignore[no-any-return]
+        except (AuditUnavailable, ValueError) as exc:
+            return str(exc)
+        except Exception as exc:
+            return describe(exc)
