@@ -3,8 +3,9 @@
 
 User ``shard-<N>`` may declare, delete, bind, consume, get and purge only ``tomori.shard.<N>.results`` and
 ``tomori.shard.<N>.notifications``, bind them only with the key ``shard.<N>``, and publish tool calls
-(``tool.<name>``) to ``tomori.tool_calls``. RabbitMQ expands no variables in configure/write/read patterns
-(only in topic permissions), so each shard needs permissions of its own: this script writes them.
+(``tool.<name>``, or its own ``tool.<name>.shard.<N>``) to ``tomori.tool_calls``. RabbitMQ expands no
+variables in configure/write/read patterns (only in topic permissions), so each shard needs permissions of
+its own: this script writes them.
 
 Standard library only, so it runs anywhere:
 
@@ -32,8 +33,6 @@ TOOL_CALLS = "tomori.tool_calls"
 RESULTS = "tomori.tool_results"
 NOTIFICATIONS = "tomori.notifications"
 QUEUE_KINDS = ("results", "notifications")
-#: a shard publishes tool calls with `tool.<name>` keys and never binds to `tomori.tool_calls`
-TOOL_CALL_KEYS = r"^tool\.[A-Za-z0-9_]+$"
 NOTHING = "^$"
 
 
@@ -43,6 +42,12 @@ def user_name(shard_id: int) -> str:
 
 def _own_queues(shard_id: int) -> str:
     return rf"tomori\.shard\.{shard_id}\.(results|notifications)"
+
+
+def tool_call_keys(shard_id: int) -> str:
+    """A shard publishes tool calls with `tool.<name>` or its own `tool.<name>.shard.<N>` keys, and never
+    binds to `tomori.tool_calls`."""
+    return rf"^tool\.[A-Za-z0-9_]+(\.shard\.{shard_id})?$"
 
 
 def permissions(shard_id: int) -> dict[str, str]:
@@ -63,7 +68,7 @@ def topic_permissions(shard_id: int) -> list[dict[str, str]]:
     (measured on RabbitMQ 3.10.8)."""
     own_key = rf"^shard\.{shard_id}$"
     return [
-        {"exchange": TOOL_CALLS, "write": TOOL_CALL_KEYS, "read": NOTHING},
+        {"exchange": TOOL_CALLS, "write": tool_call_keys(shard_id), "read": NOTHING},
         {"exchange": RESULTS, "write": NOTHING, "read": own_key},
         {"exchange": NOTIFICATIONS, "write": NOTHING, "read": own_key},
     ]

@@ -107,10 +107,12 @@ def shard_permissions(shard_id: int) -> dict[str, str]:
 
 
 def shard_topic_permissions(shard_id: int) -> list[dict[str, str]]:
-    """The routing keys `shard-<n>` may publish and bind: `tool.<name>` out, `shard.<n>` in."""
+    """The routing keys `shard-<n>` may publish and bind: `tool.<name>` and its own `tool.<name>.shard.<n>`
+    out, `shard.<n>` in (deploy/rabbitmq/shard_users.py writes the same)."""
     own = rf"^shard\.{shard_id}$"
+    tool_calls = rf"^tool\.[A-Za-z0-9_]+(\.shard\.{shard_id})?$"
     return [
-        {"exchange": "tomori.tool_calls", "write": r"^tool\.[A-Za-z0-9_]+$", "read": "^$"},
+        {"exchange": "tomori.tool_calls", "write": tool_calls, "read": "^$"},
         {"exchange": "tomori.tool_results", "write": "^$", "read": own},
         {"exchange": "tomori.notifications", "write": "^$", "read": own},
     ]

@@ -97,7 +97,7 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "user": "shard-0",
       "vhost": "/",
       "exchange": "tomori.tool_calls",
-      "write": "^tool\\.[A-Za-z0-9_]+$",
+      "write": "^tool\\.[A-Za-z0-9_]+(\\.shard\\.0)?$",
       "read": "^$"
     },
     {
@@ -118,7 +118,7 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "user": "shard-1",
       "vhost": "/",
       "exchange": "tomori.tool_calls",
-      "write": "^tool\\.[A-Za-z0-9_]+$",
+      "write": "^tool\\.[A-Za-z0-9_]+(\\.shard\\.1)?$",
       "read": "^$"
     },
     {
