@@ -85,7 +85,8 @@ class ComposeStack:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.ports['REDIS']}/0"
+        # the shards' user of deploy/redis/users.acl: it may subscribe to the invalidations, nothing else
+        return f"redis://shard:shard-dev-password@127.0.0.1:{self.ports['REDIS']}/0"
 
     def compose(self, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
         command = ["docker", "compose", "-f", str(COMPOSE_FILE), "-p", self.project, *args]

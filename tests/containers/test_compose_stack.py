@@ -6,8 +6,9 @@ when set). It checks, in order:
 1. `docker compose up --build --wait` brings every service up: the worker containers healthy (Docker's own
    healthcheck state), running as uid 10001 on a read-only root file system, `migrate` exited 0.
 2. As `shard-0` (deploy/rabbitmq/definitions.json has a user per shard), a server-wide and a personal save get
-   both results and both notices on the shard's queues, and both invalidations on the stack's Redis. The bot
-   tables are seeded first through the stack's published Postgres port.
+   both results and both notices on the shard's queues, and both invalidations on the stack's Redis, read as
+   its `shard` user (deploy/redis/users.acl), which may not publish one or read a key; a client without
+   credentials gets nothing. The bot tables are seeded first through the stack's published Postgres port.
 3. With a batch of events held in flight in both workers (a trigger holds every save at a gate inside
    Postgres), `docker kill -s TERM` of one worker: it finishes what it holds and exits 0, the other answers
    the rest; every event is answered exactly once and the memories table holds one row per event.
@@ -29,6 +30,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
+import redis.exceptions
 
 from contracts.models import Status
 from tests.containers.compose import ComposeStack, container_logs, inspect, json_lines, run
@@ -200,6 +203,27 @@ async def round_trip(stack: ComposeStack, rows: BotRows) -> None:
     assert await rows.conn.fetchval(
         "SELECT content FROM server_memories WHERE server_memory_id = $1", server_id
     ) == ("{user} likes dogs")
+    await assert_redis_users_confined(stack)
+
+
+async def assert_redis_users_confined(stack: ComposeStack) -> None:
+    """deploy/redis/users.acl in the running stack (security review 4, N10): the shards' user may not publish
+    a (forged) invalidation or read a key, and a client without credentials is refused everything."""
+    shard = aioredis.Redis.from_url(stack.redis_url)
+    try:
+        assert await shard.ping()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await shard.publish("tomori:cache-invalidation", b'{"kind": "tomori_state"}')
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await shard.get("any-key")
+    finally:
+        await shard.aclose()
+    anonymous = aioredis.Redis.from_url(stack.redis_url.replace("shard:shard-dev-password@", ""))
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            await anonymous.ping()
+    finally:
+        await anonymous.aclose()
 
 
 async def batch_events(rows: BotRows, tag: str) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""README "Testing your shard", Python: the example runs as written, as a bot team would run it (its own
-directory, no conftest or settings of this repository, the plugin from the installed package)."""
+"""README "Testing your shard", Python: the example and its `pytest.ini` run as written, as a bot team would
+run them (their own directory, no conftest or settings of this repository, the plugin and the shard kit from
+the installed package), and pytest reports no warning."""
 
 from __future__ import annotations
 
@@ -16,21 +17,23 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
 
 
-def readme_python_example(readme: str) -> str:
-    """The first ```python block under `### Python` of `## Testing your shard`."""
+def readme_python_example(readme: str, language: str = "python") -> str:
+    """The first ```python (or other `language`) block under `### Python` of `## Testing your shard`."""
     section = readme.split("\n## Testing your shard\n", 1)[1].split("\n## ", 1)[0]
     python = section.split("\n### Python\n", 1)[1].split("\n### ", 1)[0]
-    match = re.search(r"```python\n(.*?)```", python, re.DOTALL)
-    assert match, "no ```python block under ### Python"
+    match = re.search(rf"```{language}\n(.*?)```", python, re.DOTALL)
+    assert match, f"no ```{language} block under ### Python"
     return match.group(1)
 
 
 def test_the_python_example_of_the_readme_runs_as_written(
     docker_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    example = readme_python_example((REPO / "README.md").read_text())
+    readme = (REPO / "README.md").read_text()
+    example = readme_python_example(readme)
     assert 'pytest_plugins = ["worker.testing.pytest_plugin"]' in example
     (tmp_path / "test_memory.py").write_text(example)
+    (tmp_path / "pytest.ini").write_text(readme_python_example(readme, "ini"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_TEST_", "PYTEST_"))}
     done, took = run_timed(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_memory.py"],
@@ -44,3 +47,5 @@ def test_the_python_example_of_the_readme_runs_as_written(
         print(f"\nthe README's Python example: {summary} ({took:.1f} s, the stack's start included)")
     assert done.returncode == 0, "\n".join(output.splitlines()[-80:])
     assert re.search(r"\b1 passed\b", summary), summary
+    # newcomer review 4, F16: no pytest-asyncio deprecation warning (nor any other) with the README's ini
+    assert "warning" not in summary, "\n".join(output.splitlines()[-80:])

@@ -17,6 +17,7 @@ import aiormq
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from tests.containers.test_service_containers import our_containers
 from worker.testing.stack import EXCHANGES, LtmShard, LtmStack, StackError
@@ -81,6 +82,35 @@ async def next_body(queue: aio_pika.abc.AbstractQueue) -> dict[str, object]:
             return body
         await asyncio.sleep(0.1)
     raise AssertionError(f"nothing arrived in {queue.name} within {WAIT:.0f} s")
+
+
+async def test_ports_on_loopback_and_redis_users_that_confine_a_shard(
+    stack: LtmStack, shard: LtmShard
+) -> None:
+    """Security review 4: every port asked to be published on 127.0.0.1 (the request, not the result, which an
+    engine run with --ip 127.0.0.1 narrows anyway; N12), and Redis's users (N10): the shard's may subscribe
+    and ping but neither publish an invalidation nor read a key; without credentials nothing."""
+    for service in (stack.postgres, stack.rabbitmq, stack.redis):
+        wrapped = service.container.handle.get_wrapped_container()
+        wrapped.reload()
+        requested = wrapped.attrs["HostConfig"]["PortBindings"]
+        assert {binding["HostIp"] for bindings in requested.values() for binding in bindings} == {"127.0.0.1"}
+    client = aioredis.from_url(shard.redis_url)
+    try:
+        assert await client.ping()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.publish(INVALIDATIONS, b"{}")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.get("any-key")
+    finally:
+        await client.aclose()
+    address = shard.redis_url.rpartition("@")[2]
+    anonymous = aioredis.from_url(f"redis://{address}")
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            await anonymous.ping()
+    finally:
+        await anonymous.aclose()
 
 
 def test_the_stack_is_ready_when_start_returns(stack: LtmStack) -> None:

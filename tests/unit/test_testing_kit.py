@@ -3,10 +3,13 @@ events it builds are the contract's, and the pytest header says where each servi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 from contracts.models import ToolCallEvent
 from tests.services import describe_sources
@@ -106,3 +109,55 @@ def test_the_header_says_where_each_service_comes_from_without_starting_anything
     assert local[2] == (
         "Redis: local default redis://127.0.0.1:6379/0 (LTM_TEST_REDIS_URL not set, no Docker engine answers)"
     )
+
+
+def _acl_rules(text: str) -> dict[str, str]:
+    """`user NAME on <password> RULES` lines of an ACL file: NAME -> RULES."""
+    rules = {}
+    for line in text.splitlines():
+        words = line.split(maxsplit=4)
+        if len(words) == 5 and words[0] == "user" and words[2] == "on":
+            rules[words[1]] = words[4]
+    return rules
+
+
+def test_the_redis_users_are_those_of_deploy_and_the_k8s_secret() -> None:
+    """deploy/redis/users.acl (compose), the Kubernetes Secret's users.acl and the stacks' users: one set of
+    rules (security review 4, N10). The TypeScript stack's are checked against the file by its own test."""
+    acl = (REPO / "deploy" / "redis" / "users.acl").read_text()
+    assert acl.splitlines()[0] == "user default off"
+    assert _acl_rules(acl) == stack.REDIS_USER_RULES
+    secrets_file = (REPO / "deploy" / "k8s" / "secret.yaml").read_text()
+    (users_acl,) = [
+        document["stringData"]["users.acl"]
+        for document in yaml.safe_load_all(secrets_file)
+        if document["metadata"]["name"] == "ltm-redis-users"
+    ]
+    assert _acl_rules(users_acl) == stack.REDIS_USER_RULES
+    assert "user default off" in users_acl
+    # the worker publishes, a shard subscribes; neither has keys
+    assert "+publish" in stack.REDIS_USER_RULES["worker"]
+    assert "+subscribe" not in stack.REDIS_USER_RULES["worker"]
+    assert "+publish" not in stack.REDIS_USER_RULES["shard"]
+    assert all("resetkeys -@all" in rules for rules in stack.REDIS_USER_RULES.values())
+
+
+def test_the_redis_command_names_hashed_passwords_only() -> None:
+    command = containers.redis_command({"worker": ("s3cret-w", "resetchannels -@all +ping")})
+    assert "s3cret-w" not in " ".join(command)
+    digest = hashlib.sha256(b"s3cret-w").hexdigest()
+    assert command[-7:] == ["--user", "worker", "on", f"#{digest}", "resetchannels", "-@all", "+ping"]
+    at = command.index("default")
+    assert command[at - 1 : at + 2] == ["--user", "default", "off"]
+
+
+def test_ports_are_published_on_loopback_for_an_engine_on_this_machine() -> None:
+    env = containers.PUBLISH_ADDRESS_ENV
+    assert containers.publish_address({env: "10.0.0.5"}) == "10.0.0.5"
+    assert containers.publish_address({env: ""}) == ""  # the engine's default, on purpose
+    assert containers.publish_address({"TC_HOST": "localhost"}) == "127.0.0.1"
+    assert containers.publish_address({"TESTCONTAINERS_HOST_OVERRIDE": "127.0.0.1"}) == "127.0.0.1"
+    assert containers.publish_address({"TC_HOST": "::1"}) == "127.0.0.1"
+    # a remote engine, or the bridge's gateway seen from a container: the engine's default
+    assert containers.publish_address({"TC_HOST": "docker.example"}) == ""
+    assert containers.publish_address({"TC_HOST": "172.17.0.1"}) == ""

@@ -5,7 +5,7 @@
   that means ready (testcontainers, imported only when a container starts: the `testing` extra);
 - `worker.testing.management`: the RabbitMQ management API (vhosts, users, permissions), standard library;
 - `worker.testing.stack`: `LtmStack`, the services plus `worker migrate` and `worker run` processes, and a
-  confined shard user per test;
+  confined shard user per test (`LtmShard.client()`: the Python shard kit `contracts.shard` as that shard);
 - `worker.testing.seed`: bot rows for a try-out and events that name them;
 - `worker.testing.pytest_plugin`: the `ltm_stack` and `ltm_shard` fixtures (README "Testing your shard").
 """

@@ -11,6 +11,11 @@ testcontainers call that hangs is abandoned (the container it may still create i
 returns). Readiness is bounded by the caller's deadline, and a container that exits fails at once, with its
 log.
 
+**Ports** are published on 127.0.0.1 when the engine runs on this machine (testcontainers reaches it at a
+loopback address): a stock engine would publish them on every interface of the host. A remote engine, or tests
+inside a container, need the engine's default instead, which they get; `LTM_STACK_PUBLISH_ADDRESS` decides
+when set (an address, or empty for the engine's default).
+
 **Ryuk.** testcontainers starts its Ryuk container (`testcontainers/ryuk`) to remove containers left behind by
 a killed test run. Where that image cannot be pulled or run (no registry, rootless or restricted CI), set
 `TESTCONTAINERS_RYUK_DISABLED=true`: everything here removes its own containers (named `ltm-testing-*`,
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import ipaddress
 import os
 import secrets
 import threading
@@ -47,6 +54,7 @@ __all__ = [
     "RabbitmqServer",
     "RedisServer",
     "StartAbandoned",
+    "publish_address",
     "run_blocking",
     "seconds_from_env",
     "start_postgres",
@@ -57,6 +65,7 @@ __all__ = [
 T = TypeVar("T")
 
 START_TIMEOUT_ENV = "LTM_CONTAINER_START_TIMEOUT"
+PUBLISH_ADDRESS_ENV = "LTM_STACK_PUBLISH_ADDRESS"
 DEFAULT_START_TIMEOUT = 45.0
 LABEL = "org.tomoribot.ltm.testing"
 PROBE_TIMEOUT = 5.0
@@ -110,6 +119,34 @@ def seconds_from_env(name: str, default: float, environ: Mapping[str, str] | Non
 def start_timeout(environ: Mapping[str, str] | None = None) -> float:
     """`LTM_CONTAINER_START_TIMEOUT` in seconds (a positive number), else the default."""
     return seconds_from_env(START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT, environ)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def publish_address(environ: Mapping[str, str] | None = None) -> str:
+    """The host address to publish the containers' ports on: `LTM_STACK_PUBLISH_ADDRESS` when set (empty: the
+    engine's default); else 127.0.0.1 when testcontainers reaches the engine at a loopback address (TC_HOST,
+    TESTCONTAINERS_HOST_OVERRIDE, else its Docker client's host), else the engine's default (every interface
+    of the engine's host, where a remote engine's ports, or those seen from a container, are reached)."""
+    env = os.environ if environ is None else environ
+    if PUBLISH_ADDRESS_ENV in env:
+        return env[PUBLISH_ADDRESS_ENV].strip()
+    host = env.get("TC_HOST") or env.get("TESTCONTAINERS_HOST_OVERRIDE") or ""
+    if not host:
+        try:
+            from testcontainers.core.docker_client import DockerClient
+
+            host = str(DockerClient().host())
+        except Exception:
+            return ""
+    return "127.0.0.1" if _is_loopback(host) else ""
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -199,8 +236,10 @@ def run_container(
     environ: Mapping[str, str] | None = None,
     timeout: float | None = None,
     deadline: Deadline | None = None,
+    command: list[str] | None = None,
 ) -> Container:
-    """Pull (when missing), create and start `image` with `ports` published, within `timeout` seconds.
+    """Pull (when missing), create and start `image` with `ports` published (on :func:`publish_address`),
+    within `timeout` seconds; `command` replaces the image's.
 
     The start runs in a thread: testcontainers and docker-py wait as long as the engine does (a pull from a
     registry that hangs never returns), so after the bound the start is abandoned and an error raised; the
@@ -217,6 +256,13 @@ def run_container(
         .with_exposed_ports(*ports)
         .with_kwargs(labels={LABEL: image.service.lower()})
     )
+    address = publish_address(environ)
+    if address:
+        for port in ports:
+            # docker-py's (address, None): that address, a free port
+            handle.ports[str(port)] = (address, None)
+    if command is not None:
+        handle = handle.with_command(command)
     lock = threading.Lock()
     done = threading.Event()
     abandoned = False
@@ -332,9 +378,12 @@ def _started(
     deadline: Deadline,
     environ: Mapping[str, str] | None,
     ready: Callable[[Container], Callable[[], object]],
+    command: list[str] | None = None,
 ) -> Container:
     bound = min(start_timeout(environ), max(deadline.remaining(), 1.0))
-    container = run_container(image, ports=ports, env=env, environ=environ, timeout=bound, deadline=deadline)
+    container = run_container(
+        image, ports=ports, env=env, environ=environ, timeout=bound, deadline=deadline, command=command
+    )
     try:
         wait_until_ready(container, ready(container), deadline)
     except BaseException:
@@ -434,25 +483,52 @@ def start_rabbitmq(deadline: Deadline, *, environ: Mapping[str, str] | None = No
 
 @dataclass
 class RedisServer:
-    """A Redis container and its URL (database 0)."""
+    """A Redis container and its URL (database 0): without ACL users, the passwordless default user's; with
+    them, the first user's, and each user's in `user_urls`."""
 
     container: Container
     url: str
+    user_urls: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def url_for(self, user: str) -> str:
+        """The URL of ACL user `user` (with its password)."""
+        return self.user_urls[user]
 
     def stop(self) -> None:
         self.container.stop()
 
 
-def start_redis(deadline: Deadline, *, environ: Mapping[str, str] | None = None) -> RedisServer:
-    """Redis, ready once it answers PING."""
+def redis_command(users: Mapping[str, tuple[str, str]]) -> list[str]:
+    """`redis-server` with only these ACL users (name: (password, rules)), passwords given hashed, and the
+    passwordless `default` user off; the official image's other defaults stated (a command replaces them)."""
+    command = ["redis-server", "--bind", "*", "-::*", "--protected-mode", "no"]
+    command += ["--save", "", "--appendonly", "no", "--user", "default", "off"]
+    for name, (password, rules) in users.items():
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        command += ["--user", name, "on", f"#{digest}", *rules.split()]
+    return command
+
+
+def start_redis(
+    deadline: Deadline,
+    *,
+    environ: Mapping[str, str] | None = None,
+    users: Mapping[str, tuple[str, str]] | None = None,
+) -> RedisServer:
+    """Redis, ready once it answers PING (as the first of `users`, ACL users `name: (password, rules)`,
+    when given: then nobody else may connect)."""
     import redis
 
     urls: list[str] = []
+    user_urls: dict[str, str] = {}
 
     def ready(container: Container) -> Callable[[], object]:
         def probe() -> None:
             if not urls:
-                urls.append(f"redis://{container.address(6379)}/0")
+                address = container.address(6379)
+                for name, (password, _) in (users or {}).items():
+                    user_urls[name] = f"redis://{quote(name, safe='')}:{quote(password, safe='')}@{address}/0"
+                urls.append(next(iter(user_urls.values()), f"redis://{address}/0"))
             client = redis.Redis.from_url(
                 urls[0], socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
             )
@@ -464,5 +540,6 @@ def start_redis(deadline: Deadline, *, environ: Mapping[str, str] | None = None)
 
         return probe
 
-    container = _started(REDIS, (6379,), {}, deadline, environ, ready)
-    return RedisServer(container, urls[0])
+    command = None if users is None else redis_command(users)
+    container = _started(REDIS, (6379,), {}, deadline, environ, ready, command)
+    return RedisServer(container, urls[0], user_urls)

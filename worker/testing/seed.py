@@ -54,17 +54,22 @@ class TryOut:
             "issued_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
             "shard_id": shard_id,
             "arguments": arguments,
-            "context": {
-                "guild_disc_id": self.guild_disc_id,
-                "channel_disc_id": self.channel_disc_id,
-                "thread_id": None,
-                "triggering_user_disc_id": self.user_disc_id,
-                "bot_user_disc_id": self.bot_user_disc_id,
-                "persona_id": self.persona_id,
-                "reply_via": None,
-                "participants": [],
-                "guild_members": [],
-            },
+            "context": self.context(),
+        }
+
+    def context(self) -> dict[str, Any]:
+        """The event's ``context`` in this guild: its user triggers, to this persona (no participants or
+        members); what ``contracts.shard.LtmClient.create_memory(context=...)`` takes."""
+        return {
+            "guild_disc_id": self.guild_disc_id,
+            "channel_disc_id": self.channel_disc_id,
+            "thread_id": None,
+            "triggering_user_disc_id": self.user_disc_id,
+            "bot_user_disc_id": self.bot_user_disc_id,
+            "persona_id": self.persona_id,
+            "reply_via": None,
+            "participants": [],
+            "guild_members": [],
         }
 
 

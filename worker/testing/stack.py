@@ -2,7 +2,8 @@
 
 `LtmStack.start()` starts, against one deadline:
 
-1. Postgres, RabbitMQ (management image) and Redis in containers, concurrently (worker/testing/containers.py);
+1. Postgres, RabbitMQ (management image) and Redis in containers, concurrently (worker/testing/containers.py),
+   their ports on 127.0.0.1, Redis with the users of deploy/redis/users.acl (random passwords);
 2. the `worker` RabbitMQ user with the permissions of deploy/rabbitmq/definitions.json;
 3. `worker migrate` on the database `ltm`;
 4. one or more `worker run` processes of the installed package (`python -m worker run`), as that user.
@@ -13,9 +14,10 @@ worker. A start that does not get there in time raises `StackError` with the con
 logs.
 
 `stack.shard()` then makes a shard's RabbitMQ user `shard-<n>` with CONTRACT.md's permissions (its own two
-queues and routing key only) and returns what the shard needs: its AMQP URL, the Redis URL, the Postgres DSN,
-and `seed()` for a try-out's bot rows. Each call gets a new shard id, so tests sharing a stack never see each
-other's results or notices. `close()` stops the workers (SIGTERM) and removes the containers.
+queues and routing keys only) and returns what the shard needs: its AMQP URL, the Redis URL of the shards'
+Redis user (subscribe only), the Postgres DSN, `seed()` for a try-out's bot rows, and `client()`, the Python
+shard kit's `LtmClient` connected as that shard. Each call gets a new shard id, so tests sharing a stack never
+see each other's results or notices. `close()` stops the workers (SIGTERM) and removes the containers.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 from worker.testing.containers import (
@@ -55,9 +57,13 @@ from worker.testing.containers import (
 )
 from worker.testing.seed import TryOut, seed_try_out
 
+if TYPE_CHECKING:
+    from contracts.shard import LtmClient
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "EXCHANGES",
+    "REDIS_USER_RULES",
     "TIMEOUT_ENV",
     "WORKER_PERMISSIONS",
     "WORKER_TOPIC_PERMISSIONS",
@@ -96,6 +102,15 @@ WORKER_TOPIC_PERMISSIONS = (
 )
 
 
+#: The Redis users of deploy/redis/users.acl, their rules after the password (tests/unit keeps them in step):
+#: the worker may PUBLISH invalidations (PING and INFO for its probes and `worker check`), a shard may only
+#: SUBSCRIBE to them (and PING); neither may touch a key.
+REDIS_USER_RULES = {
+    "worker": "resetchannels &tomori:cache-invalidation resetkeys -@all +publish +ping +info",
+    "shard": "resetchannels &tomori:cache-invalidation resetkeys -@all +subscribe +ping",
+}
+
+
 def shard_permissions(shard_id: int) -> dict[str, str]:
     """What user `shard-<n>` may configure, write and read (CONTRACT.md section 2)."""
     own = rf"tomori\.shard\.{shard_id}\.(results|notifications)"
@@ -107,10 +122,12 @@ def shard_permissions(shard_id: int) -> dict[str, str]:
 
 
 def shard_topic_permissions(shard_id: int) -> list[dict[str, str]]:
-    """The routing keys `shard-<n>` may publish and bind: `tool.<name>` out, `shard.<n>` in."""
+    """The routing keys `shard-<n>` may publish and bind: `tool.<name>` and its own `tool.<name>.shard.<n>`
+    out, `shard.<n>` in (deploy/rabbitmq/shard_users.py writes the same)."""
     own = rf"^shard\.{shard_id}$"
+    tool_calls = rf"^tool\.[A-Za-z0-9_]+(\.shard\.{shard_id})?$"
     return [
-        {"exchange": "tomori.tool_calls", "write": r"^tool\.[A-Za-z0-9_]+$", "read": "^$"},
+        {"exchange": "tomori.tool_calls", "write": tool_calls, "read": "^$"},
         {"exchange": "tomori.tool_results", "write": "^$", "read": own},
         {"exchange": "tomori.notifications", "write": "^$", "read": own},
     ]
@@ -118,6 +135,11 @@ def shard_topic_permissions(shard_id: int) -> list[dict[str, str]]:
 
 class StackError(Exception):
     """The stack did not become ready in time (or a part of it failed); the message carries the logs."""
+
+
+def _redis_users() -> dict[str, tuple[str, str]]:
+    """deploy/redis/users.acl's users, each with a random password."""
+    return {name: (os.urandom(12).hex(), rules) for name, rules in REDIS_USER_RULES.items()}
 
 
 def stack_timeout(environ: Mapping[str, str] | None = None) -> float:
@@ -196,7 +218,8 @@ class WorkerProcess:
 @dataclass(frozen=True)
 class LtmShard:
     """What one shard of the bot needs to talk to the stack: its own RabbitMQ user and queues' names, the
-    Redis URL (cache invalidations) and the Postgres DSN (the bot tables)."""
+    Redis URL (cache invalidations, as the shards' Redis user: SUBSCRIBE and PING only) and the Postgres DSN
+    (the bot tables)."""
 
     shard_id: int
     amqp_url: str
@@ -217,6 +240,13 @@ class LtmShard:
         """A new guild with a persona and a user in the bot tables; `.event(...)` builds events that name
         them."""
         return await seed_try_out(self.postgres_dsn)
+
+    async def client(self, **options: Any) -> LtmClient:
+        """The Python shard kit's client (`contracts.shard.LtmClient`) connected as this shard; `options` are
+        its own (`on_notice`, `timeout`, ...). Use it as `async with await ltm_shard.client() as ltm:`."""
+        from contracts.shard import LtmClient
+
+        return await LtmClient.connect(self.amqp_url, self.shard_id, **options)
 
 
 @dataclass
@@ -241,7 +271,8 @@ class LtmStack:
 
     @property
     def redis_url(self) -> str:
-        return self.redis.url
+        """Redis as the shards' user (SUBSCRIBE to the invalidations, PING)."""
+        return self.redis.url_for("shard")
 
     @property
     def management(self) -> Any:
@@ -273,7 +304,7 @@ class LtmStack:
             futures: list[Future[Any]] = [
                 pool.submit(start_postgres, deadline, database=DATABASE, environ=environ),
                 pool.submit(start_rabbitmq, deadline, environ=environ),
-                pool.submit(start_redis, deadline, environ=environ),
+                pool.submit(start_redis, deadline, environ=environ, users=_redis_users()),
             ]
             # the first failure ends the others' waits: a missing image fails the start at once
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
@@ -318,7 +349,7 @@ class LtmStack:
             **os.environ,
             "LTM_POSTGRES_DSN": self.postgres.dsn,
             "LTM_RABBITMQ_URL": self.worker_amqp_url,
-            "LTM_REDIS_URL": self.redis.url,
+            "LTM_REDIS_URL": self.redis.url_for(WORKER_USER),
             **extra,
         }
         for name in ("LTM_POSTGRES_DSN_FILE", "LTM_RABBITMQ_URL_FILE", "LTM_REDIS_URL_FILE"):
@@ -429,7 +460,7 @@ class LtmStack:
         for grant in shard_topic_permissions(number):
             api.set_topic_permissions(VHOST, user, grant["exchange"], grant["write"], grant["read"])
         url = f"amqp://{quote(user, safe='')}:{password}@{self.rabbitmq.container.address(5672)}/"
-        return LtmShard(number, url, self.redis.url, self.postgres.dsn, user, password)
+        return LtmShard(number, url, self.redis_url, self.postgres.dsn, user, password)
 
     def release(self, shard: LtmShard) -> None:
         """Delete the shard's user and its two queues."""

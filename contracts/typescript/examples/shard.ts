@@ -26,7 +26,8 @@ const ltm = await LtmClient.connect({
 });
 
 const invalidations = await InvalidationSubscriber.start({
-  url: process.env.LTM_REDIS_URL ?? "redis://127.0.0.1:6379/0",
+  // the shards' Redis user (deploy/redis/users.acl): it may subscribe to the invalidations, nothing else
+  url: process.env.LTM_REDIS_URL ?? "redis://shard:shard-dev-password@127.0.0.1:6379/0",
   onServerState: (m) => caches.dropServer(m.server_disc_id),
   onUser: (m) => caches.dropUser(m.user_disc_id),
   onResubscribed: () => caches.dropAll(), // messages sent while Redis was away are gone

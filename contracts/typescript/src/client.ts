@@ -3,10 +3,12 @@ import { randomUUID } from "node:crypto";
 import * as amqp from "amqplib";
 
 import {
+  LtmBacklogFullError,
   LtmClientError,
   LtmClosedError,
   LtmEventTooLargeError,
-  LtmPublishRejectedError,
+  LtmIdentityError,
+  LtmPublishRefusedError,
   LtmTimeoutError,
   LtmUnroutableError,
 } from "./errors.js";
@@ -29,6 +31,25 @@ export function shardQueues(shardId: number): { results: string; notifications: 
     routingKey: `shard.${shardId}`,
   };
 }
+
+/** The worker's work queue (the default name; the worker's topology settings may rename it). */
+export const WORK_QUEUE = "ltm.create_memory";
+/** A shard's own work queue, which the workers bind to the shard's key once they have seen the shard. */
+export function shardWorkQueue(shardId: number): string {
+  return `${WORK_QUEUE}.shard.${shardId}`;
+}
+
+/**
+ * The routing keys of a tool's events: `tool.<name>` (version 1, bound to the common work queue) and the
+ * shard's own `tool.<name>.shard.<id>` (bound to `ltm.create_memory.shard.<id>` once the workers have seen the
+ * shard). See README.md "Routing keys".
+ */
+export function toolRoutingKeys(toolName: string, shardId: number): { common: string; perShard: string } {
+  return { common: `tool.${toolName}`, perShard: `tool.${toolName}.shard.${shardId}` };
+}
+
+/** How long the client uses `tool.<name>` after a per-shard publish came back unroutable (`perShardRetryMs`). */
+export const PER_SHARD_RETRY_MS = 30_000;
 
 /**
  * Default time a call waits for its result. The worker retries a transient fault 5 times with delays of
@@ -93,6 +114,21 @@ export interface LtmClientOptions {
   onBlocked?: (reason: string) => void;
   /** The block is over (or the connection it was on is gone): events flow again. Default: a warning. */
   onUnblocked?: () => void;
+  /**
+   * The AMQP `user_id` every event carries, so the worker knows which RabbitMQ user sent it (the broker refuses
+   * any other value than the connection's own user). Default: the user of `url`, percent-decoded (`guest` when
+   * the URL names none, as amqplib then logs in). A string names another user (a broker that authenticates
+   * the connection under another name than the URL's); `false` sends none, which a worker with
+   * `LTM_SHARD_IDENTITY=required` refuses. See README.md "Who sent an event".
+   */
+  userId?: string | false;
+  /**
+   * Publish with the shard's own routing key `tool.<name>.shard.<id>`, falling back to `tool.<name>` while no
+   * queue takes it (default true; README.md "Routing keys"). `false`: always `tool.<name>`.
+   */
+  perShardRouting?: boolean;
+  /** After a per-shard publish came back unroutable, how long to use `tool.<name>` before trying again (30 s). */
+  perShardRetryMs?: number;
 }
 
 export interface CreateMemoryRequest {
@@ -116,7 +152,11 @@ export interface CreateMemoryRequest {
 interface PendingCall {
   eventId: string;
   toolCallId: string;
+  toolName: string;
+  /** the key of the latest publish */
   routingKey: string;
+  /** which publish is the latest (a confirm or return of an earlier one is ignored) */
+  publication: number;
   body: Buffer;
   headers: Record<string, string>;
   /** the broker confirmed the publish: a reconnect needs no republish */
@@ -142,6 +182,17 @@ export class LtmClient {
   private readonly handling = new Set<Promise<void>>();
   private closed = false;
   private blockedSince: { reason: string; at: number } | null = null;
+  /** the AMQP user_id of every event, null for none */
+  private readonly userId: string | null;
+  private readonly perShardRouting: boolean;
+  private readonly perShardRetryMs: number;
+  /** until when (epoch ms) events go with `tool.<name>`: a per-shard publish came back unroutable */
+  private commonKeyUntil = 0;
+  /** RabbitMQ refused the per-shard key (a topic permission older than it): `tool.<name>` from then on */
+  private perShardRefused = false;
+  /** RabbitMQ refused the user_id (its text): every call fails at once */
+  private identityRefused: string | null = null;
+  private publications = 0;
 
   private constructor(readonly options: LtmClientOptions) {
     if (!Number.isSafeInteger(options.shardId) || options.shardId < 0) {
@@ -154,6 +205,9 @@ export class LtmClient {
     this.results = new SeenSet(capacity, ttlMs);
     this.notices = new SeenSet(capacity, ttlMs);
     this.timedOut = new SeenSet(capacity, ttlMs);
+    this.userId = options.userId === false ? null : (options.userId ?? userOfUrl(options.url));
+    this.perShardRouting = options.perShardRouting ?? true;
+    this.perShardRetryMs = options.perShardRetryMs ?? PER_SHARD_RETRY_MS;
   }
 
   /**
@@ -236,15 +290,34 @@ export class LtmClient {
     return this.publisher !== null;
   }
 
+  /** The AMQP `user_id` the events carry (null: none); see the `userId` option. */
+  get publishingAs(): string | null {
+    return this.userId;
+  }
+
+  /** The routing key the next event of `toolName` goes with (README.md "Routing keys"). */
+  routingKeyFor(toolName: ToolName | string = "create_long_term_memory"): string {
+    const keys = toolRoutingKeys(toolName, this.options.shardId);
+    const perShard = this.perShardRouting && !this.perShardRefused && Date.now() >= this.commonKeyUntil;
+    return perShard ? keys.perShard : keys.common;
+  }
+
   /**
    * Publish one tool-call event and resolve with its result. Rejects with LtmTimeoutError when no result
    * arrives in time (the memory may still be saved), LtmUnroutableError when nothing is bound to the
-   * routing key, LtmPublishRejectedError on a broker nack, LtmClosedError on `close()`, and at once with
-   * LtmEventTooLargeError for a body over 256 KiB.
+   * routing key, LtmBacklogFullError when the queue is at its bound (a broker nack), LtmIdentityError or
+   * LtmPublishRefusedError when RabbitMQ refuses the user_id or the routing key, LtmClosedError on `close()`,
+   * and at once with LtmEventTooLargeError for a body over 256 KiB.
+   *
+   * The notice (`onNotice`) and the invalidation may arrive before this promise resolves: they come on other
+   * queues and connections. Pass your own `eventId` to know it before the result.
    */
   createMemory(request: CreateMemoryRequest): Promise<ToolResult> {
     if (this.closed) return Promise.reject(new LtmClosedError(null));
     const eventId = request.eventId ?? randomUUID();
+    if (this.identityRefused !== null) {
+      return Promise.reject(new LtmIdentityError(eventId, this.userId ?? "", this.identityRefused));
+    }
     if (this.pending.has(eventId)) {
       return Promise.reject(new RangeError(`event ${eventId} is already waiting for its result`));
     }
@@ -266,7 +339,9 @@ export class LtmClient {
       const call: PendingCall = {
         eventId,
         toolCallId: request.toolCallId,
-        routingKey: `tool.${toolName}`,
+        toolName,
+        routingKey: this.routingKeyFor(toolName),
+        publication: 0,
         body,
         headers: request.traceparent === undefined ? {} : { traceparent: request.traceparent },
         confirmed: false,
@@ -377,6 +452,7 @@ export class LtmClient {
 
     const publisher = await model.createConfirmChannel();
     this.watch(model, publisher, "publisher");
+    publisher.on("error", (error: Error) => this.publisherRefused(error));
     publisher.on("return", (message: amqp.Message) => this.returned(message));
     this.publisher = publisher;
     // every event the broker has not confirmed goes again, with the same event id: the worker answers
@@ -401,7 +477,13 @@ export class LtmClient {
     });
   }
 
-  private publish(channel: amqp.ConfirmChannel, call: PendingCall): void {
+  /** Publish `call` (again) with `routingKey`, by default the key its tool's events go with now. */
+  private publish(channel: amqp.ConfirmChannel, call: PendingCall, routingKey = this.routingKeyFor(call.toolName)): void {
+    this.publications += 1;
+    const publication = this.publications;
+    call.publication = publication;
+    call.routingKey = routingKey;
+    call.confirmed = false;
     const options: amqp.Options.Publish = {
       mandatory: true,
       persistent: true,
@@ -410,16 +492,21 @@ export class LtmClient {
       correlationId: call.toolCallId,
       type: "tool_call.v1",
       headers: call.headers,
+      ...(this.userId === null ? {} : { userId: this.userId }),
     };
     try {
-      channel.publish(TOOL_CALLS_EXCHANGE, call.routingKey, call.body, options, (error: unknown) => {
-        if (this.pending.get(call.eventId) !== call) return; // answered, returned, timed out or closed
+      channel.publish(TOOL_CALLS_EXCHANGE, routingKey, call.body, options, (error: unknown) => {
+        // answered, returned, refused, timed out or closed; or published again since (a fallback)
+        if (this.pending.get(call.eventId) !== call || call.publication !== publication) return;
         if (error === null || error === undefined) {
           call.confirmed = true;
         } else if (error instanceof Error && error.message === "channel closed") {
           // no verdict: the next connection republishes it
         } else {
-          this.settle(call, new LtmPublishRejectedError(call.eventId));
+          // basic.nack: the queue it was routed to is at its bound (x-overflow reject-publish)
+          const perShard = this.isPerShardKey(routingKey);
+          const queue = perShard ? shardWorkQueue(this.options.shardId) : WORK_QUEUE;
+          this.settle(call, new LtmBacklogFullError(call.eventId, this.options.shardId, routingKey, queue, perShard));
         }
       });
     } catch (error) {
@@ -431,13 +518,85 @@ export class LtmClient {
     }
   }
 
-  /** basic.return: a mandatory publish that no queue took (it precedes the confirm). */
+  /**
+   * basic.return: a mandatory publish that no queue took (it precedes the confirm). With the shard's own key
+   * that means the workers have not bound its queue yet: the same message goes again with `tool.<name>` (safe:
+   * a returned message was enqueued nowhere), and so do the next events for `perShardRetryMs`.
+   */
   private returned(message: amqp.Message): void {
     const eventId = String(message.properties.messageId ?? "");
     const call = this.pending.get(eventId);
     if (call === undefined) return;
     const fields = message.fields as { routingKey?: string; replyText?: string };
-    this.settle(call, new LtmUnroutableError(eventId, fields.routingKey ?? call.routingKey, fields.replyText ?? "NO_ROUTE"));
+    const routingKey = fields.routingKey ?? call.routingKey;
+    if (routingKey !== call.routingKey) return; // an earlier publish of the call, already dealt with
+    const common = toolRoutingKeys(call.toolName, this.options.shardId).common;
+    if (!this.isPerShardKey(routingKey)) {
+      this.settle(call, new LtmUnroutableError(eventId, routingKey, fields.replyText ?? "NO_ROUTE"));
+      return;
+    }
+    const now = Date.now();
+    if (now >= this.commonKeyUntil) {
+      this.logger.debug("no queue takes this shard's own routing key yet; events go with tool.<name> for a while", {
+        routingKey,
+        retryInMs: this.perShardRetryMs,
+      });
+    }
+    this.commonKeyUntil = Math.max(this.commonKeyUntil, now + this.perShardRetryMs);
+    const publisher = this.publisher;
+    if (publisher !== null) {
+      this.publish(publisher, call, common);
+    } else {
+      // no channel: the next connection publishes it (with tool.<name>, within the window)
+      this.publications += 1;
+      call.publication = this.publications;
+      call.confirmed = false;
+    }
+  }
+
+  /**
+   * The publisher channel was closed by the broker. Two refusals are about the events themselves: a user_id
+   * that is not the connection's user (PRECONDITION_FAILED: every call fails, now and later), and a routing
+   * key the user's topic permission does not allow (ACCESS_REFUSED): for the per-shard key (a permission
+   * written before it existed) the client uses `tool.<name>` from then on, and the calls go again with it
+   * on the next connection; for `tool.<name>` the calls with that key fail. Any other close only reconnects.
+   */
+  private publisherRefused(error: Error): void {
+    const text = /with message "(.*)"$/s.exec(error.message)?.[1] ?? error.message;
+    if (/PRECONDITION_FAILED - user_id/.test(text)) {
+      this.identityRefused = text;
+      this.logger.error("RabbitMQ refused the events' user_id: set the userId option to the user it authenticates", {
+        userId: this.userId,
+        error: text,
+      });
+      for (const call of [...this.pending.values()]) {
+        if (!call.confirmed) this.settle(call, new LtmIdentityError(call.eventId, this.userId ?? "", text));
+      }
+      return;
+    }
+    const refused = /ACCESS_REFUSED - (?:write )?access to topic '([^']*)' in exchange '([^']*)'/.exec(text);
+    if (refused === null || refused[2] !== TOOL_CALLS_EXCHANGE) return;
+    const routingKey = refused[1] ?? "";
+    if (this.isPerShardKey(routingKey)) {
+      if (!this.perShardRefused) {
+        this.perShardRefused = true;
+        this.logger.warn(
+          "RabbitMQ refused this shard's own routing key (the user's topic permission on tomori.tool_calls predates it; " +
+            "deploy/rabbitmq/shard_users.py writes the new one): events go with tool.<name> until the client restarts",
+          { routingKey, error: text },
+        );
+      }
+      return;
+    }
+    for (const call of [...this.pending.values()]) {
+      if (!call.confirmed && call.routingKey === routingKey) {
+        this.settle(call, new LtmPublishRefusedError(call.eventId, routingKey, text));
+      }
+    }
+  }
+
+  private isPerShardKey(routingKey: string): boolean {
+    return routingKey.endsWith(`.shard.${this.options.shardId}`);
   }
 
   private expire(eventId: string, timeoutMs: number): void {
@@ -547,6 +706,17 @@ export class LtmClient {
     }
     this.notices.set(notification.event_id, true);
     await this.options.onNotice?.(notification);
+  }
+}
+
+/** The user amqplib logs in as for `url`: the URL's, percent-decoded, or `guest` when it names none. */
+export function userOfUrl(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.username === "" && parsed.password === "") return "guest";
+    return decodeURIComponent(parsed.username);
+  } catch {
+    return "guest";
   }
 }
 

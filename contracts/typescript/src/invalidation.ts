@@ -80,6 +80,9 @@ export class InvalidationSubscriber {
       // we subscribe ourselves on every "ready", so the resubscription is known to be done when
       // onResubscribed runs
       autoResubscribe: false,
+      // no INFO before subscribing: a shard's Redis user may run SUBSCRIBE and PING only (deploy/README.md "Redis
+      // users"), and ioredis's ready check would print a warning for the refused INFO on every connection
+      enableReadyCheck: false,
       maxRetriesPerRequest: null,
       retryStrategy: (attempt: number) => Math.round(Math.min(cap, 100 * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2)),
       // handed to tls.connect (a rediss:// URL turns TLS on by itself, verified against Node's CA store)

@@ -1,5 +1,5 @@
-// README.md "Testing your shard" / "### TypeScript": its code block, as written, type-checked against the built
-// package and run with `node --test` (it starts its own stack). Skipped without a Docker engine, unless
+// README.md "Testing your shard" / "### TypeScript": its code block, as written, compiled with the README's own
+// `npx tsc` flags against the built package and run with `node --test` (it starts its own stack). Skipped without a Docker engine, unless
 // LTM_REQUIRE_DOCKER=1 (CI), which makes that a failure.
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -24,13 +24,21 @@ export function readmeExample(readme: string): string {
   return block[1];
 }
 
+/** The flags of the README's `npx tsc ... --outDir build stack.test.ts` line (the same section), without the output and file. */
+export function readmeTscFlags(readme: string): string[] {
+  const line = /^npx tsc (.*) --outDir build stack\.test\.ts$/m.exec(readme);
+  assert.ok(line?.[1], 'no "npx tsc ... --outDir build stack.test.ts" line in the README');
+  return line[1].split(" ");
+}
+
 const problem = await containerEngineProblem();
 const required = process.env.LTM_REQUIRE_DOCKER === "1";
 const skip = problem !== null && !required ? `no Docker engine answers (${problem}); LTM_REQUIRE_DOCKER=1 makes this a failure` : false;
 
 test("README's TypeScript example of 'Testing your shard' type-checks and passes as written", { skip }, async (t) => {
   if (problem !== null) throw new Error(`LTM_REQUIRE_DOCKER=1, but no Docker engine answers: ${problem}`);
-  const example = readmeExample(readFileSync(join(REPO_ROOT, "README.md"), "utf8"));
+  const readme = readFileSync(join(REPO_ROOT, "README.md"), "utf8");
+  const example = readmeExample(readme);
   // inside the package, so "@tomoribot/ltm-client" and ".../testing" resolve to it through its exports (dist/)
   mkdirSync(join(PACKAGE_ROOT, "build"), { recursive: true });
   const dir = mkdtempSync(join(PACKAGE_ROOT, "build", "readme-"));
@@ -38,7 +46,7 @@ test("README's TypeScript example of 'Testing your shard' type-checks and passes
     const source = join(dir, "shard.test.ts");
     writeFileSync(source, example);
     const tsc = join(PACKAGE_ROOT, "node_modules/typescript/bin/tsc");
-    const flags = ["--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022", "--strict", "--types", "node", "--skipLibCheck"];
+    const flags = readmeTscFlags(readme); // the README's own compile line
     await run(process.execPath, [tsc, ...flags, "--rootDir", dir, "--outDir", dir, source], { cwd: PACKAGE_ROOT }).catch((error: { stdout?: string; message: string }) => {
       throw new Error(`the README example does not type-check: ${error.stdout ?? error.message}`);
     });

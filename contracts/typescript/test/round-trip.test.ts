@@ -27,11 +27,14 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
   try {
     await stack.worker();
     kit = await connectClient(stack.amqpUrl);
-    // a second queue on the events' exchange shows what the kit puts on the wire
+    // a second queue on the events' exchange shows what the kit puts on the wire (bound with the keys the worker
+    // binds: a wildcard would take the shard's own key, routed to no worker here, and nothing would come back)
     spy = await amqp.connect(stack.amqpUrl);
     const spyChannel = await spy.createChannel();
     const { queue } = await spyChannel.assertQueue("", { exclusive: true });
-    await spyChannel.bindQueue(queue, "tomori.tool_calls", "#");
+    for (const tool of ["create_long_term_memory", "remember_this_fact"]) {
+      await spyChannel.bindQueue(queue, "tomori.tool_calls", `tool.${tool}`);
+    }
     const published = new Inbox<amqp.ConsumeMessage>();
     await spyChannel.consume(queue, (m) => m && published.push(m), { noAck: true });
 
@@ -71,6 +74,7 @@ test("a server-wide and a personal save: typed results, one notice each, invalid
     assert.equal(wire.properties.deliveryMode, 2);
     assert.equal(wire.properties.correlationId, serverCall);
     assert.equal(wire.properties.type, "tool_call.v1");
+    assert.equal(wire.properties.userId, "guest"); // the URL's user
     assert.equal(wire.properties.headers?.traceparent, TRACEPARENT);
     const body = JSON.parse(wire.content.toString()) as Record<string, unknown>;
     assert.equal(body.event_id, server.event_id);

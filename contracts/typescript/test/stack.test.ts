@@ -3,12 +3,15 @@
 // Docker engine answers, unless LTM_REQUIRE_DOCKER=1 (CI), which makes that a failure. Prints the start and
 // reuse times as diagnostics (`# ...` lines).
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, test } from "node:test";
+import { pathToFileURL } from "node:url";
 
+import * as amqp from "amqplib";
+import { Redis } from "ioredis";
 import pg from "pg";
 
 import {
@@ -29,7 +32,7 @@ import {
   type LtmStack,
   WORKER_IMAGE,
 } from "../src/testing/index.js";
-import { Inbox, workerBin } from "./harness.js";
+import { Inbox, PACKAGE_ROOT, waitFor, workerBin } from "./harness.js";
 import { callId } from "./kit.js";
 
 const problem = await containerEngineProblem();
@@ -150,6 +153,115 @@ test("a second test reuses the stack: a shard and a guild of its own, its save a
     await bystander.close();
   }
   assert.equal(other.items.length, 0, "shard-0 got a notice of another shard's save");
+});
+
+test("what the stack exposes: ports on 127.0.0.1, no development password, Redis users that confine a shard, the shard's own key", { skip }, async () => {
+  engineOrFail();
+  const ltm = await stack();
+  // every port asked to be published on the loopback address (security review 4, N12: a stock engine publishes
+  // on every interface); the request, not the result, which an engine run with --ip 127.0.0.1 narrows anyway
+  const ports = execFileSync("docker", ["ps", "-q", "--filter", `label=${STACK_LABEL}=${ltm.id}`], { encoding: "utf8" })
+    .split("\n")
+    .filter((id) => id !== "")
+    .flatMap((id) => {
+      const info = JSON.parse(execFileSync("docker", ["inspect", "--format", "{{json .HostConfig.PortBindings}}", id], { encoding: "utf8" })) as Record<
+        string,
+        Array<{ HostIp: string; HostPort: string }> | null
+      >;
+      return Object.values(info).flatMap((bindings) => bindings ?? []);
+    });
+  assert.equal(ports.length, 4, JSON.stringify(ports)); // AMQP, management, Postgres, Redis
+  assert.deepEqual([...new Set(ports.map((p) => p.HostIp))], ["127.0.0.1"]);
+
+  // the definitions' development passwords do not log in; the stack's own do
+  const devUrl = new URL(ltm.amqpUrl);
+  assert.notEqual(devUrl.password, "shard-0-dev-password");
+  devUrl.password = "shard-0-dev-password";
+  await assert.rejects(amqp.connect(devUrl.toString()), /ACCESS[-_]REFUSED|403/);
+  const shard = await ltm.newShard();
+  assert.notEqual(new URL(shard.amqpUrl).password, `shard-${shard.shardId}-dev-password`);
+  assert.equal(shard.redisUrl, ltm.redisUrl);
+
+  // the shard's topic permission: tool.<name> and its own tool.<name>.shard.<id> (deploy/rabbitmq/shard_users.py's)
+  const admin = new URL(ltm.adminAmqpUrl);
+  const auth = Buffer.from(`${decodeURIComponent(admin.username)}:${decodeURIComponent(admin.password)}`).toString("base64");
+  const response = await fetch(`${ltm.managementUrl}/api/users/shard-${shard.shardId}/topic-permissions`, { headers: { authorization: `Basic ${auth}` } });
+  const topics = (await response.json()) as Array<{ exchange: string; write: string }>;
+  assert.equal(topics.find((t) => t.exchange === "tomori.tool_calls")?.write, `^tool\\.[A-Za-z0-9_]+(\\.shard\\.${shard.shardId})?$`);
+
+  // Redis: the shards' user subscribes and pings, and may neither publish nor read a key; no user, nothing
+  const redis = new Redis(ltm.redisUrl, { lazyConnect: true, enableReadyCheck: false, maxRetriesPerRequest: 0 });
+  try {
+    await redis.connect();
+    assert.equal(await redis.ping(), "PONG");
+    await assert.rejects(redis.publish("tomori:cache-invalidation", "{}"), /NOPERM/);
+    await assert.rejects(redis.get("any-key"), /NOPERM/);
+  } finally {
+    redis.disconnect();
+  }
+  const anonymousUrl = new URL(ltm.redisUrl);
+  anonymousUrl.username = "";
+  anonymousUrl.password = "";
+  const anonymous = new Redis(anonymousUrl.toString(), { lazyConnect: true, enableReadyCheck: false, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  const refusals: string[] = [];
+  anonymous.on("error", (error: Error) => refusals.push(error.message));
+  try {
+    // ioredis 6 opens with HELLO, which Redis refuses before a login: the connection fails
+    await assert.rejects(anonymous.connect().then(() => anonymous.ping()));
+    assert.ok(refusals.some((text) => /NOAUTH/.test(text)), refusals.join("; "));
+  } finally {
+    anonymous.disconnect();
+  }
+});
+
+test("a step that fails while the others still wait ends the start, and the process, at once (newcomer review 4, F3)", { skip }, async (t) => {
+  engineOrFail();
+  // a `worker` whose migrate fails at once: the Postgres step fails while RabbitMQ's is still waiting for its boot
+  mkdirSync(join(PACKAGE_ROOT, "build"), { recursive: true });
+  const dir = mkdtempSync(join(PACKAGE_ROOT, "build", "stack-fails-"));
+  const fake = join(dir, "worker");
+  writeFileSync(fake, `#!/bin/sh\necho "fake worker: migrate refuses" >&2\nexit 3\n`);
+  chmodSync(fake, 0o755);
+  // a shard's test process of its own: it must end by itself once the start has failed, long before the deadline
+  const script = join(dir, "start.mjs");
+  writeFileSync(
+    script,
+    `import { startLtmStack } from ${JSON.stringify(pathToFileURL(join(PACKAGE_ROOT, "build/src/testing/index.js")).href)};
+     const began = Date.now();
+     try {
+       await startLtmStack({ workerBin: ${JSON.stringify(fake)}, startTimeoutMs: 600_000 });
+       console.log(JSON.stringify({ started: true }));
+     } catch (error) {
+       console.log(JSON.stringify({ ms: Date.now() - began, step: error.step, stackId: error.stackId, message: error.message.split("\\n")[0] }));
+     }`,
+  );
+  try {
+    const child = spawn(process.execPath, [script], { stdio: ["ignore", "pipe", "inherit"] });
+    let output = "";
+    let reported = 0;
+    child.stdout.on("data", (chunk: Buffer) => {
+      output += chunk.toString();
+      reported ||= Date.now();
+    });
+    let code: number | null = null;
+    child.on("exit", (exit) => {
+      code = exit ?? -1;
+    });
+    try {
+      // the deadline of the start is 600 s: a process that lives on waits for it (before the fix, 104 s past the error)
+      await waitFor("the test process's exit", () => code !== null, 300_000);
+    } finally {
+      child.kill("SIGKILL");
+    }
+    const report = JSON.parse(output.trim()) as { ms: number; step: string; stackId: string; message: string };
+    assert.equal(code, 0);
+    assert.match(report.step, /Postgres/);
+    assert.match(report.message, /migrate exited with 3/);
+    t.diagnostic(`the start failed after ${report.ms} ms; the process exited ${Date.now() - reported} ms after that (or less)`);
+    assert.deepEqual(containersOf(report.stackId), [], "the failed start left containers behind");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test("a start that fails within its deadline: LtmStackStartError with the containers' and the worker's logs, nothing left", { skip }, async () => {

@@ -1,11 +1,15 @@
 // @tomoribot/ltm-client/testing without containers: its image defaults are the worker's (worker/testing/images.py),
-// the environment overrides them, and the package's main entry loads neither testcontainers nor pg.
+// the environment overrides them, the package's main entry loads neither testcontainers nor pg, the Redis users
+// are deploy/redis/users.acl's, and a `worker` that cannot be found fails the start before anything starts.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 
 import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, SERVICE_IMAGES, resolveImage } from "../src/testing/images.js";
+import { LtmStackStartError, REDIS_USER_RULES, findWorkerBin, startLtmStack } from "../src/testing/stack.js";
 import { PACKAGE_ROOT, REPO_ROOT } from "./harness.js";
 
 interface PythonImage {
@@ -67,4 +71,54 @@ test("the main entry loads neither testcontainers nor pg; the testing entry reso
   assert.deepEqual(before, { testcontainers: false, pg: false, client: "function" });
   // the check can see testcontainers once something loads it
   assert.deepEqual(after, { testcontainers: true, startLtmStack: "function" });
+});
+
+test("the stack's Redis users have the rules of deploy/redis/users.acl", () => {
+  const acl = readFileSync(join(REPO_ROOT, "deploy/redis/users.acl"), "utf8");
+  const rules = new Map<string, string>();
+  for (const line of acl.split("\n")) {
+    const match = /^user (\S+) on #[0-9a-f]{64} (.*)$/.exec(line.trim());
+    if (match?.[1] !== undefined && match[2] !== undefined) rules.set(match[1], match[2]);
+  }
+  assert.deepEqual(Object.fromEntries(rules), { ...REDIS_USER_RULES });
+  assert.match(acl, /^user default off$/m);
+});
+
+test("the worker is found: the option, LTM_WORKER_BIN, PATH, then .venv/bin/worker here or one directory up", () => {
+  const root = mkdtempSync(join(tmpdir(), "ltm-worker-bin-"));
+  try {
+    const make = (path: string) => {
+      mkdirSync(join(path, ".."), { recursive: true });
+      writeFileSync(path, "#!/bin/sh\n");
+      chmodSync(path, 0o755);
+      return path;
+    };
+    const shard = join(root, "shard");
+    const nested = join(shard, "test");
+    mkdirSync(nested, { recursive: true });
+    const onPath = make(join(root, "bin", "worker"));
+    const venv = make(join(shard, ".venv", "bin", "worker"));
+    const given = make(join(root, "given", "worker"));
+    assert.equal(findWorkerBin({ workerBin: given }, {}, shard), given);
+    assert.equal(findWorkerBin({}, { LTM_WORKER_BIN: given, PATH: join(root, "bin") }, shard), given);
+    assert.equal(findWorkerBin({}, { PATH: join(root, "bin") }, shard), onPath);
+    assert.equal(findWorkerBin({}, { PATH: "" }, shard), venv);
+    assert.equal(findWorkerBin({}, { PATH: "" }, nested), venv, "the shard's .venv from its test directory");
+    assert.throws(() => findWorkerBin({}, { PATH: "" }, root), /cannot find the LTM worker's `worker` executable: .*LTM_WORKER_BIN=\/path\/to\/that\/repository\/\.venv\/bin\/worker/);
+    assert.throws(() => findWorkerBin({}, { LTM_WORKER_BIN: join(root, "nothing") }, shard), /LTM_WORKER_BIN names .*nothing, which is not an executable file/);
+    writeFileSync(join(root, "plain"), "");
+    assert.throws(() => findWorkerBin({ workerBin: join(root, "plain") }, {}, shard), /the workerBin option names/);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+});
+
+test("a worker that cannot be found fails the start before any container or engine is asked for (newcomer review 4, F3 and F5)", async () => {
+  const error = await startLtmStack({ workerBin: "/nonexistent/ltm/worker", startTimeoutMs: 600_000 }).then(
+    () => assert.fail("the stack started without a worker"),
+    (e: unknown) => e,
+  );
+  assert.ok(error instanceof LtmStackStartError, String(error));
+  assert.equal(error.step, "finding the worker");
+  assert.match(error.message, /the workerBin option names \/nonexistent\/ltm\/worker, which is not an executable file/);
 });

@@ -2,9 +2,9 @@
 // testcontainers) and `worker run` processes, for a shard's own integration tests. See README.md "Testing".
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { createHash, randomBytes, randomInt } from "node:crypto";
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
+import { accessSync, closeSync, constants, existsSync, mkdtempSync, openSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { delimiter, dirname, join, resolve } from "node:path";
 import type { Readable } from "node:stream";
 
 import * as amqp from "amqplib";
@@ -25,7 +25,10 @@ export const DEFAULT_START_TIMEOUT_MS = 120_000;
 export interface LtmStackOptions {
   /** `worker run` processes to start (default 1) */
   workers?: number;
-  /** the `worker` executable; default LTM_WORKER_BIN, else `worker` on PATH */
+  /**
+   * the `worker` executable; default LTM_WORKER_BIN, else `worker` on PATH, else `.venv/bin/worker` in the
+   * current directory or one above it (README.md "Testing your shard")
+   */
   workerBin?: string;
   /**
    * Run the worker from its image instead of the installed package (`true`: LTM_WORKER_IMAGE, else `tomoribot-ltm-worker:dev`, what
@@ -38,13 +41,22 @@ export interface LtmStackOptions {
   images?: { postgres?: string; rabbitmq?: string; redis?: string };
   /** the one deadline of the whole start (default 120 s); its error carries every container's and worker's log */
   startTimeoutMs?: number;
+  /**
+   * The host address the containers' ports are published on. Default: `127.0.0.1` when the engine runs on this
+   * machine (testcontainers reaches it at a loopback address), else the engine's own default (every interface
+   * of the engine's host: a remote engine, or tests inside a container, reach the ports there). Also
+   * LTM_STACK_PUBLISH_ADDRESS; `""` asks for the engine's default.
+   */
+  publishAddress?: string;
 }
 
 /** A shard's own RabbitMQ user `shard-<id>`, with the permissions CONTRACT.md gives a shard. */
 export interface StackShard {
   shardId: number;
-  /** amqp://shard-<id>:shard-<id>-dev-password@host:port/ */
+  /** amqp://shard-<id>:<a random password>@127.0.0.1:port/ */
   amqpUrl: string;
+  /** the stack's Redis as the shards' user: SUBSCRIBE to the invalidations and PING, nothing else */
+  redisUrl: string;
 }
 
 /** The bot rows of a try-out, with Discord ids of its own (no other test's save touches them). */
@@ -67,9 +79,10 @@ export interface SeededWorld {
 export interface LtmStack {
   /** the stack's id (the value of the containers' `org.tomoribot.ltm.testing` label) */
   readonly id: string;
-  /** shard 0's URL, user `shard-0` of deploy/rabbitmq/definitions.json */
+  /** shard 0's URL, user `shard-0` of deploy/rabbitmq/definitions.json (with a random password) */
   readonly amqpUrl: string;
   readonly shardId: number;
+  /** Redis as the shards' user of deploy/redis/users.acl (random password): SUBSCRIBE to the invalidations, PING */
   readonly redisUrl: string;
   /** the migrated database, as its owner (for a test's own queries) */
   readonly postgresDsn: string;
@@ -108,9 +121,25 @@ export class LtmStackStartError extends Error {
 
 // ---------------------------------------------------------------------------------------------------------
 
-const SHARD_PASSWORD = (id: number): string => `shard-${id}-dev-password`;
-const WORKER_USER = { name: "worker", password: "worker-dev-password" }; // deploy/README.md's development password
+const WORKER_USER = "worker";
 const DATABASE = "tomoribot";
+
+/** A password nobody else knows (every user of a stack gets one; none of deploy/'s development passwords). */
+function newPassword(): string {
+  return randomBytes(12).toString("hex");
+}
+
+/** The invalidation channel of CONTRACT.md section 6. */
+const INVALIDATION_CHANNEL = "tomori:cache-invalidation";
+/**
+ * The Redis users of deploy/redis/users.acl, their rules after the password (test/testing-entry.test.ts keeps
+ * them equal to the file's): the worker may PUBLISH to the invalidation channel (and PING, INFO for its probes
+ * and `worker check`), a shard may only SUBSCRIBE to it (and PING); neither may touch a key.
+ */
+export const REDIS_USER_RULES = {
+  worker: `resetchannels &${INVALIDATION_CHANNEL} resetkeys -@all +publish +ping +info`,
+  shard: `resetchannels &${INVALIDATION_CHANNEL} resetkeys -@all +subscribe +ping`,
+} as const;
 const LOG_TAIL = 4_000;
 
 /** The tail of each source's output, kept for the error of a failed start and `logs()`. */
@@ -153,6 +182,9 @@ class LogBook {
 
 class Deadline {
   private readonly end: number;
+  private readonly abandonHooks: Array<() => void> = [];
+  /** another step failed: every wait on this deadline stops at its next look */
+  abandoned = false;
   constructor(readonly ms: number) {
     this.end = Date.now() + ms;
   }
@@ -161,6 +193,19 @@ class Deadline {
   }
   passed(): boolean {
     return Date.now() >= this.end;
+  }
+  abandon(): void {
+    if (this.abandoned) return;
+    this.abandoned = true;
+    for (const hook of this.abandonHooks.splice(0)) hook();
+  }
+  /** Run `hook` when the start is abandoned (kill a child process); returns the way to take it back. */
+  onAbandon(hook: () => void): () => void {
+    this.abandonHooks.push(hook);
+    return () => {
+      const at = this.abandonHooks.indexOf(hook);
+      if (at >= 0) this.abandonHooks.splice(at, 1);
+    };
   }
 }
 
@@ -171,10 +216,29 @@ function sleep(ms: number): Promise<void> {
 /** Thrown inside `until` to stop waiting at once (a worker that exited will not become ready). */
 class StopWaiting extends Error {}
 
+/**
+ * Steps that run at once: the first failure abandons the others (their waits stop at once), and this rejects
+ * with it only when every step has settled, so nothing of a failed start runs on (newcomer review 4, F3: a step
+ * still polling kept the process alive until the deadline).
+ */
+async function allOrAbandon(deadline: Deadline, steps: Array<Promise<unknown>>): Promise<void> {
+  let first: { error: unknown } | null = null;
+  await Promise.allSettled(
+    steps.map((step) =>
+      step.catch((error: unknown) => {
+        first ??= { error };
+        deadline.abandon();
+      }),
+    ),
+  );
+  if (first !== null) throw (first as { error: unknown }).error;
+}
+
 /** Retry `attempt` until it returns true (a thrown error counts as "not yet"); the last error in the failure. */
 async function until(what: string, deadline: Deadline, attempt: () => Promise<boolean>): Promise<void> {
   let last = "";
   for (;;) {
+    if (deadline.abandoned) throw new StopWaiting(`${what}: abandoned (another step failed)`);
     try {
       if (await attempt()) return;
     } catch (error) {
@@ -225,14 +289,31 @@ function passwordHash(password: string): string {
   return Buffer.concat([salt, digest]).toString("base64");
 }
 
-/** The user, permissions and topic permissions of `shard-<id>`: shard-0's of the definitions, renumbered. */
-function shardDefinitions(id: number): Record<string, unknown> {
+/**
+ * The definitions with a random password for each user: the development passwords of the file are published,
+ * so the stack gives none of them (security review 4, N12). Returns the definitions and each user's password.
+ */
+function definitionsWithPasswords(): { definitions: typeof RABBITMQ_DEFINITIONS; passwords: Record<string, string> } {
+  const passwords: Record<string, string> = {};
+  const users = RABBITMQ_DEFINITIONS.users.map((user) => {
+    const password = newPassword();
+    passwords[user.name] = password;
+    return { ...user, password_hash: passwordHash(password), hashing_algorithm: "rabbit_password_hashing_sha256" };
+  });
+  return { definitions: { ...RABBITMQ_DEFINITIONS, users }, passwords };
+}
+
+/**
+ * The user, permissions and topic permissions of `shard-<id>`: shard-0's of the definitions, renumbered (its
+ * topic permission on tomori.tool_calls is then `^tool\.[A-Za-z0-9_]+(\.shard\.<id>)?$`, deploy/rabbitmq/shard_users.py's).
+ */
+function shardDefinitions(id: number, password: string): Record<string, unknown> {
   const renumber = (text: string): string => text.replaceAll("shard\\.0", `shard\\.${id}`);
   const name = `shard-${id}`;
   const template = RABBITMQ_DEFINITIONS.users.find((u) => u.name === "shard-0");
   if (template === undefined) throw new Error("deploy/rabbitmq/definitions.json has no shard-0 user to copy");
   return {
-    users: [{ ...template, name, password_hash: passwordHash(SHARD_PASSWORD(id)), hashing_algorithm: "rabbit_password_hashing_sha256" }],
+    users: [{ ...template, name, password_hash: passwordHash(password), hashing_algorithm: "rabbit_password_hashing_sha256" }],
     permissions: RABBITMQ_DEFINITIONS.permissions
       .filter((p) => p.user === "shard-0")
       .map((p) => ({ ...p, user: name, configure: renumber(p.configure), write: renumber(p.write), read: renumber(p.read) })),
@@ -352,6 +433,8 @@ interface StackDescription {
   amqpPort: number;
   managementPort: number;
   rabbitAdmin: { user: string; password: string };
+  /** the RabbitMQ users' passwords (shard-0, worker, ...) */
+  passwords: Record<string, string>;
   postgresDsn: string;
   redisUrl: string;
 }
@@ -368,8 +451,13 @@ class RunningStack implements LtmStack {
   host = "127.0.0.1";
   amqpPort = 0;
   managementPort = 0;
-  postgresPassword = randomBytes(12).toString("hex");
-  rabbitAdmin = { user: "ltm-admin", password: randomBytes(12).toString("hex") };
+  postgresPassword = newPassword();
+  rabbitAdmin = { user: "ltm-admin", password: newPassword() };
+  /** the RabbitMQ users' passwords, set when the definitions are imported */
+  passwords: Record<string, string> = {};
+  /** the Redis users' passwords (deploy/redis/users.acl's users) */
+  redisPasswords = { worker: newPassword(), shard: newPassword() };
+  redisPort = 0;
   postgresDsn = "";
   redisUrl = "";
   pg: Pg | null = null;
@@ -380,7 +468,7 @@ class RunningStack implements LtmStack {
     return 0;
   }
   get amqpUrl(): string {
-    return urlWithCredentials(this.host, this.amqpPort, "shard-0", SHARD_PASSWORD(0));
+    return urlWithCredentials(this.host, this.amqpPort, "shard-0", this.passwords["shard-0"] ?? "");
   }
   get adminAmqpUrl(): string {
     return urlWithCredentials(this.host, this.amqpPort, this.rabbitAdmin.user, this.rabbitAdmin.password);
@@ -408,8 +496,9 @@ class RunningStack implements LtmStack {
   async newShard(shardId?: number): Promise<StackShard> {
     const id = shardId ?? randomInt(1_000, 2_000_000_000);
     if (!Number.isInteger(id) || id < 0 || id > 2_147_483_647) throw new RangeError(`shard id ${id}: an integer 0..2147483647`);
-    await this.importDefinitions(shardDefinitions(id));
-    return { shardId: id, amqpUrl: urlWithCredentials(this.host, this.amqpPort, `shard-${id}`, SHARD_PASSWORD(id)) };
+    const password = newPassword();
+    await this.importDefinitions(shardDefinitions(id, password));
+    return { shardId: id, amqpUrl: urlWithCredentials(this.host, this.amqpPort, `shard-${id}`, password), redisUrl: this.redisUrl };
   }
 
   async seed(): Promise<SeededWorld> {
@@ -464,8 +553,8 @@ class RunningStack implements LtmStack {
   }
 
   describe(): string {
-    const { id, host, amqpPort, managementPort, rabbitAdmin, postgresDsn, redisUrl } = this;
-    return JSON.stringify({ id, host, amqpPort, managementPort, rabbitAdmin, postgresDsn, redisUrl } satisfies StackDescription);
+    const { id, host, amqpPort, managementPort, rabbitAdmin, passwords, postgresDsn, redisUrl } = this;
+    return JSON.stringify({ id, host, amqpPort, managementPort, rabbitAdmin, passwords, postgresDsn, redisUrl } satisfies StackDescription);
   }
 
   async stop(): Promise<void> {
@@ -516,16 +605,16 @@ class RunningStack implements LtmStack {
 
 /**
  * Start the stack: RabbitMQ with deploy/rabbitmq/definitions.json (the contract's topology and users), Postgres
- * migrated with `worker migrate`, Redis, and `options.workers` `worker run` consuming. Resolves once each is ready
- * (an AMQP connection as shard-0 finds the exchanges, a query is answered, PING, the workers consume the events
- * queue); rejects with LtmStackStartError (with every log) when that takes longer than `startTimeoutMs`, after
- * removing what it started.
+ * migrated with `worker migrate`, Redis with the users of deploy/redis/users.acl, and `options.workers`
+ * `worker run` consuming. Resolves once each is ready (an AMQP connection as shard-0 finds the exchanges, a
+ * query is answered, PING, the workers consume the events queue); rejects with LtmStackStartError (with every
+ * log) when that takes longer than `startTimeoutMs`, or a step fails, after removing what it started.
  */
 export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
   const deadline = new Deadline(options.startTimeoutMs ?? DEFAULT_START_TIMEOUT_MS);
   const stack = new RunningStack();
   process.on("exit", stack.exitHook);
-  let step = "loading testcontainers and pg";
+  let step = "finding the worker";
   const started = Date.now();
   let failedStep: string | null = null; // the first step that failed (the three services' steps run at once)
   const timed = async <T>(name: string, body: () => Promise<T>): Promise<T> => {
@@ -541,20 +630,26 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
     }
   };
   try {
+    const workerImage = options.workerImage === true ? process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE : options.workerImage || null;
+    // before any container: a missing `worker` fails in milliseconds, not after the services started
+    const workerBin = workerImage === null ? findWorkerBin(options) : null;
+    step = "loading testcontainers and pg";
     const tc = await optionalPeer<Testcontainers>("testcontainers");
     stack.tc = tc;
     const pgModule = await optionalPeer<{ default: Pg }>("pg");
     stack.pg = pgModule.default;
-    const workerImage = options.workerImage === true ? process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE : options.workerImage || null;
     if (workerImage !== null) stack.network = await new tc.Network().start();
+    const publishAddress = await publishAddressOf(tc, options);
+    const Container = withPublishAddress(tc, publishAddress);
 
     const images = {
       rabbitmq: options.images?.rabbitmq ?? resolveImage(RABBITMQ_IMAGE),
       postgres: options.images?.postgres ?? resolveImage(POSTGRES_IMAGE),
       redis: options.images?.redis ?? resolveImage(REDIS_IMAGE),
     };
-    const container = (which: ServiceImage, image: string, alias: string) => {
-      let c = new tc.GenericContainer(image)
+    const container = (which: ServiceImage, image: string, alias: string, ports: number[]) => {
+      let c = new Container(image)
+        .withPorts(...ports)
         .withName(`${stack.id}-${alias}`)
         .withLabels({ [STACK_LABEL]: stack.id })
         .withLogConsumer(stack.book.consumer(`${which.service} (${image})`))
@@ -578,24 +673,22 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
         startOne(
           RABBITMQ_IMAGE,
           images.rabbitmq,
-          container(RABBITMQ_IMAGE, images.rabbitmq, "rabbitmq")
+          container(RABBITMQ_IMAGE, images.rabbitmq, "rabbitmq", [5672, 15672])
             .withEnvironment({ RABBITMQ_DEFAULT_USER: stack.rabbitAdmin.user, RABBITMQ_DEFAULT_PASS: stack.rabbitAdmin.password })
-            .withExposedPorts(5672, 15672)
             .withWaitStrategy(tc.Wait.forLogMessage(/Server startup complete/)),
         ),
         startOne(
           POSTGRES_IMAGE,
           images.postgres,
-          container(POSTGRES_IMAGE, images.postgres, "postgres")
+          container(POSTGRES_IMAGE, images.postgres, "postgres", [5432])
             .withEnvironment({ POSTGRES_PASSWORD: stack.postgresPassword, POSTGRES_DB: DATABASE })
-            .withExposedPorts(5432)
             .withWaitStrategy(tc.Wait.forLogMessage(/ready to accept connections/)),
         ),
         startOne(
           REDIS_IMAGE,
           images.redis,
-          container(REDIS_IMAGE, images.redis, "redis")
-            .withExposedPorts(6379)
+          container(REDIS_IMAGE, images.redis, "redis", [6379])
+            .withCommand(redisCommand(stack.redisPasswords))
             .withWaitStrategy(tc.Wait.forLogMessage(/Ready to accept connections/)),
         ),
       ]);
@@ -612,12 +705,15 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
     stack.amqpPort = rabbit.getMappedPort(5672);
     stack.managementPort = rabbit.getMappedPort(15672);
     stack.postgresDsn = `postgresql://postgres:${stack.postgresPassword}@${stack.host}:${postgres.getMappedPort(5432)}/${DATABASE}`;
-    stack.redisUrl = `redis://${stack.host}:${redis.getMappedPort(6379)}/0`;
+    stack.redisPort = redis.getMappedPort(6379);
+    stack.redisUrl = redisUrl(stack.host, stack.redisPort, "shard", stack.redisPasswords.shard);
 
-    await Promise.all([
+    await allOrAbandon(deadline, [
       timed("RabbitMQ: definitions imported, topology seen as shard-0", async () => {
         await until(`RabbitMQ's management API (${stack.managementUrl})`, deadline, async () => (await stack.management("GET", "/api/overview")).ok);
-        await stack.importDefinitions(RABBITMQ_DEFINITIONS);
+        const { definitions, passwords } = definitionsWithPasswords();
+        await stack.importDefinitions(definitions);
+        stack.passwords = passwords;
         await until("the contract's exchanges, as shard-0 over AMQP", deadline, async () => {
           const connection = await amqp.connect(stack.amqpUrl, { timeout: 5_000 });
           try {
@@ -642,11 +738,17 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
             await db.end().catch(() => {});
           }
         });
-        await migrate(stack, options, workerImage, tc, deadline);
+        await migrate(stack, options, workerImage, workerBin, tc, deadline);
       }),
-      timed("Redis: PING", async () => {
+      timed("Redis: PING as the shards' user", async () => {
         await until("PONG from Redis", deadline, async () => {
-          const client = new Redis(stack.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 5_000 });
+          const client = new Redis(stack.redisUrl, {
+            lazyConnect: true,
+            enableReadyCheck: false, // the shards' user may not run INFO
+            maxRetriesPerRequest: 0,
+            retryStrategy: () => null,
+            connectTimeout: 5_000,
+          });
           client.on("error", () => {});
           try {
             await client.connect();
@@ -667,7 +769,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
           const logPath = join(stack.dir, `${name}.log`);
           const source = `${name} (worker run)`;
           stack.book.file(source, logPath);
-          stack.workers.push(new WorkerProcess(name, source, workerBinOf(options), workerEnv(stack, options, false), logPath));
+          stack.workers.push(new WorkerProcess(name, source, workerBin ?? "worker", workerEnv(stack, options, false), logPath));
         } else {
           const source = `${name} (${workerImage})`;
           const c = await new tc.GenericContainer(workerImage)
@@ -703,6 +805,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
     stack.timings.total = Date.now() - started;
     return stack;
   } catch (error) {
+    deadline.abandon();
     const reason = error instanceof Error ? error.message : String(error);
     step = failedStep ?? step;
     const logs = stack.logs();
@@ -716,56 +819,159 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
   }
 }
 
-function workerBinOf(options: LtmStackOptions): string {
-  return options.workerBin ?? process.env.LTM_WORKER_BIN ?? "worker";
+/** Is `path` a file this process may execute? */
+function executable(path: string): boolean {
+  try {
+    accessSync(path, constants.X_OK);
+    return statSync(path).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The `worker` executable: the workerBin option, else LTM_WORKER_BIN, else `worker` on PATH, else
+ * `.venv/bin/worker` in the current directory or the one above it (a shard that installed the worker's package
+ * into its own virtual environment). Throws, saying where it looked and what to do, when none is there.
+ */
+export function findWorkerBin(options: Pick<LtmStackOptions, "workerBin"> = {}, env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): string {
+  const given = options.workerBin ?? env.LTM_WORKER_BIN?.trim();
+  if (given) {
+    const path = given.includes("/") ? resolve(cwd, given) : onPath(given, env);
+    if (path !== null && executable(path)) return path;
+    const source = options.workerBin !== undefined ? "the workerBin option" : "LTM_WORKER_BIN";
+    throw new Error(`${source} names ${given}, which is not an executable file: give the path of the worker's \`worker\` (e.g. /path/to/worker-repository/.venv/bin/worker)`);
+  }
+  const found = onPath("worker", env);
+  if (found !== null) return found;
+  const venvs = [cwd, dirname(cwd)].map((dir) => join(dir, ".venv", "bin", "worker"));
+  const venv = venvs.find(executable);
+  if (venv !== undefined) return venv;
+  throw new Error(
+    "cannot find the LTM worker's `worker` executable: no workerBin option, LTM_WORKER_BIN not set, no `worker` on " +
+      `PATH, no ${venvs.join(" or ")}. Install the worker's package (in its repository: python3 -m venv .venv && ` +
+      ".venv/bin/pip install -e .) and run the tests with LTM_WORKER_BIN=/path/to/that/repository/.venv/bin/worker",
+  );
+}
+
+function onPath(name: string, env: NodeJS.ProcessEnv): string | null {
+  for (const dir of (env.PATH ?? "").split(delimiter)) {
+    if (dir === "") continue;
+    const path = join(dir, name);
+    if (executable(path)) return path;
+  }
+  return null;
+}
+
+/** The publish address of the options, the environment, or by where the engine is (see `publishAddress`). */
+async function publishAddressOf(tc: Testcontainers, options: LtmStackOptions): Promise<string> {
+  const chosen = options.publishAddress ?? process.env.LTM_STACK_PUBLISH_ADDRESS;
+  if (chosen !== undefined) return chosen.trim();
+  const host = process.env.TESTCONTAINERS_HOST_OVERRIDE?.trim() || (await tc.getContainerRuntimeClient()).info.containerRuntime.host;
+  return isLoopback(host) ? "127.0.0.1" : "";
+}
+
+function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || host === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/**
+ * testcontainers' GenericContainer that publishes its ports on `address` (testcontainers itself publishes on
+ * every interface of the engine's host, which a stock engine opens to the network: security review 4, N12).
+ */
+function withPublishAddress(tc: Testcontainers, address: string) {
+  return class extends tc.GenericContainer {
+    withPorts(...ports: number[]): this {
+      this.withExposedPorts(...ports);
+      if (address !== "") {
+        const bindings = { ...this.hostConfig.PortBindings };
+        for (const port of ports) bindings[`${port}/tcp`] = [{ HostIp: address, HostPort: "0" }];
+        this.hostConfig.PortBindings = bindings;
+      }
+      return this;
+    }
+  };
+}
+
+/** The Redis server's command: the users of deploy/redis/users.acl (hashed passwords), nobody else. */
+function redisCommand(passwords: { worker: string; shard: string }): string[] {
+  const hash = (password: string) => `#${createHash("sha256").update(password, "utf8").digest("hex")}`;
+  const user = (name: keyof typeof REDIS_USER_RULES) => ["--user", name, "on", hash(passwords[name]), ...REDIS_USER_RULES[name].split(" ")];
+  return [
+    "redis-server",
+    // the official image's defaults, stated (a command replaces the image's): every interface of the container
+    // (its port is published on the host's loopback), no persistence
+    "--bind", "*", "-::*",
+    "--protected-mode", "no",
+    "--save", "",
+    "--appendonly", "no",
+    "--user", "default", "off",
+    ...user("worker"),
+    ...user("shard"),
+  ];
+}
+
+function redisUrl(host: string, port: number | string, user: string, password: string): string {
+  return `redis://${encodeURIComponent(user)}:${encodeURIComponent(password)}@${host}:${port}/0`;
 }
 
 /** The environment of `worker run`/`migrate`: the stack's services (by alias inside the network). */
 function workerEnv(stack: RunningStack, options: LtmStackOptions, inNetwork: boolean): NodeJS.ProcessEnv {
+  const password = stack.passwords[WORKER_USER] ?? "";
   const services = inNetwork
     ? {
         LTM_POSTGRES_DSN: `postgresql://postgres:${stack.postgresPassword}@postgres:5432/${DATABASE}`,
-        LTM_RABBITMQ_URL: `amqp://${WORKER_USER.name}:${WORKER_USER.password}@rabbitmq:5672/`,
-        LTM_REDIS_URL: "redis://redis:6379/0",
+        LTM_RABBITMQ_URL: urlWithCredentials("rabbitmq", 5672, WORKER_USER, password),
+        LTM_REDIS_URL: redisUrl("redis", 6379, WORKER_USER, stack.redisPasswords.worker),
       }
     : {
         LTM_POSTGRES_DSN: stack.postgresDsn,
-        LTM_RABBITMQ_URL: urlWithCredentials(stack.host, stack.amqpPort, WORKER_USER.name, WORKER_USER.password),
-        LTM_REDIS_URL: stack.redisUrl,
+        LTM_RABBITMQ_URL: urlWithCredentials(stack.host, stack.amqpPort, WORKER_USER, password),
+        LTM_REDIS_URL: redisUrl(stack.host, stack.redisPort, WORKER_USER, stack.redisPasswords.worker),
       };
   const base: NodeJS.ProcessEnv = inNetwork ? {} : { PATH: process.env.PATH, HOME: process.env.HOME };
   return { ...base, ...services, LTM_LOG_FORMAT: "json", ...options.workerEnv };
 }
 
-async function migrate(stack: RunningStack, options: LtmStackOptions, workerImage: string | null, tc: Testcontainers, deadline: Deadline): Promise<void> {
-  if (workerImage !== null) {
-    await new tc.GenericContainer(workerImage)
+async function migrate(
+  stack: RunningStack,
+  options: LtmStackOptions,
+  workerImage: string | null,
+  bin: string | null,
+  tc: Testcontainers,
+  deadline: Deadline,
+): Promise<void> {
+  if (workerImage !== null || bin === null) {
+    const image = workerImage ?? WORKER_IMAGE;
+    await new tc.GenericContainer(image)
       .withName(`${stack.id}-migrate`)
       .withLabels({ [STACK_LABEL]: stack.id })
       .withNetwork(stack.network!)
       .withEnvironment(workerEnv(stack, options, true) as Record<string, string>)
       .withCommand(["migrate"])
-      .withLogConsumer(stack.book.consumer(`worker migrate (${workerImage})`))
+      .withLogConsumer(stack.book.consumer(`worker migrate (${image})`))
       .withWaitStrategy(tc.Wait.forOneShotStartup())
       .withStartupTimeout(Math.max(1_000, deadline.left()))
       .start()
       .then((done) => done.stop({ remove: true, removeVolumes: true }));
     return;
   }
-  const bin = workerBinOf(options);
   await new Promise<void>((done, fail) => {
     const child = spawn(bin, ["migrate"], { env: workerEnv(stack, options, false), stdio: ["ignore", "pipe", "pipe"] });
     const timer = setTimeout(() => child.kill("SIGKILL"), Math.max(1_000, deadline.left()));
+    const forget = deadline.onAbandon(() => child.kill("SIGKILL"));
     child.stdout.on("data", (d: Buffer) => stack.book.add("worker migrate", d.toString()));
     child.stderr.on("data", (d: Buffer) => stack.book.add("worker migrate", d.toString()));
     child.on("error", (error) => {
       clearTimeout(timer);
+      forget();
       fail(new Error(`cannot run ${bin} (set LTM_WORKER_BIN or the workerBin option): ${error.message}`));
     });
     child.on("exit", (code, signal) => {
       clearTimeout(timer);
+      forget();
       if (code === 0) done();
-      else fail(new Error(`${bin} migrate exited with ${code ?? signal}`));
+      else fail(new Error(deadline.abandoned ? `${bin} migrate stopped: another step failed` : `${bin} migrate exited with ${code ?? signal}`));
     });
   });
 }
