@@ -87,15 +87,16 @@ LOG_TAIL = 40
 # The worker's grants in deploy/rabbitmq/definitions.json (tests/unit keeps the two in step).
 WORKER_PERMISSIONS = {
     "configure": r"^(tomori\.(tool_calls|tool_results|notifications|dead_letter)"
-    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+)?)$",
-    "write": r"^(tomori\.(tool_results|notifications|dead_letter)|amq\.default|ltm\.create_memory(\.dlq)?)$",
-    "read": r"^(tomori\.(tool_calls|dead_letter)|ltm\.create_memory(\.dlq|\.retry\.[0-9]+)?)$",
+    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
+    "write": r"^(tomori\.(tool_results|notifications|dead_letter)|amq\.default"
+    r"|ltm\.create_memory(\.dlq|\.shard\.[0-9]+)?)$",
+    "read": r"^(tomori\.(tool_calls|dead_letter)|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
 }
 WORKER_TOPIC_PERMISSIONS = (
     {
         "exchange": "tomori.tool_calls",
         "write": "^$",
-        "read": r"^tool\.(create_long_term_memory|remember_this_fact)$",
+        "read": r"^tool\.(create_long_term_memory|remember_this_fact)(\.shard\.[0-9]+)?$",
     },
     {"exchange": "tomori.tool_results", "write": r"^shard\.[0-9]+$", "read": "^$"},
     {"exchange": "tomori.notifications", "write": r"^shard\.[0-9]+$", "read": "^$"},
