@@ -90,7 +90,8 @@ WORKER_PERMISSIONS = {
     r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
     "write": r"^(tomori\.(tool_results|notifications|dead_letter)|amq\.default"
     r"|ltm\.create_memory(\.dlq|\.shard\.[0-9]+)?)$",
-    "read": r"^(tomori\.(tool_calls|dead_letter)|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
+    "read": r"^(tomori\.(tool_calls|dead_letter)"
+    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
 }
 WORKER_TOPIC_PERMISSIONS = (
     {
