@@ -31,6 +31,7 @@ from worker.observability.http_server import HealthServer
 from worker.observability.metrics import Metrics
 from worker.observability.probes import InvalidSetting, Readiness, migrations_problem, probe
 from worker.observability.sampler import Sampler, sampled_queues
+from worker.observability.shards import ActivityRecorder
 from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import EventTracer, create_tracer
 from worker.redact import describe
@@ -154,6 +155,10 @@ async def open_services(
         )
         outbox.start()
         stack.push_async_callback(outbox.close)
+        # what this worker sees of each shard, for `worker shards` (no Prometheus needed)
+        recorder = ActivityRecorder(pool, metrics.activity, settings.metrics_interval_seconds)
+        recorder.start()
+        stack.push_async_callback(recorder.close)
         policy = RetryPolicy(
             settings.retry_max_attempts, settings.retry_base_delay_ms, settings.retry_max_delay_ms
         )

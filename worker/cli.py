@@ -121,6 +121,20 @@ def _parser() -> argparse.ArgumentParser:
         help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one answering "
         "node is enough, as it is for the worker; the others are warnings)",
     )
+    shards = commands.add_parser(
+        "shards",
+        help="who is loud: each shard's events in, answered, waiting and wait, and its share of the backlog",
+        description="Add up what every worker recorded of every shard over the last minutes (Postgres: "
+        "ltm_shard_activity, written every LTM_METRICS_INTERVAL_SECONDS) and how many events wait in each "
+        "shard's own queue and in the common one (RabbitMQ). Loudest first; the same as the per-shard "
+        'metrics, without Prometheus (README "Fair shares"). Exit 0, or 1 when neither Postgres nor '
+        "RabbitMQ answered.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_setting_options(shards, "postgres_dsn", "rabbitmq_url")
+    shards.add_argument("--minutes", type=float, default=15.0, help="how far back to add up (15)")
+    shards.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     from worker.ops.dlq.cli import add_dlq_parser
 
     add_dlq_parser(commands, add_setting_options)
@@ -209,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             return _settings_refused("dlq", problem)
         return run_dlq(args, settings)
+    if args.command == "shards":
+        from worker.ops.shards import run_shards
+
+        problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
+        if problems:
+            return _settings_refused("shards", "; ".join(problems.values()))
+        return run_shards(settings, minutes=args.minutes, json_output=args.json)
     if args.command == "demo":
         from worker.ops.demo import run_demo
 

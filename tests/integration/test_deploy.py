@@ -663,6 +663,9 @@ async def test_worker_demo_send_as_the_shipped_shard_0_user_gets_its_save_answer
             postgres_dsn=migrated_dsn,
             redis_url=redis_url,
             log_format="json",
+            # the shipped manifests' identity check, with the users renamed `<name>-<suffix>` here
+            shard_identity="required",
+            shard_user="shard-{shard_id}-" + deployed.vhost.removeprefix("ltm-deploy-"),
         )
         seeded = await asyncio.to_thread(worker_demo, env, "seed")
         assert seeded.returncode == 0, seeded.stdout + seeded.stderr

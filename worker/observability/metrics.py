@@ -39,6 +39,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from worker.observability.shards import ShardActivity
+
 DEPENDENCIES = ("rabbitmq", "postgres", "redis")
 #: an event's age spans milliseconds (a idle worker) to hours (a replay from the DLQ)
 AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 14400)
@@ -210,6 +212,8 @@ class Metrics:
         )
         #: each per-shard metric's series by shard id, looked up once (the hot path asks per event)
         self._series: dict[tuple[int, int], Any] = {}
+        #: the same per-shard counts for `worker shards`, written to Postgres (worker/observability/shards.py)
+        self.activity = ShardActivity(SHARD_WAIT_BUCKETS)
 
     def _of(self, metric: Any, shard_id: int) -> Any:
         key = (id(metric), shard_id)
@@ -220,14 +224,17 @@ class Metrics:
 
     def shard_received(self, shard_id: int) -> None:
         self._of(self.shard_events_received, shard_id).inc()
+        self.activity.received(shard_id)
 
     def shard_answered(self, shard_id: int) -> None:
         self._of(self.shard_events_answered, shard_id).inc()
+        self.activity.answered(shard_id)
 
     def shard_held(self, key: object, count: int) -> None:
         """The events of shard ``key`` this worker holds changed to ``count`` (other keys: no shard)."""
         if isinstance(key, int):
             self._of(self.shard_events_held, key).set(count)
+            self.activity.held(key, count)
 
     def shard_moved(self, shard_id: int) -> None:
         self._of(self.shard_events_moved, shard_id).inc()
@@ -257,6 +264,7 @@ class Metrics:
         self.queue_wait.observe(waited)
         if shard_id is not None:
             self._of(self.shard_wait, shard_id).observe(waited)
+            self.activity.waited(shard_id, waited)
 
     def observe_answered(self, issued_at: datetime, now: datetime | None = None) -> None:
         """``ltm_event_age_seconds`` for an event whose answer was just acked."""

@@ -294,3 +294,86 @@ async def registered_shards(conn: asyncpg.Connection | asyncpg.Pool) -> list[int
     """Every shard with a queue of its own, in order."""
     rows = await conn.fetch("SELECT shard_id FROM ltm_shard_queues ORDER BY shard_id")
     return [row["shard_id"] for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityRow:
+    """What one worker saw of one shard in one interval (``ltm_shard_activity``)."""
+
+    shard_id: int
+    received: int
+    answered: int
+    held: int
+    #: events per wait bucket (the last one: longer than the last bound)
+    wait_counts: list[int]
+
+
+#: how long ``ltm_shard_activity`` keeps a row
+ACTIVITY_KEPT = "1 hour"
+
+
+async def write_shard_activity(
+    conn: asyncpg.Connection | asyncpg.Pool, worker: str, rows: Sequence[ActivityRow]
+) -> None:
+    """One row per shard of ``rows``, stamped now, for ``worker``."""
+    await conn.execute(
+        "INSERT INTO ltm_shard_activity (sampled_at, worker, shard_id, received, answered, held, wait_counts)"
+        " SELECT now(), $1, r.shard_id, r.received, r.answered, r.held,"
+        " ARRAY(SELECT jsonb_array_elements_text(r.wait_counts)::integer)"
+        " FROM jsonb_to_recordset($2::jsonb)"
+        " AS r(shard_id integer, received integer, answered integer, held integer, wait_counts jsonb)",
+        worker,
+        orjson.dumps(
+            [
+                {
+                    "shard_id": row.shard_id,
+                    "received": row.received,
+                    "answered": row.answered,
+                    "held": row.held,
+                    "wait_counts": row.wait_counts,
+                }
+                for row in rows
+            ]
+        ).decode(),
+    )
+
+
+async def forget_shard_activity(conn: asyncpg.Connection | asyncpg.Pool) -> None:
+    """Remove the rows older than :data:`ACTIVITY_KEPT`."""
+    await conn.execute(
+        f"DELETE FROM ltm_shard_activity WHERE sampled_at < now() - interval '{ACTIVITY_KEPT}'"
+    )
+
+
+async def read_shard_activity(conn: asyncpg.Connection, minutes: float) -> list[dict[str, Any]]:
+    """Per shard over the last ``minutes``: events received and answered, the wait counts per bucket summed
+    over every worker, the events held now (each worker's latest row of the last minute, summed), and how
+    many workers reported."""
+    return [
+        dict(row)
+        for row in await conn.fetch(
+            """
+            WITH recent AS (
+                SELECT * FROM ltm_shard_activity WHERE sampled_at >= now() - make_interval(secs => $1)
+            ), latest AS (
+                SELECT worker, max(sampled_at) AS sampled_at FROM recent GROUP BY worker
+            )
+            SELECT r.shard_id,
+                   sum(r.received)::bigint AS received,
+                   sum(r.answered)::bigint AS answered,
+                   coalesce(sum(r.held) FILTER (
+                       WHERE l.worker IS NOT NULL AND r.sampled_at > now() - interval '1 minute'
+                   ), 0)::bigint AS held,
+                   (SELECT array_agg(total ORDER BY n) FROM (
+                        SELECT n, sum(c)::bigint AS total
+                        FROM recent x, unnest(x.wait_counts) WITH ORDINALITY AS u(c, n)
+                        WHERE x.shard_id = r.shard_id GROUP BY n) AS w) AS wait_counts,
+                   count(DISTINCT r.worker) AS workers
+            FROM recent r
+            LEFT JOIN latest l ON l.worker = r.worker AND l.sampled_at = r.sampled_at
+            GROUP BY r.shard_id
+            ORDER BY r.shard_id
+            """,
+            minutes * 60,
+        )
+    ]

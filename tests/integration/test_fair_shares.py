@@ -1,0 +1,443 @@
+"""Fair shares between shards and shard identity (README "Fair shares", CONTRACT.md section 2), with the
+worker's consume loop in the test's event loop on the real Postgres, RabbitMQ and Redis (own database and
+vhost per test).
+
+No assertion is on time: a flood's effect on another shard is read from the order the answers come in (the
+quiet shard's events are answered while most of the flood is still waiting), and every event of every shard
+is answered exactly once and written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import aio_pika
+import aio_pika.exceptions
+import asyncpg
+import pytest
+import structlog
+
+from contracts.models import DeadLetterKind, Status
+from tests.factories import BotRows, event_body
+from worker.broker.headers import USER_ID
+from worker.broker.topology import declare_topology, shard_queue_name
+from worker.config import Settings, Topology
+from worker.runtime.policy import RetryPolicy
+from worker.runtime.runner import Worker
+
+WAIT = 120.0
+TOPOLOGY = Topology()
+FLOODER, QUIET = 0, 1
+SAVE = {"memory_content": "{user} likes dogs", "memory_scope": "server_wide"}
+
+
+def user_of(url: str) -> str:
+    """The RabbitMQ user the test's connections log in as (what the broker lets them put in user_id)."""
+    return unquote(urlsplit(url).username or "guest")
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Answers:
+    """Every result each shard got, in the order they came."""
+
+    order: list[tuple[int, str]] = field(default_factory=list)
+    results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def count(self, event_id: str) -> int:
+        return len(self.results.get(event_id, []))
+
+    def answered(self, ids: list[str]) -> int:
+        return sum(1 for i in ids if i in self.results)
+
+
+@dataclass
+class Shards:
+    """Shard connections on the test's vhost: each declares and consumes its two queues, and publishes."""
+
+    url: str
+    answers: Answers
+    connection: aio_pika.abc.AbstractConnection | None = None
+    channels: dict[int, aio_pika.abc.AbstractChannel] = field(default_factory=dict)
+
+    async def open(self, *shard_ids: int) -> None:
+        self.connection = connection = await aio_pika.connect(self.url)
+        setup = await connection.channel()
+        exchanges = {}
+        for name in (
+            TOPOLOGY.tool_calls_exchange,
+            TOPOLOGY.results_exchange,
+            TOPOLOGY.notifications_exchange,
+        ):
+            exchanges[name] = await setup.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+        for shard_id in shard_ids:
+            results = await setup.declare_queue(f"tomori.shard.{shard_id}.results", durable=True)
+            await results.bind(exchanges[TOPOLOGY.results_exchange], f"shard.{shard_id}")
+            notices = await setup.declare_queue(f"tomori.shard.{shard_id}.notifications", durable=True)
+            await notices.bind(exchanges[TOPOLOGY.notifications_exchange], f"shard.{shard_id}")
+            await results.consume(self._collect(shard_id), no_ack=True)
+            self.channels[shard_id] = await connection.channel(publisher_confirms=True, on_return_raises=True)
+
+    def _collect(self, shard_id: int) -> Callable[[aio_pika.abc.AbstractIncomingMessage], Any]:
+        async def collect(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            body = json.loads(message.body)
+            self.answers.order.append((shard_id, body["event_id"]))
+            self.answers.results.setdefault(body["event_id"], []).append(body)
+
+        return collect
+
+    async def publish(
+        self,
+        shard_id: int,
+        body: dict[str, Any],
+        *,
+        key: str = "tool.create_long_term_memory",
+        user_id: str | None = None,
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        channel = self.channels[shard_id]
+        exchange = await channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+        message = aio_pika.Message(
+            json.dumps(body).encode(),
+            message_id=body["event_id"],
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            user_id=user_id,
+            headers=headers or {},
+        )
+        await exchange.publish(message, key, mandatory=True)
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+
+@dataclass
+class Running:
+    settings: Settings
+    log: list[dict[str, Any]]
+    workers: list[tuple[Worker, asyncio.Task[int]]] = field(default_factory=list)
+
+    def count(self, event: str) -> int:
+        return sum(1 for line in self.log if line.get("event") == event)
+
+    async def start(self, **overrides: Any) -> Worker:
+        consuming = self.count("consuming")
+        worker = Worker(self.settings.model_copy(update=overrides))
+        self.workers.append((worker, asyncio.create_task(worker.run(signals=False))))
+        await until(lambda: self.count("consuming") > consuming, "the worker consumes")
+        return worker
+
+
+@pytest.fixture
+def captured() -> Iterator[list[dict[str, Any]]]:
+    with structlog.testing.capture_logs() as log:
+        yield log
+
+
+@pytest.fixture
+async def world(migrated_dsn: str) -> tuple[str, int]:
+    conn = await asyncpg.connect(migrated_dsn)
+    try:
+        rows = BotRows(conn)
+        seeded = await rows.world()
+    finally:
+        await conn.close()
+    return migrated_dsn, seeded.persona_id
+
+
+@pytest.fixture
+async def running(
+    world: tuple[str, int], rabbitmq_url: str, redis_url: str, captured: list[dict[str, Any]]
+) -> AsyncIterator[Running]:
+    dsn, _ = world
+    settings = Settings(
+        postgres_dsn=dsn,
+        rabbitmq_url=rabbitmq_url,
+        redis_url=redis_url,
+        http_port=0,
+        shutdown_grace_seconds=int(WAIT),
+        limits={"max_server_memories": 100_000_000},
+    )
+    running = Running(settings, captured)
+    try:
+        yield running
+    finally:
+        for worker, _ in running.workers:
+            worker.stop()
+        for _, task in running.workers:
+            try:
+                await asyncio.wait_for(task, WAIT)
+            except BaseException:
+                task.cancel()
+
+
+@pytest.fixture
+async def shards(rabbitmq_url: str) -> AsyncIterator[Shards]:
+    shards = Shards(rabbitmq_url, Answers())
+    await shards.open(FLOODER, QUIET, 5)
+    try:
+        yield shards
+    finally:
+        await shards.close()
+
+
+async def ledger(dsn: str) -> Counter[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT event_id::text FROM ltm_processed_events")
+        return Counter(row["event_id"] for row in rows)
+    finally:
+        await conn.close()
+
+
+async def flood(shards: Shards, persona_id: int, count: int, **publish: Any) -> list[str]:
+    """``count`` events of the flooding shard, as fast as the broker confirms them (500 in flight)."""
+    bodies = [event_body(SAVE, persona_id=persona_id, shard_id=FLOODER) for _ in range(count)]
+    for start in range(0, count, 500):
+        await asyncio.gather(*(shards.publish(FLOODER, b, **publish) for b in bodies[start : start + 500]))
+    return [b["event_id"] for b in bodies]
+
+
+async def assert_quiet_shard_overtakes(
+    shards: Shards, persona_id: int, flood_ids: list[str], *, trickle: int = 5, waiting: int = 2
+) -> list[str]:
+    """The quiet shard's events, sent after the whole flood is in the broker, are each answered while at least
+    1/``waiting`` of the flood still waits for its answer."""
+    quiet_ids = []
+    for _ in range(trickle):
+        body = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+        quiet_ids.append(body["event_id"])
+        await shards.publish(QUIET, body)
+        await until(lambda i=body["event_id"]: i in shards.answers.results, "the quiet shard's answer")
+        left = len(flood_ids) - shards.answers.answered(flood_ids)
+        assert left >= len(flood_ids) // waiting, (
+            f"the quiet shard's event was answered after {len(flood_ids) - left} of the flood's "
+            f"{len(flood_ids)}: it waited behind the flood"
+        )
+    return quiet_ids
+
+
+async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
+    running: Running, shards: Shards, world: tuple[str, int]
+) -> None:
+    """Shard 0 puts 3,000 events on the common queue (contract version 1: no user_id, the shard only in the
+    body) before shard 1 sends one at a time: shard 1 is served in its turn, not after the flood."""
+    dsn, persona_id = world
+    await declare(running.settings)  # the work queue exists before any worker runs (definitions.json)
+    flood_ids = await flood(shards, persona_id, 3000)
+    await running.start()
+    quiet_ids = await assert_quiet_shard_overtakes(shards, persona_id, flood_ids)
+    everything = [*flood_ids, *quiet_ids]
+    await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    assert {shards.answers.count(i) for i in everything} == {1}, "an event answered twice"
+    assert all(shards.answers.results[i][0]["status"] == Status.SAVED for i in everything)
+    written = await ledger(dsn)
+    assert set(written) == set(everything), "an event not written, or one written that was not sent"
+    assert set(written.values()) == {1}, "an event written twice"
+
+
+async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """With a prefetch window of 100, the worker moves what the flooding shard holds past its share to
+    ltm.create_memory.shard.0: the quiet shard, whose events reach the worker once the flood ahead of them is
+    moved, is served while the flood still waits in its own queue; every event of both is answered once and
+    written once, and every queue ends empty."""
+    dsn, persona_id = world
+    warm = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)  # the shard's own queue is declared
+    await running.start(prefetch=100)
+    await shards.publish(FLOODER, warm)
+    await until(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
+    await until(lambda: running.count("consuming") >= 1, "consuming")
+    flood_ids = await flood(shards, persona_id, 1500)
+    quiet_ids = await assert_quiet_shard_overtakes(shards, persona_id, flood_ids, trickle=3, waiting=10)
+    everything = [warm["event_id"], *flood_ids, *quiet_ids]
+    await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    assert {shards.answers.count(i) for i in everything} == {1}
+    written = await ledger(dsn)
+    assert set(written) == set(everything), "an event not written, or one written that was not sent"
+    assert set(written.values()) == {1}, "an event written twice"
+    worker = running.workers[0][0]
+    moved = worker_metric(worker, "ltm_shard_events_moved_total", shard="0")
+    assert moved > 0, "nothing was moved to the shard's own queue"
+    for queue in (TOPOLOGY.work_queue, shard_queue_name(TOPOLOGY, FLOODER)):
+        assert await depth(rabbitmq_url, queue) == 0, f"{queue} still holds events"
+
+
+async def declare(settings: Settings) -> None:
+    connection = await aio_pika.connect(settings.rabbitmq_url)
+    try:
+        await declare_topology(await connection.channel(), TOPOLOGY, RetryPolicy.of(settings).tiers())
+    finally:
+        await connection.close()
+
+
+def worker_metric(worker: Worker, name: str, **labels: str) -> float:
+    """A sample of the running worker's metrics registry."""
+    consumer = worker._consumer  # the current connection's consumer holds the services' metrics
+    assert consumer is not None
+    registry = consumer._services.metrics.registry
+    value = registry.get_sample_value(name, labels)
+    return float(value or 0.0)
+
+
+async def depth(url: str, queue: str) -> int:
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+async def test_a_shard_with_its_own_routing_key_goes_straight_to_its_own_queue(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """Before the worker has seen shard 0 its own key is unroutable (a return, nothing enqueued); once it
+    has, an event published with tool.create_long_term_memory.shard.0 lands in ltm.create_memory.shard.0
+    and is answered."""
+    _, persona_id = world
+    await running.start()
+    own_key = "tool.create_long_term_memory.shard.0"
+    early = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
+    with pytest.raises(aio_pika.exceptions.DeliveryError):
+        await shards.publish(FLOODER, early, key=own_key)
+    await shards.publish(FLOODER, early)  # the version-1 key: the worker sees the shard
+    await until(lambda: early["event_id"] in shards.answers.results, "the first event's answer")
+
+    async def routed() -> bool:
+        try:
+            await depth(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER))
+        except aio_pika.exceptions.ChannelClosed:
+            return False
+        return True
+
+    await until(routed, "shard 0's own queue is declared")
+    later = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
+    await until(lambda: running.count("consuming") >= 1, "consuming")
+    await asyncio.sleep(0)  # the binding is made before the queue is consumed: routed now
+    await shards.publish(FLOODER, later, key=own_key)
+    await until(lambda: later["event_id"] in shards.answers.results, "the own-key event's answer")
+    assert shards.answers.results[later["event_id"]][0]["status"] == Status.SAVED
+
+
+# --- identity ------------------------------------------------------------------------------------------
+
+
+async def dead_letters(url: str, expected: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    connection = await aio_pika.connect(url)
+    found: list[aio_pika.abc.AbstractIncomingMessage] = []
+    try:
+        channel = await connection.channel()
+        dlq = await channel.declare_queue(TOPOLOGY.dead_letter_queue, passive=True)
+
+        async def take() -> bool:
+            while True:
+                message = await dlq.get(fail=False, no_ack=True)
+                if message is None:
+                    return len(found) >= expected
+                found.append(message)
+
+        await until(take, f"{expected} dead letter(s)")
+        return found
+    finally:
+        await connection.close()
+
+
+async def test_a_user_that_may_not_speak_for_the_shard_is_refused_before_anything_is_written(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """checked (the default): the test's user naming shard 1 is not shard-1: dead-lettered as
+    unverified_shard with the sender recorded, no row, no answer to shard 1 (that user is no shard)."""
+    dsn, persona_id = world
+    user = user_of(rabbitmq_url)
+    await running.start()
+    body = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    await shards.publish(QUIET, body, user_id=user)
+    [letter] = await dead_letters(rabbitmq_url, 1)
+    headers = letter.headers or {}
+    assert headers["x-ltm-error-kind"] == DeadLetterKind.UNVERIFIED_SHARD
+    assert f"{user!r} may not speak for shard 1" in str(headers["x-ltm-error"])
+    assert headers[USER_ID] == user
+    assert body["event_id"] not in await ledger(dsn)
+    assert body["event_id"] not in shards.answers.results
+
+
+async def test_required_identity_refuses_an_event_without_user_id_and_shared_accepts_any(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """required: an event with no user_id is refused (no answer: its sender is unknown); shared: the same
+    event, and one whose user is not the shard's, are saved."""
+    dsn, persona_id = world
+    strict = await running.start(shard_identity="required")
+    bare = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    await shards.publish(QUIET, bare)
+    [letter] = await dead_letters(rabbitmq_url, 1)
+    assert (letter.headers or {})["x-ltm-error-kind"] == DeadLetterKind.UNVERIFIED_SHARD
+    assert (letter.headers or {})[USER_ID] == ""
+    strict.stop()
+    await running.workers[0][1]
+    await running.start(shard_identity="shared")
+    again = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    other = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    await shards.publish(QUIET, again)
+    await shards.publish(QUIET, other, user_id=user_of(rabbitmq_url))
+    await until(lambda: shards.answers.answered([again["event_id"], other["event_id"]]) == 2, "both answered")
+    assert {shards.answers.results[i][0]["status"] for i in (again["event_id"], other["event_id"])} == {
+        Status.SAVED
+    }
+    assert bare["event_id"] not in await ledger(dsn)
+
+
+async def test_a_trusted_publisher_speaks_for_the_sender_recorded_on_the_letter(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """A replay (a trusted user, here the test's) is checked against the sender recorded in x-ltm-user-id:
+    shard-1 may speak for shard 1, shard-5 may not (and its answer goes to shard 5, the sender's own); a
+    trusted user's own event with no record may speak for any shard."""
+    dsn, persona_id = world
+    user = user_of(rabbitmq_url)
+    await running.start(trusted_publishers=user, shard_identity="required")
+    own = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    forged = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    operators = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    await shards.publish(QUIET, own, user_id=user, headers={USER_ID: "shard-1"})
+    await shards.publish(QUIET, forged, user_id=user, headers={USER_ID: "shard-5"})
+    await shards.publish(QUIET, operators, user_id=user)
+    await until(
+        lambda: shards.answers.answered([own["event_id"], forged["event_id"], operators["event_id"]]) == 3,
+        "three answers",
+    )
+    assert shards.answers.results[own["event_id"]][0]["status"] == Status.SAVED
+    assert shards.answers.results[operators["event_id"]][0]["status"] == Status.SAVED
+    refusal = shards.answers.results[forged["event_id"]][0]
+    assert refusal["status"] == Status.INTERNAL_ERROR
+    assert (5, forged["event_id"]) in shards.answers.order, "the refusal went to the sender's own shard"
+    assert (QUIET, forged["event_id"]) not in shards.answers.order
+    [letter] = await dead_letters(rabbitmq_url, 1)
+    assert (letter.headers or {})[USER_ID] == "shard-5"
+    written = await ledger(dsn)
+    assert own["event_id"] in written
+    assert operators["event_id"] in written
+    assert forged["event_id"] not in written
