@@ -12,6 +12,10 @@ if __name__ == "__main__":
         from bench.latency import main as latency
 
         sys.exit(latency(sys.argv[2:]))
+    if sys.argv[1:2] == ["shard-queues"]:  # python -m bench shard-queues: the broker's cost of shard queues
+        from bench.shard_queues import main as shard_queues
+
+        sys.exit(shard_queues(sys.argv[2:]))
     if sys.argv[1:2] == ["noisy"]:  # python -m bench noisy: one shard's flood beside another's trickle
         from bench.noisy import main as noisy
 
