@@ -35,6 +35,7 @@ from tests.integration.test_dlq import (
 from tests.integration.test_dlq_page import ui
 from tests.integration.test_dlq_page_guard import request
 from tests.services import Services
+from worker.broker.headers import Sender
 from worker.broker.publisher import Publisher
 from worker.broker.urls import vhost_of
 from worker.ops import dlq
@@ -389,7 +390,9 @@ async def refuse_again(broker: Broker) -> str:
     count); its event id."""
     message = await broker.declared.work_queue.get(timeout=5)
     publisher = Publisher.for_topology(broker.channel, broker.declared)
-    await publisher.dead_letter(message, kind="malformed", error="body is not UTF-8 JSON", attempts=1)
+    await publisher.dead_letter(
+        message, kind="malformed", error="body is not UTF-8 JSON", attempts=1, sender=Sender(None)
+    )
     await message.ack()
     return str(message.message_id)
 

@@ -36,8 +36,8 @@ def environment_help(*fields: str) -> str:
     files = [s for s in settings if s.env.file]
     lines += [
         "command-line options override the environment; a value a setting does not take falls back to its",
-        "default with a warning, and a number with text after it (3O is 3) or an LTM_ variable no setting",
-        "reads is warned about too (`worker check` lists them).",
+        "default with a warning, and a number with text after it (3O is 3) or a variable with the settings'",
+        "prefix that no setting reads (a misspelt name) is warned about too (`worker check` lists them).",
     ]
     if files:
         lines += [
