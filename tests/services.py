@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -28,7 +29,7 @@ import shutil
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
@@ -232,6 +233,12 @@ class VhostAdmin(Protocol):
     async def delete(self, vhost: str) -> None:
         """Delete `vhost` (and everything in it); a missing vhost is fine."""
 
+    async def policy(self, vhost: str, name: str, pattern: str, definition: dict[str, Any]) -> None:
+        """Set the queue policy `name` on `vhost` for the queues `pattern` matches."""
+
+    async def queue_policy(self, vhost: str, queue: str) -> str | None:
+        """The policy the broker applies to `queue` (None: none, or no such queue)."""
+
 
 async def run_command(*command: str, timeout: float) -> tuple[int, str]:
     """Run a command with no input; its exit code and output. A timeout kills it and raises TimeoutError."""
@@ -265,6 +272,23 @@ class Rabbitmqctl:
         """`add_vhost`, then `set_permissions` with full rights."""
         await self._run("add_vhost", vhost)
         await self._run("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+
+    async def queue_policy(self, vhost: str, queue: str) -> str | None:
+        """`list_queues name policy`: the policy applied to `queue`, None when none is (or no such queue)."""
+        code, text = await run_command(
+            self.executable, "-q", "list_queues", "-p", vhost, "name", "policy", timeout=RABBITMQCTL_TIMEOUT
+        )
+        for line in text.splitlines() if code == 0 else []:
+            name, _, policy = line.partition("\t")
+            if name == queue:
+                return policy.strip() or None
+        return None
+
+    async def policy(self, vhost: str, name: str, pattern: str, definition: dict[str, Any]) -> None:
+        """`set_policy` for the queues `pattern` matches."""
+        await self._run(
+            "set_policy", "-p", vhost, "--apply-to", "queues", name, pattern, json.dumps(definition)
+        )
 
     async def delete(self, vhost: str) -> None:
         """`delete_vhost`; a vhost that is already gone is fine."""

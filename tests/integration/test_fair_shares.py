@@ -26,6 +26,7 @@ import structlog
 
 from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body
+from tests.services import Services
 from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_topology, shard_queue_name
 from worker.config import Settings, Topology
@@ -259,18 +260,22 @@ async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
 async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
-    """With a prefetch window of 100, the worker moves what the flooding shard holds past its share to
-    ltm.create_memory.shard.0: the quiet shard, whose events reach the worker once the flood ahead of them is
-    moved, is served while the flood still waits in its own queue; every event of both is answered once and
-    written once, and every queue ends empty."""
+    """With a prefetch window of 100 (and 4 events at a time, so that the flood lasts), the worker moves what
+    the flooding shard holds past its share to ltm.create_memory.shard.0 and the common queue empties: the
+    quiet shard's events, sent then, are served in their turn while most of the flood still waits in the
+    shard's own queue; every event of both is answered once and written once, and every queue ends empty.
+
+    (An event sent while the common queue still holds a flood waits until the worker has moved what is ahead
+    of it: README "Fair shares" gives how fast that goes.)"""
     dsn, persona_id = world
     warm = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)  # the shard's own queue is declared
-    await running.start(prefetch=100)
+    await running.start(prefetch=100, concurrency=4)
     await shards.publish(FLOODER, warm)
     await until(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
-    await until(lambda: running.count("consuming") >= 1, "consuming")
+    await until(lambda: declared(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER)), "shard 0's own queue")
     flood_ids = await flood(shards, persona_id, 1500)
-    quiet_ids = await assert_quiet_shard_overtakes(shards, persona_id, flood_ids, trickle=3, waiting=10)
+    await until(lambda: depth_is(rabbitmq_url, TOPOLOGY.work_queue, 0), "the common queue moved or held")
+    quiet_ids = await assert_quiet_shard_overtakes(shards, persona_id, flood_ids, trickle=3)
     everything = [warm["event_id"], *flood_ids, *quiet_ids]
     await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
     assert {shards.answers.count(i) for i in everything} == {1}
@@ -282,6 +287,10 @@ async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost
     assert moved > 0, "nothing was moved to the shard's own queue"
     for queue in (TOPOLOGY.work_queue, shard_queue_name(TOPOLOGY, FLOODER)):
         assert await depth(rabbitmq_url, queue) == 0, f"{queue} still holds events"
+
+
+async def depth_is(url: str, queue: str, expected: int) -> bool:
+    return await depth(url, queue) == expected
 
 
 async def declare(settings: Settings) -> None:
@@ -441,3 +450,121 @@ async def test_a_trusted_publisher_speaks_for_the_sender_recorded_on_the_letter(
     assert own["event_id"] in written
     assert operators["event_id"] in written
     assert forged["event_id"] not in written
+
+
+# --- bounds per shard ------------------------------------------------------------------------------------
+
+SHARD_QUEUES = r"^ltm\.create_memory\.shard\.[0-9]+$"
+
+
+async def bound_shard_queues(test_services: Services, rabbitmq_url: str, length: int) -> None:
+    """The shipped policy (deploy/rabbitmq/definitions.json), with a small bound, on the test's vhost."""
+    vhost = unquote(urlsplit(rabbitmq_url).path[1:])
+    await test_services.broker_admin().policy(
+        vhost, "ltm-shard-queue-bounds", SHARD_QUEUES, {"max-length": length}
+    )
+
+
+async def publish_all(
+    shards: Shards, shard_id: int, bodies: list[dict[str, Any]], **publish: Any
+) -> tuple[list[str], list[str]]:
+    """(taken, refused): the event ids the broker confirmed and those it nacked, published one after
+    another (a quorum queue applies its bound as it applies its log: publishes in flight together may pass
+    it by a few)."""
+    taken, refused = [], []
+    for body in bodies:
+        try:
+            await shards.publish(shard_id, body, **publish)
+        except aio_pika.exceptions.DeliveryError as exc:
+            if "Nack" not in repr(exc):
+                raise  # a return, not a refusal
+            refused.append(body["event_id"])
+        else:
+            taken.append(body["event_id"])
+    return taken, refused
+
+
+async def test_one_shards_backlog_never_gets_another_shards_publishes_refused(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str, test_services: Services
+) -> None:
+    """Shard queues bounded at 20, no worker running: shard 0 publishes 60 events with its own routing key
+    and the broker refuses those past its bound; shard 1's next publishes, with its own key and with the
+    version-1 key, are taken. Once a worker runs, every event taken is answered once and none refused is."""
+    dsn, persona_id = world
+    await bound_shard_queues(test_services, rabbitmq_url, 20)
+    worker = await running.start()  # the worker sees both shards and gives each its own queue
+    warm = [event_body(SAVE, persona_id=persona_id, shard_id=s) for s in (FLOODER, QUIET)]
+    for body in warm:
+        await shards.publish(body["shard_id"], body)
+    await until(
+        lambda: shards.answers.answered([b["event_id"] for b in warm]) == 2, "the first events' answers"
+    )
+    for shard_id in (FLOODER, QUIET):
+        await until(lambda s=shard_id: bounded(test_services, rabbitmq_url, s), "its own queue, bounded")
+    worker.stop()
+    assert await running.workers.pop()[1] == 0
+
+    flood = [event_body(SAVE, persona_id=persona_id, shard_id=FLOODER) for _ in range(60)]
+    taken, refused = await publish_all(shards, FLOODER, flood, key="tool.create_long_term_memory.shard.0")
+    assert len(taken) <= 25, f"shard 0 was taken {len(taken)} of 60 past a bound of 20"
+    quiet = [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(3)]
+    own_key, _ = await publish_all(shards, QUIET, quiet[:2], key="tool.create_long_term_memory.shard.1")
+    common, _ = await publish_all(shards, QUIET, quiet[2:])
+    assert len(own_key) == 2, "shard 1 was refused with its own key"
+    assert len(common) == 1, "shard 1 was refused on the common queue"
+
+    await running.start()
+    answered = [*taken, *own_key, *common]
+    await until(lambda: shards.answers.answered(answered) == len(answered), "every event taken answered")
+    assert {shards.answers.count(i) for i in answered} == {1}
+    assert not any(i in shards.answers.results for i in refused), "a refused publish was answered"
+    written = await ledger(dsn)
+    assert set(written) == {*answered, *(b["event_id"] for b in warm)}
+
+
+async def bounded(test_services: Services, url: str, shard_id: int) -> bool:
+    """Shard ``shard_id``'s own queue exists and the broker applies the bounds policy to it (a quorum queue
+    takes a policy a moment after it is declared)."""
+    vhost = unquote(urlsplit(url).path[1:])
+    return await test_services.broker_admin().queue_policy(vhost, shard_queue_name(TOPOLOGY, shard_id)) == (
+        "ltm-shard-queue-bounds"
+    )
+
+
+async def declared(url: str, queue: str) -> bool:
+    try:
+        await depth(url, queue)
+    except aio_pika.exceptions.ChannelClosed:
+        return False
+    return True
+
+
+async def test_a_version_1_flooder_over_its_bound_is_turned_away_and_answered(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str, test_services: Services
+) -> None:
+    """Contract version 1 (the common queue, the shard only in the body), a worker with a window of 40 and
+    shard queues bounded at 20: what the worker moves of shard 0's flood past that bound is dead-lettered
+    as shard_backlog_full and answered with a failure (nothing written for it); shard 1's events are all
+    taken and saved; every event of both is answered exactly once."""
+    dsn, persona_id = world
+    await bound_shard_queues(test_services, rabbitmq_url, 20)
+    await running.start(prefetch=40, concurrency=4)
+    warm = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
+    await shards.publish(FLOODER, warm)
+    await until(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
+    await until(lambda: bounded(test_services, rabbitmq_url, FLOODER), "shard 0's own queue, bounded")
+    flood_ids = await flood(shards, persona_id, 600)
+    quiet = [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(5)]
+    taken, refused = await publish_all(shards, QUIET, quiet)
+    assert (len(taken), len(refused)) == (5, 0)
+    everything = [warm["event_id"], *flood_ids, *taken]
+    await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    assert {shards.answers.count(i) for i in everything} == {1}
+    turned_away = [i for i in flood_ids if shards.answers.results[i][0]["status"] == Status.INTERNAL_ERROR]
+    assert turned_away, "no event of the flood was turned away past its bound"
+    assert {shards.answers.results[i][0]["status"] for i in taken} == {Status.SAVED}
+    letters = await dead_letters(rabbitmq_url, len(turned_away))
+    assert {(m.headers or {})["x-ltm-error-kind"] for m in letters} == {DeadLetterKind.SHARD_BACKLOG_FULL}
+    written = await ledger(dsn)
+    assert not set(turned_away) & set(written), "an event turned away was written"
+    assert set(written) == set(everything) - set(turned_away)

@@ -96,6 +96,22 @@ class ManagementApi:
         body = {"exchange": exchange, "write": write, "read": read}
         self.call("PUT", f"/topic-permissions/{_segment(vhost)}/{_segment(user)}", body)
 
+    def set_policy(self, vhost: str, name: str, pattern: str, definition: dict[str, Any]) -> None:
+        """A queue policy ``name`` on ``vhost`` (e.g. ``max-length`` for the queues ``pattern`` matches)."""
+        body = {"pattern": pattern, "definition": definition, "apply-to": "queues", "priority": 0}
+        self.call("PUT", f"/policies/{_segment(vhost)}/{_segment(name)}", body)
+
+    async def policy(self, vhost: str, name: str, pattern: str, definition: dict[str, Any]) -> None:
+        """:meth:`set_policy` for event-loop callers."""
+        await asyncio.to_thread(self.set_policy, vhost, name, pattern, definition)
+
+    async def queue_policy(self, vhost: str, queue: str) -> str | None:
+        """The policy applied to ``queue`` (None: no such queue, or no policy), as the broker last reported it
+        (its statistics lag a few seconds)."""
+        found = await asyncio.to_thread(self.queue, vhost, queue)
+        policy = (found or {}).get("policy")
+        return str(policy) if policy else None
+
     def exchanges(self, vhost: str) -> set[str]:
         """The names of the exchanges of `vhost` (the default exchange's empty name left out)."""
         return {row["name"] for row in self.call("GET", f"/exchanges/{_segment(vhost)}") if row["name"]}
