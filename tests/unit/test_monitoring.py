@@ -60,6 +60,20 @@ def test_the_unit_tests_catch_a_broken_dead_letter_alert(tmp_path: Path) -> None
     assert "LtmDeadLettersGrowing" in done.stdout + done.stderr
 
 
+def test_the_unit_tests_catch_a_shard_alert_that_adds_up_every_pods_copy_of_a_queue(tmp_path: Path) -> None:
+    """Every pod samples the same depth of a shard's own queue: the loud-shard alert takes the max over pods,
+    and its unit test fails when the rule sums the copies instead."""
+    source = ALERTS.read_text(encoding="utf-8")
+    max_over_pods = "max by (namespace, shard) (ltm_shard_events_queued)"
+    broken = source.replace(max_over_pods, max_over_pods.replace("max", "sum"))
+    assert broken != source
+    (tmp_path / "alerts.yaml").write_text(broken, encoding="utf-8")
+    (tmp_path / "alerts.test.yaml").write_text(ALERT_TESTS.read_text(encoding="utf-8"), encoding="utf-8")
+    done = run_promtool("test", "rules", tmp_path / "alerts.test.yaml")
+    assert done.returncode != 0
+    assert "LtmOneShardHoldsTheBacklog" in done.stdout + done.stderr
+
+
 def test_every_alert_has_a_runbook_a_severity_and_a_firing_test_case() -> None:
     tests = yaml.safe_load(ALERT_TESTS.read_text(encoding="utf-8"))["tests"]
     firing = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
