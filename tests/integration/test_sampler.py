@@ -4,6 +4,7 @@ shard's own queue depth (ltm_shard_events_queued) once the worker has its Postgr
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -16,6 +17,7 @@ from tests.e2e.harness import free_port
 from tests.e2e.proxy import CuttableProxy
 from worker.broker.topology import shard_queue_name
 from worker.config import Topology
+from worker.observability import sampler as sampler_module
 from worker.observability.metrics import Metrics
 from worker.observability.sampler import Sampler
 from worker.store.pool import create_pool
@@ -163,8 +165,9 @@ async def test_it_reports_the_depth_of_each_recorded_shards_own_queue(
 
 
 async def test_postgres_unreadable_removes_the_shards_series_and_keeps_the_queues(
-    rabbitmq_url: str, migrated_dsn: str
+    rabbitmq_url: str, migrated_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sampler_module, "SHARDS_TIMEOUT_SECONDS", 0.5)
     metrics = Metrics()
     sampler = Sampler(rabbitmq_url, ["work"], metrics, nothing)
     own_pool = await create_pool(migrated_dsn, size=1)
@@ -178,9 +181,18 @@ async def test_postgres_unreadable_removes_the_shards_series_and_keeps_the_queue
         await sampler.sample_once()
         assert queued(metrics) == {"5": 3}
 
-        await own_pool.close()  # every later read of the recorded shards fails
-        await sampler.sample_once()
+        async with own_pool.acquire():  # the pool's one connection busy (batches holding them all)
+            # the read gives up after SHARDS_TIMEOUT_SECONDS (the generous guard: a hang fails, not stalls)
+            await asyncio.wait_for(sampler.sample_once(), timeout=60)
         assert queued(metrics) == {}, "shards that cannot be listed must not keep their last depth"
+        assert series(metrics) == {"work": (0, 0)}, "a slow Postgres must not stop the queues' sampling"
+
+        await sampler.sample_once()
+        assert queued(metrics) == {"5": 3}
+
+        await own_pool.close()  # every later read of the recorded shards fails at once
+        await sampler.sample_once()
+        assert queued(metrics) == {}
         assert series(metrics) == {"work": (0, 0)}
     finally:
         await sampler.close()

@@ -46,6 +46,8 @@ from worker.runtime.policy import RetryPolicy
 log = structlog.get_logger("worker.sampler")
 
 DEFAULT_INTERVAL_SECONDS = 15
+#: how long reading the recorded shards may take (a Postgres that does not answer must not stall the sampling)
+SHARDS_TIMEOUT_SECONDS = 5.0
 
 #: the shards that have a queue of their own, in order (``worker.store.repository.registered_shards``)
 ShardSource = Callable[[], Awaitable[Sequence[int]]]
@@ -135,7 +137,7 @@ class Sampler:
         if self._shards is None:
             return None
         try:
-            shards = list(await self._shards())
+            shards = list(await asyncio.wait_for(self._shards(), timeout=SHARDS_TIMEOUT_SECONDS))
         except Exception as exc:
             self._forget_shards(self._reported_shards)
             if not self._shards_failing:
