@@ -42,12 +42,15 @@ class ShardLink:
 
     ``robust`` reconnects (aio-pika's robust connection) when the broker goes away and comes back, as the
     e2e tests that restart RabbitMQ need; the bench uses a plain connection, whose loss voids the run.
+    ``user_id`` goes on every event as its AMQP ``user_id`` (the RabbitMQ user of ``url``, as a shard with a
+    user of its own sets it, CONTRACT.md section 2); None sends none, as contract version 1 allows.
     """
 
-    def __init__(self, url: str, shard_id: int, *, robust: bool = False) -> None:
+    def __init__(self, url: str, shard_id: int, *, robust: bool = False, user_id: str | None = None) -> None:
         self.url = url
         self.shard_id = shard_id
         self.robust = robust
+        self.user_id = user_id
         self.connection: AbstractConnection | None = None
         self.publishing: AbstractChannel | None = None
         self.consuming: AbstractChannel | None = None
@@ -125,11 +128,13 @@ class ShardLink:
         target = await self.exchange(exchange)
         assert self.publishing is not None, "the shard is not open"
         channel = await self.publishing.get_underlay_channel()
+        properties = json_properties(message_id, correlation_id, type, headers)
+        properties.user_id = self.user_id
         await channel.basic_publish(
             body,
             exchange=target.name,
             routing_key=routing_key,
-            properties=json_properties(message_id, correlation_id, type, headers),
+            properties=properties,
             mandatory=mandatory,
             timeout=timeout,
         )

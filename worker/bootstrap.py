@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ import structlog
 from aio_pika.abc import AbstractChannel
 
 from worker.broker.publisher import Publisher
-from worker.broker.topology import Declared
+from worker.broker.topology import Declared, shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings, connection_problems
 from worker.faults import explain, needs_a_person
@@ -41,6 +42,7 @@ from worker.runtime.policy import RetryPolicy
 from worker.service.batcher import Batcher
 from worker.service.identity import IdentityRule
 from worker.store.pool import create_pool
+from worker.store.repository import registered_shards
 
 log = structlog.get_logger("worker")
 
@@ -115,6 +117,7 @@ async def open_services(
             cache = InvalidationPublisher(settings.redis_url, settings.topology.invalidation_channel)
             stack.push_async_callback(cache.close)
         readiness = Readiness(cache, metrics)
+        sampler: Sampler | None = None
         if settings.http_port > 0:
             http = HealthServer(settings.http_port, readiness.check, metrics, host=settings.http_host)
             await http.start()
@@ -136,6 +139,9 @@ async def open_services(
         else:
             await _wait_for_dependencies(settings, cache, stopping, given=pool)
         readiness.pool = pool
+        if sampler is not None:  # the shards' own queues are recorded in Postgres: sample them from now on
+            shard_queue = functools.partial(shard_queue_name, settings.topology)
+            sampler.sample_shards(functools.partial(registered_shards, pool), shard_queue)
         # at most as many batches at Postgres at once as the pool has connections (usually one: see
         # Batcher); a batch holds at most the events the worker processes at once
         batcher = Batcher(

@@ -5,10 +5,11 @@ when set). It checks, in order:
 
 1. `docker compose up --build --wait` brings every service up: the worker containers healthy (Docker's own
    healthcheck state), running as uid 10001 on a read-only root file system, `migrate` exited 0.
-2. As `shard-0` (deploy/rabbitmq/definitions.json has a user per shard), a server-wide and a personal save get
-   both results and both notices on the shard's queues, and both invalidations on the stack's Redis, read as
-   its `shard` user (deploy/redis/users.acl), which may not publish one or read a key; a client without
-   credentials gets nothing. The bot tables are seeded first through the stack's published Postgres port.
+2. As `shard-0` (deploy/rabbitmq/definitions.json has a user per shard), with `user_id` set to it (the stack's
+   workers require it), a server-wide and a personal save get both results and both notices on the shard's
+   queues, and both invalidations on the stack's Redis, read as its `shard` user (deploy/redis/users.acl),
+   which may not publish one or read a key; a client without credentials gets nothing. The bot tables are
+   seeded first through the stack's published Postgres port.
 3. With a batch of events held in flight in both workers (a trigger holds every save at a gate inside
    Postgres), `docker kill -s TERM` of one worker: it finishes what it holds and exits 0, the other answers
    the rest; every event is answered exactly once and the memories table holds one row per event.
@@ -42,6 +43,8 @@ from tests.factories import GUILD, BotRows, event_body, member
 from worker.testing.images import PYTHON
 
 SHARD = 0
+#: the stack's workers require each event's AMQP user_id to be its shard's user (LTM_SHARD_IDENTITY=required)
+SHARD_USER = "shard-0"
 SPARROW = "1150000000000000201"
 BATCH = 200
 #: two servers with two personas each: four scopes of 50 events, under compose's MAX_SERVER_MEMORIES (100)
@@ -165,7 +168,7 @@ async def round_trip(stack: ComposeStack, rows: BotRows) -> None:
     event_ids = [server_event["event_id"], personal_event["event_id"]]
     # the shard's own user may not declare exchanges: they come from the definitions file
     async with (
-        Shard(stack.shard_0_url, SHARD, declare_exchanges=False) as shard,
+        Shard(stack.shard_0_url, SHARD, declare_exchanges=False, user_id=SHARD_USER) as shard,
         InvalidationListener(stack.redis_url) as redis,
     ):
         await shard.publish(server_event)
@@ -281,7 +284,7 @@ async def sigterm_with_events_in_flight(
     victim = workers[0]
     opened = False
     try:
-        async with Shard(stack.shard_0_url, SHARD, declare_exchanges=False) as shard:
+        async with Shard(stack.shard_0_url, SHARD, declare_exchanges=False, user_id=SHARD_USER) as shard:
             await shard.publish_many(bodies)
 
             async def both_workers_hold_events() -> bool:

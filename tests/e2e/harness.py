@@ -71,15 +71,18 @@ class Shard:
     may use (the bench's shards use it too), on a robust connection, acking each message it records. The
     queues outlive it, like a real shard's over a restart, until the test's vhost goes; two shards with the
     same id at once would share them (no test does). ``declare_exchanges`` first declares the exchanges,
-    standing in for the definitions file a production broker loads.
+    standing in for the definitions file a production broker loads. ``user_id``: the AMQP ``user_id`` of every
+    event (the URL's user, for a worker with ``LTM_SHARD_IDENTITY=required``); None sends none.
     """
 
-    def __init__(self, url: str, shard_id: int = 3, *, declare_exchanges: bool = True) -> None:
+    def __init__(
+        self, url: str, shard_id: int = 3, *, declare_exchanges: bool = True, user_id: str | None = None
+    ) -> None:
         self.url = url
         self.shard_id = shard_id
         self.declare_exchanges = declare_exchanges
         self.received = Received()
-        self.link = ShardLink(url, shard_id, robust=True)
+        self.link = ShardLink(url, shard_id, robust=True, user_id=user_id)
 
     async def __aenter__(self) -> Shard:
         await self.link.open(

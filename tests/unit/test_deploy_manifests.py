@@ -215,6 +215,24 @@ def test_the_configmap_holds_valid_worker_settings() -> None:
         assert key in variables, f"{key} is not a variable the settings declare (worker/config/settings.py)"
 
 
+@pytest.mark.parametrize("where", ["k8s/configmap.yaml", "compose.yaml"])
+def test_the_shipped_workers_require_shard_identity_and_keep_the_wide_window(where: str) -> None:
+    """Fair shares (README "Fair shares"): the production manifests pin each event's shard to its RabbitMQ
+    user, and leave the windows the workers sort by shard at their defaults (a narrow LTM_PREFETCH leaves a
+    worker nothing to sort)."""
+    if where == "compose.yaml":
+        env = {key: str(value) for key, value in compose()["services"]["worker"]["environment"].items()}
+    else:
+        env = config_data()
+    settings, defaults = load_settings(env), load_settings({})
+    assert settings.shard_identity == "required"
+    assert (settings.prefetch, settings.shard_prefetch, settings.held_bytes_max) == (
+        defaults.prefetch,
+        defaults.shard_prefetch,
+        defaults.held_bytes_max,
+    )
+
+
 def test_the_grace_period_leaves_the_worker_ten_seconds_over_its_own() -> None:
     grace = int(config_data()["LTM_SHUTDOWN_GRACE_SECONDS"])
     assert one("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace + 10

@@ -60,6 +60,20 @@ def test_the_unit_tests_catch_a_broken_dead_letter_alert(tmp_path: Path) -> None
     assert "LtmDeadLettersGrowing" in done.stdout + done.stderr
 
 
+def test_the_unit_tests_catch_a_shard_alert_that_adds_up_every_pods_copy_of_a_queue(tmp_path: Path) -> None:
+    """Every pod samples the same depth of a shard's own queue: the loud-shard alert takes the max over pods,
+    and its unit test fails when the rule sums the copies instead."""
+    source = ALERTS.read_text(encoding="utf-8")
+    max_over_pods = "max by (namespace, shard) (ltm_shard_events_queued)"
+    broken = source.replace(max_over_pods, max_over_pods.replace("max", "sum"))
+    assert broken != source
+    (tmp_path / "alerts.yaml").write_text(broken, encoding="utf-8")
+    (tmp_path / "alerts.test.yaml").write_text(ALERT_TESTS.read_text(encoding="utf-8"), encoding="utf-8")
+    done = run_promtool("test", "rules", tmp_path / "alerts.test.yaml")
+    assert done.returncode != 0
+    assert "LtmOneShardHoldsTheBacklog" in done.stdout + done.stderr
+
+
 def test_every_alert_has_a_runbook_a_severity_and_a_firing_test_case() -> None:
     tests = yaml.safe_load(ALERT_TESTS.read_text(encoding="utf-8"))["tests"]
     firing = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
@@ -105,6 +119,28 @@ def test_the_dashboard_is_one_grafana_dashboard_on_a_prometheus_variable() -> No
             assert 'job=~"$job"' in target["expr"], f"{panel['title']}: {target['expr']} ignores $job"
 
 
+#: what Grafana puts in place of the dashboard's variables, for promtool
+VARIABLES = {"$__rate_interval": "5m", "$job": ".+", "$top": "10"}
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
+    """Each panel's query, its variables filled in as Grafana would, parses (as a recording rule's expr)."""
+    rules = []
+    for number, panel in enumerate(p for p in dashboard()["panels"] if p["type"] != "row"):
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in VARIABLES.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, f"{panel['title']}: a variable this test does not know: {expr}"
+            rules.append({"record": f"panel_{number}_{target['refId']}", "expr": expr})
+    (tmp_path / "queries.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}), encoding="utf-8"
+    )
+    done = run_promtool("check", "rules", tmp_path / "queries.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
 def test_the_dashboard_has_the_panels_an_on_call_person_needs() -> None:
     queries = " ".join(dashboard_queries())
     for needed in (
@@ -119,5 +155,9 @@ def test_the_dashboard_has_the_panels_an_on_call_person_needs() -> None:
         "ltm_dependency_up",
         "ltm_db_batch_size",
         "process_cpu_seconds_total",  # per pod
+        "ltm_shard_events_received_total",  # who is loud: each shard's share of the events in
+        "ltm_shard_events_held",  # waiting by shard: held by the workers
+        "ltm_shard_events_queued",  # and ready in the shard's own queue
+        "ltm_shard_wait_seconds_bucket",  # the wait p99 by shard
     ):
         assert needed in queries, needed
