@@ -25,7 +25,7 @@ import pytest
 import structlog
 
 from contracts.models import DeadLetterKind, Status
-from tests.factories import BotRows, event_body
+from tests.factories import BotRows, event_body, member
 from tests.services import Services
 from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_topology, shard_queue_name
@@ -568,3 +568,26 @@ async def test_a_version_1_flooder_over_its_bound_is_turned_away_and_answered(
     written = await ledger(dsn)
     assert not set(turned_away) & set(written), "an event turned away was written"
     assert set(written) == set(everything) - set(turned_away)
+
+
+async def test_past_its_byte_budget_a_worker_takes_nothing_more_until_half_is_done(
+    running: Running, shards: Shards, world: tuple[str, int]
+) -> None:
+    """LTM_HELD_BYTES_MAX at 100 KB and events of about 10 KB: the worker stops taking from the queues when it
+    holds the budget, takes again at half of it, and answers every event exactly once."""
+    dsn, persona_id = world
+    members = [
+        member(str(1150000000000001000 + n), f"user{n:02d}", "A name of thirty-two characters!")
+        for n in range(60)
+    ]
+    await running.start(held_bytes_max=100_000, prefetch=200)
+    bodies = [event_body(SAVE, persona_id=persona_id, shard_id=n % 2, members=members) for n in range(300)]
+    assert len(json.dumps(bodies[0])) > 8_000
+    await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
+    ids = [b["event_id"] for b in bodies]
+    await until(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
+    assert {shards.answers.count(i) for i in ids} == {1}
+    assert running.count("holding too many event bytes; the queues wait") >= 1
+    assert running.count("the queues are consumed again") >= 1
+    written = await ledger(dsn)
+    assert set(written) == set(ids)

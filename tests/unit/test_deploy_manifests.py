@@ -349,8 +349,15 @@ def test_the_prometheusrule_holds_exactly_the_alert_rules_promtool_checks() -> N
 def test_keda_watches_the_work_queue_with_the_keda_user() -> None:
     (trigger,) = one("ScaledObject")["spec"]["triggers"]
     assert trigger["type"] == "rabbitmq"
-    assert trigger["metadata"]["queueName"] == Topology().work_queue
-    assert trigger["metadata"]["protocol"] == "amqp"
+    pattern = re.compile(trigger["metadata"]["queueName"])
+    topology = Topology()
+    assert pattern.fullmatch(topology.work_queue)
+    assert pattern.fullmatch(f"{topology.shard_queue_prefix}.17"), "the shards' own queues are counted"
+    assert not pattern.fullmatch(topology.dead_letter_queue)
+    assert not pattern.fullmatch(f"{topology.retry_queue_prefix}.1000")
+    assert trigger["metadata"]["useRegex"] == "true"
+    assert trigger["metadata"]["operation"] == "sum"
+    assert trigger["metadata"]["protocol"] == "http", "the ready count alone misses what the workers hold"
     auth = one("TriggerAuthentication", trigger["authenticationRef"]["name"])
     (ref,) = auth["spec"]["secretTargetRef"]
     assert ref["parameter"] == "host"

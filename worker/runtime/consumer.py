@@ -110,7 +110,7 @@ class Consumer:
             common = _Common(queue, on_common)
             await common.start()
             self._spawn(shards.follow())
-            self._spawn(self._hold_to_budget(common))
+            self._spawn(self._hold_to_budget(common, shards))
             self._services.readiness.set_consuming(True)
             log.info(
                 "consuming",
@@ -227,23 +227,26 @@ class Consumer:
             await acks.ack(delivery_tag(message))
         return True
 
-    async def _hold_to_budget(self, common: _Common) -> None:
-        """Stop taking from the common queue while the bodies held are over ``LTM_HELD_BYTES_MAX``."""
+    async def _hold_to_budget(self, common: _Common, shards: ShardQueues) -> None:
+        """Take nothing more (neither from the common queue nor from the shards' own queues) while the bodies
+        held are over ``LTM_HELD_BYTES_MAX``, until half of that is processed or moved."""
         hand = self._hand
         while True:
             await hand.over_budget_event.wait()
             log.warning(
-                "holding too many event bytes; the common queue waits",
+                "holding too many event bytes; the queues wait",
                 held_bytes=hand.bytes,
                 held_events=hand.total,
                 setting="LTM_HELD_BYTES_MAX",
             )
             await common.stop()
+            await shards.pause()
             await hand.under_budget.wait()
             if self._stopping.is_set():
                 return
             await common.start()
-            log.info("the common queue is consumed again", held_bytes=hand.bytes)
+            await shards.resume()
+            log.info("the queues are consumed again", held_bytes=hand.bytes)
 
     async def _drain(self) -> None:
         """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""

@@ -58,6 +58,8 @@ class ShardQueues:
         #: shards whose queue exists but whose record in Postgres failed (tried again on each refresh)
         self._unrecorded: set[int] = set()
         self._warned_full = False
+        #: while set, no shard queue is consumed (the worker holds its byte budget: Consumer)
+        self.paused = False
 
     @property
     def consumed(self) -> int:
@@ -76,6 +78,8 @@ class ShardQueues:
         common path."""
         if shard_id in self._tags:
             return True
+        if self.paused:
+            return False
         starting = self._starting.get(shard_id)
         if starting is not None:
             return await asyncio.shield(starting)
@@ -123,6 +127,17 @@ class ShardQueues:
             except Exception as exc:  # Postgres away: the queues consumed so far stay consumed
                 log.warning("could not read the shard queues' record", error=describe(exc))
             await asyncio.sleep(self._refresh_seconds)
+
+    async def pause(self) -> None:
+        """Stop consuming every shard's queue until :meth:`resume`; what was delivered stays to settle."""
+        self.paused = True
+        await self.cancel_all()
+
+    async def resume(self) -> None:
+        """Consume every recorded shard's queue again."""
+        self.paused = False
+        for shard_id in await registered_shards(self._pool):
+            await self.ensure(shard_id)
 
     async def cancel_all(self) -> None:
         """Stop consuming every shard's queue (a graceful stop): what was delivered stays to be settled."""
