@@ -374,37 +374,52 @@ async def dead_letters(url: str, expected: int) -> list[aio_pika.abc.AbstractInc
         await connection.close()
 
 
-async def test_a_user_that_may_not_speak_for_the_shard_is_refused_before_anything_is_written(
+async def test_checked_refuses_one_shards_user_speaking_for_another_before_anything_is_written(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
-    """checked (the default): the test's user naming shard 1 is not shard-1: dead-lettered as
-    unverified_shard with the sender recorded, no row, no answer to shard 1 (that user is no shard)."""
+    """checked (the default): an event sent as shard-5 (recorded on a trusted publisher's copy, as a replay of
+    a letter carries it) naming shard 1 is dead-lettered as unverified_shard with its sender recorded and
+    answered to shard 5, never to shard 1; nothing is written. An event whose user is no shard's (here the
+    test's own) is saved, as contract version 1 allowed."""
     dsn, persona_id = world
     user = user_of(rabbitmq_url)
-    await running.start()
-    body = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
-    await shards.publish(QUIET, body, user_id=user)
+    first = await running.start(trusted_publishers=user)
+    forged = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    await shards.publish(QUIET, forged, user_id=user, headers={USER_ID: "shard-5"})
     [letter] = await dead_letters(rabbitmq_url, 1)
     headers = letter.headers or {}
     assert headers["x-ltm-error-kind"] == DeadLetterKind.UNVERIFIED_SHARD
-    assert f"{user!r} may not speak for shard 1" in str(headers["x-ltm-error"])
-    assert headers[USER_ID] == user
-    assert body["event_id"] not in await ledger(dsn)
-    assert body["event_id"] not in shards.answers.results
+    assert "'shard-5' may not speak for shard 1" in str(headers["x-ltm-error"])
+    assert headers[USER_ID] == "shard-5"
+    await until(lambda: forged["event_id"] in shards.answers.results, "the refusal's answer")
+    assert shards.answers.order == [(5, forged["event_id"])], "the refusal went elsewhere than to shard 5"
+    assert shards.answers.results[forged["event_id"]][0]["status"] == Status.INTERNAL_ERROR
+    assert forged["event_id"] not in await ledger(dsn)
+
+    # a user that is no shard's (and not trusted either): accepted in checked mode
+    first.stop()
+    assert await running.workers.pop()[1] == 0
+    await running.start(trusted_publishers="operator")
+    plain = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    await shards.publish(QUIET, plain, user_id=user)
+    await until(lambda: plain["event_id"] in shards.answers.results, "the plain event's answer")
+    assert shards.answers.results[plain["event_id"]][0]["status"] == Status.SAVED
 
 
 async def test_required_identity_refuses_an_event_without_user_id_and_shared_accepts_any(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
-    """required: an event with no user_id is refused (no answer: its sender is unknown); shared: the same
-    event, and one whose user is not the shard's, are saved."""
+    """required: an event with no user_id, and one whose user is neither shard 1's nor trusted, are refused
+    (no answer: neither sender is a shard); shared: the same events are saved."""
     dsn, persona_id = world
     strict = await running.start(shard_identity="required")
     bare = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+    stranger = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
     await shards.publish(QUIET, bare)
-    [letter] = await dead_letters(rabbitmq_url, 1)
-    assert (letter.headers or {})["x-ltm-error-kind"] == DeadLetterKind.UNVERIFIED_SHARD
-    assert (letter.headers or {})[USER_ID] == ""
+    await shards.publish(QUIET, stranger, user_id=user_of(rabbitmq_url))
+    letters = await dead_letters(rabbitmq_url, 2)
+    assert {(m.headers or {})["x-ltm-error-kind"] for m in letters} == {DeadLetterKind.UNVERIFIED_SHARD}
+    assert sorted((m.headers or {})[USER_ID] for m in letters) == sorted(["", user_of(rabbitmq_url)])
     strict.stop()
     await running.workers[0][1]
     await running.start(shard_identity="shared")
@@ -416,7 +431,10 @@ async def test_required_identity_refuses_an_event_without_user_id_and_shared_acc
     assert {shards.answers.results[i][0]["status"] for i in (again["event_id"], other["event_id"])} == {
         Status.SAVED
     }
-    assert bare["event_id"] not in await ledger(dsn)
+    written = await ledger(dsn)
+    assert bare["event_id"] not in written
+    assert stranger["event_id"] not in written
+    assert bare["event_id"] not in shards.answers.results
 
 
 async def test_a_trusted_publisher_speaks_for_the_sender_recorded_on_the_letter(

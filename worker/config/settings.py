@@ -172,10 +172,10 @@ class Settings(BaseModel):
     )
     shard_identity: Annotated[ShardIdentity, Env("LTM_SHARD_IDENTITY", Choice(SHARD_IDENTITIES))] = Field(
         "checked",
-        description="whether an event's RabbitMQ user may speak for its `shard_id`: `checked` (an AMQP "
-        "`user_id` that is set must be the shard's user; none is accepted, as contract version 1 allows), "
-        "`required` (it must be set and be the shard's user; the shipped manifests), `shared` (not "
-        'checked: one user for every shard); see "Fair shares"',
+        description="whether an event's RabbitMQ user may speak for its `shard_id`: `checked` (one shard's "
+        "user may not speak for another shard; no `user_id`, or a user that is no shard's, is accepted as "
+        "contract version 1 allows), `required` (it must be the shard's user or a trusted publisher; the "
+        'shipped manifests), `shared` (not checked: one user for every shard); see "Fair shares"',
     )
     shard_user: Annotated[str, Env("LTM_SHARD_USER", ShardUserFormat())] = Field(
         DEFAULT_SHARD_USER,

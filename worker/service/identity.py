@@ -7,9 +7,11 @@ claim. This module decides whether that user may speak for the ``shard_id`` the 
 - the shard's own user, ``LTM_SHARD_USER`` with the shard's number in it (``shard-3`` for shard 3);
 - a trusted publisher (``LTM_TRUSTED_PUBLISHERS``: ``worker dlq replay`` runs as one), for any shard; a
   replay carries the sender recorded on its dead letter (``x-ltm-user-id``), and that sender is checked;
-- nobody else. An event with no ``user_id`` is accepted in ``checked`` mode (contract version 1 did not
-  ask for one) and refused in ``required`` mode; in ``shared`` mode (one RabbitMQ user for every shard)
-  nothing is checked.
+- in ``checked`` mode (the default), also a sender that is no shard's user (none at all, or a user not of
+  the ``LTM_SHARD_USER`` form: a shared bot user, a developer's ``guest``), as contract version 1 allowed:
+  what ``checked`` refuses is one shard's user speaking for another shard;
+- nobody else: ``required`` refuses every other sender, none included; ``shared`` (one RabbitMQ user for
+  every shard) checks nothing.
 
 A refused event is dead-lettered as ``unverified_shard`` before anything is written; its answer goes to
 the shard its sender is (:meth:`IdentityRule.shard_of`), never to the shard it named. No I/O here.
@@ -86,7 +88,10 @@ class IdentityRule:
             return None
         if sender == self.user_of(shard_id) or sender in self.trusted:
             return None
+        sender_shard = self.shard_of(sender)
+        if sender_shard is None and self.mode == "checked":
+            return None  # no shard's user: as contract version 1 allowed
         return Refused(
             f"user {sender!r} may not speak for shard {shard_id} (its user is {self.user_of(shard_id)!r})",
-            self.shard_of(sender),
+            sender_shard,
         )
