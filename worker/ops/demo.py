@@ -38,13 +38,14 @@ import asyncpg
 from contracts.example import EXAMPLE_EVENT
 from contracts.models import MAX_INT4, ShardQueueKind, Status, shard_queue
 from worker.broker.events import tool_call_message
-from worker.broker.topology import retry_queue_name
+from worker.broker.topology import retry_queue_name, shard_queue_name
 from worker.broker.urls import connect_any
 from worker.config import Settings
 from worker.faults import explain
 from worker.redact import describe, redact_setting
 from worker.runtime.policy import RetryPolicy
 from worker.store.pool import connect_once
+from worker.store.repository import registered_shards
 
 # --- the contract's example (CONTRACT.md section 3) -----------------------------------------------------
 
@@ -205,6 +206,22 @@ async def _row(conn: asyncpg.Connection, select: str, insert: str, key: str) -> 
     if found is not None:
         return int(found), False
     return int(await conn.fetchval(insert, key)), True
+
+
+async def _recorded_shards(dsn: str) -> list[int]:
+    """The shards with a queue of their own recorded in ``ltm_shard_queues`` (none when it cannot be read)."""
+    try:
+        conn = await connect_once(dsn, timeout=10)
+    except Exception:
+        return []
+    try:
+        if await conn.fetchval("SELECT to_regclass('public.ltm_shard_queues')") is None:
+            return []
+        return list(await registered_shards(conn))
+    except asyncpg.PostgresError:
+        return []
+    finally:
+        await conn.close()
 
 
 async def _clean_rows(dsn: str, out: Callable[[str], None]) -> int:
@@ -388,6 +405,10 @@ async def clean(
         t = settings.topology
         delays = RetryPolicy.of(settings).tiers()
         names += [t.work_queue, *(retry_queue_name(t, d) for d in delays), t.dead_letter_queue]
+        # the shards' own queues the worker declared (README "Fair shares"): the demo's shard's, and any other
+        # recorded in Postgres; each only when empty and unused, like the rest
+        own = sorted({shard, *await _recorded_shards(settings.postgres_dsn)})
+        names += [shard_queue_name(t, n) for n in own]
         exchanges = [
             t.tool_calls_exchange,
             t.results_exchange,
