@@ -30,6 +30,7 @@ from tests.services import Services
 from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_topology, shard_queue_name
 from worker.config import Settings, Topology
+from worker.ops.shards import Report, as_json, gather, render
 from worker.runtime.policy import RetryPolicy
 from worker.runtime.runner import Worker
 
@@ -609,3 +610,38 @@ async def test_past_its_byte_budget_a_worker_takes_nothing_more_until_half_is_do
     assert running.count("the queues are consumed again") >= 1
     written = await ledger(dsn)
     assert set(written) == set(ids)
+
+
+async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """`worker shards`, without Prometheus: two workers record what they saw; the report has each shard's
+    events in and answered, its wait, its share of the events in, and its own queue's depth."""
+    _, persona_id = world
+    await running.start(metrics_interval_seconds=1)
+    await running.start(metrics_interval_seconds=1)
+    bodies = [event_body(SAVE, persona_id=persona_id, shard_id=FLOODER) for _ in range(30)]
+    bodies += [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(10)]
+    await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
+    ids = [b["event_id"] for b in bodies]
+    await until(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
+
+    async def reported() -> Report | None:
+        report = await gather(running.settings, minutes=5)
+        answered = {line.shard_id: line.answered for line in report.shards}
+        return report if answered.get(FLOODER) == 30 and answered.get(QUIET) == 10 else None
+
+    await until(reported, "both shards' answers recorded")
+    report = await reported()
+    assert report is not None
+    assert report.problems == []
+    assert report.workers == 2
+    loud, quiet = report.shards[0], report.shards[1]
+    assert (loud.shard_id, loud.received, quiet.shard_id, quiet.received) == (FLOODER, 30, QUIET, 10)
+    assert loud.share_in == pytest.approx(0.75)
+    assert loud.wait_p99_s is not None
+    assert loud.queued == 0, "shard 0's own queue was declared and is empty"
+    table = render(report).splitlines()
+    assert table[1].split()[:3] == ["shard", "in", "answered"]
+    assert table[2].split()[:3] == ["0", "30", "30"]
+    assert json.loads(as_json(report))["shards"][0]["shard_id"] == FLOODER

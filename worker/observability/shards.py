@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import contextlib
 import os
+import secrets
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,8 +76,8 @@ class ShardActivity:
 
 
 def worker_name() -> str:
-    """This process in ``ltm_shard_activity``: host and pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """A worker in ``ltm_shard_activity``: host, pid and a token (two workers in one process are two)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class ActivityRecorder:

@@ -315,7 +315,8 @@ ACTIVITY_KEPT = "1 hour"
 async def write_shard_activity(
     conn: asyncpg.Connection | asyncpg.Pool, worker: str, rows: Sequence[ActivityRow]
 ) -> None:
-    """One row per shard of ``rows``, stamped now, for ``worker``."""
+    """One row per shard of ``rows``, stamped now, for ``worker`` (on a connection of the worker's pool, whose
+    ``jsonb`` codec encodes the list)."""
     await conn.execute(
         "INSERT INTO ltm_shard_activity (sampled_at, worker, shard_id, received, answered, held, wait_counts)"
         " SELECT now(), $1, r.shard_id, r.received, r.answered, r.held,"
@@ -323,18 +324,16 @@ async def write_shard_activity(
         " FROM jsonb_to_recordset($2::jsonb)"
         " AS r(shard_id integer, received integer, answered integer, held integer, wait_counts jsonb)",
         worker,
-        orjson.dumps(
-            [
-                {
-                    "shard_id": row.shard_id,
-                    "received": row.received,
-                    "answered": row.answered,
-                    "held": row.held,
-                    "wait_counts": row.wait_counts,
-                }
-                for row in rows
-            ]
-        ).decode(),
+        [
+            {
+                "shard_id": row.shard_id,
+                "received": row.received,
+                "answered": row.answered,
+                "held": row.held,
+                "wait_counts": row.wait_counts,
+            }
+            for row in rows
+        ],
     )
 
 
