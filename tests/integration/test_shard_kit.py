@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import shutil
 import time
@@ -242,7 +243,7 @@ async def test_saves_through_the_worker_typed_results_the_wire_notices_and_inval
         assert wire.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
         assert wire.correlation_id == server_call
         assert wire.type == "tool_call.v1"
-        assert wire.user_id == "guest"
+        assert wire.user_id == urlsplit(rabbitmq_url).username  # the user this connection logs in as
         assert (wire.headers or {}).get(
             "traceparent"
         ) == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -297,7 +298,7 @@ async def test_with_the_shards_own_queue_bound_the_event_lands_there_by_its_key(
         assert sorted(m.routing_key or "" for m in taken) == [f"tool.{t}.shard.{SHARD}" for t in TOOLS]
         for message in taken:
             body = json.loads(message.body)
-            assert message.user_id == "guest"
+            assert message.user_id == urlsplit(rabbitmq_url).username
             assert message.message_id == body["event_id"]
             assert message.correlation_id == body["tool_call_id"]
             assert message.type == "tool_call.v1"
@@ -376,7 +377,8 @@ async def test_a_user_id_not_the_connections_is_refused_and_false_sends_none(rab
         refused = await outcome(wrong)
         assert isinstance(refused, LtmIdentityError), refused
         assert (refused.code, refused.user_id) == ("identity_refused", "shard-4")
-        assert "user_id property set to 'shard-4' but authenticated user was 'guest'" in str(refused)
+        login = urlsplit(rabbitmq_url).username
+        assert f"user_id property set to 'shard-4' but authenticated user was '{login}'" in str(refused)
         again = await outcome(wrong)
         assert isinstance(again, LtmIdentityError)
         assert wrong.in_flight == 0
@@ -526,7 +528,9 @@ async def test_refusals_before_anything_is_published(rabbitmq_url: str) -> None:
     ):
         await LtmClient.connect(wrong_password.geturl(), SHARD, startup_retries=5)
     missing = parts._replace(path="/ltm-no-such-vhost")
-    with pytest.raises(LtmClientError, match=r'^RabbitMQ refused vhost "ltm-no-such-vhost" to user "guest"'):
+    login = re.escape(parts.username or "")
+    refused_vhost = rf'^RabbitMQ refused vhost "ltm-no-such-vhost" to user "{login}"'
+    with pytest.raises(LtmClientError, match=refused_vhost):
         await LtmClient.connect(missing.geturl(), SHARD, startup_retries=5)
     with pytest.raises(LtmClientError, match=r"NOT_FOUND - no exchange 'tomori\.tool_calls'"):
         await LtmClient.connect(rabbitmq_url, SHARD)

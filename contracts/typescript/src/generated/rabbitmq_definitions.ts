@@ -57,7 +57,9 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "name": "keda",
       "password_hash": "dGfBw92e5gXCjowUeCY3HdtPhq2VQoiU+kw50Sg3/isC78rw",
       "hashing_algorithm": "rabbit_password_hashing_sha256",
-      "tags": [],
+      "tags": [
+        "management"
+      ],
       "limits": {}
     }
   ],
