@@ -44,7 +44,7 @@ from bench.sandbox import Sandbox
 from sim.shard import ShardLink
 from worker.broker.topology import declare_topology
 from worker.config import load_settings, overridden_env
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 from worker.store.migrate import apply_migrations
 
 REPO = Path(__file__).resolve().parent.parent

@@ -44,7 +44,7 @@ from worker.broker.topology import declare_topology
 from worker.broker.urls import first_answering
 from worker.config import Settings, load_settings, overridden_env
 from worker.redact import redact_url as redact
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 from worker.store.pool import create_pool
 
 DEFAULT_RESULT_BYTES = 450

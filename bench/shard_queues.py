@@ -24,7 +24,7 @@ import aio_pika
 from bench.sandbox import Sandbox
 from worker.broker.topology import declare_shard_queue, declare_topology, shard_queue_name
 from worker.config import Settings, Topology
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 
 TOPOLOGY = Topology()
 SETTLE_SECONDS = 5.0

@@ -5,8 +5,10 @@ publisher, then (once Postgres is migrated and Redis answers) the pool, the batc
 outbox. Everything it yields is ready; nothing downstream checks for ``None``. A test may hand it its own
 Postgres pool, Redis publisher or tracer (it then neither builds nor closes them).
 
-:meth:`Services.handler_for` is the other half: the wiring of one connection's :class:`EventHandler`, the
-same for the consumer and for the tests that build one.
+What it yields is a :class:`~worker.runtime.services.Services`, whose
+:meth:`~worker.runtime.services.Services.handler_for`
+wires one connection's handler. Nothing below imports this module: the runner (worker/runner.py) and the
+tests call it.
 """
 
 from __future__ import annotations
@@ -15,14 +17,12 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import asyncpg
 import structlog
-from aio_pika.abc import AbstractChannel
 
-from worker.broker.publisher import Publisher
-from worker.broker.topology import Declared, shard_queue_name
+from worker.broker import content_header
+from worker.broker.topology import shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings, connection_problems
 from worker.faults import explain, needs_a_person
@@ -33,14 +33,12 @@ from worker.observability.metrics import Metrics
 from worker.observability.probes import InvalidSetting, Readiness, migrations_problem, probe
 from worker.observability.sampler import Sampler, sampled_queues
 from worker.observability.shards import ActivityRecorder
-from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import EventTracer, create_tracer
 from worker.redact import describe
 from worker.runtime.backoff import Backoff
-from worker.runtime.handler import EventHandler
-from worker.runtime.policy import RetryPolicy
+from worker.runtime.services import Services
 from worker.service.batcher import Batcher
-from worker.service.identity import IdentityRule
+from worker.service.policy import RetryPolicy
 from worker.store.pool import create_pool
 from worker.store.repository import registered_shards
 
@@ -48,38 +46,6 @@ log = structlog.get_logger("worker")
 
 #: how long closing the Postgres pool may wait for connections to be handed back before closing them hard
 POOL_CLOSE_SECONDS = 3.0
-
-
-@dataclass(frozen=True, slots=True)
-class Services:
-    """Everything one worker process uses for its whole life, every part ready."""
-
-    settings: Settings
-    policy: RetryPolicy
-    metrics: Metrics
-    tracer: EventTracer
-    readiness: Readiness
-    pool: asyncpg.Pool
-    batcher: Batcher
-    outbox: InvalidationOutbox
-    #: the RabbitMQ nodes of LTM_RABBITMQ_URL; each reconnect starts with the node after the last one used
-    nodes: Nodes
-
-    def handler_for(
-        self, publish_channel: AbstractChannel, declared: Declared, stopping: asyncio.Event
-    ) -> EventHandler:
-        """The handler of one connection: it publishes on ``publish_channel`` (confirm mode) to the exchanges
-        ``declared`` on it; each delivery is settled through its own channel's acks."""
-        return EventHandler(
-            processor=self.batcher,
-            publisher=Publisher.for_topology(publish_channel, declared),
-            invalidations=self.outbox,
-            telemetry=EventTelemetry(self.metrics, self.tracer, self.settings.topology),
-            policy=self.policy,
-            identity=IdentityRule.of(self.settings),
-            topology=self.settings.topology,
-            stopping=stopping,
-        )
 
 
 class Stopped(Exception):
@@ -101,6 +67,9 @@ async def open_services(
     it. Raises :class:`Stopped` when ``stopping`` is set before the dependencies answer. On exit everything
     is closed in reverse order.
     """
+    # process-wide, before the first connection: a worker in a test's event loop, not started by
+    # worker/cli.py (which installs it for every command), decodes any content header all the same
+    content_header.install()
     problems = connection_problems(settings)
     if problems:  # a URL that can never work: nothing to wait for
         raise InvalidSetting("; ".join(problems.values()))
@@ -165,9 +134,7 @@ async def open_services(
         recorder = ActivityRecorder(pool, metrics.activity, settings.metrics_interval_seconds)
         recorder.start()
         stack.push_async_callback(recorder.close)
-        policy = RetryPolicy(
-            settings.retry_max_attempts, settings.retry_base_delay_ms, settings.retry_max_delay_ms
-        )
+        policy = RetryPolicy.of(settings)
         yield Services(settings, policy, metrics, tracer, readiness, pool, batcher, outbox, nodes)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from worker.broker import content_header
 from worker.config import (
     Settings,
     SettingsError,
@@ -182,6 +183,9 @@ def _settings_refused(command: str, problem: str, *, as_json: bool = False) -> i
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``worker`` console script."""
     guard_std_streams()  # a reader that went away (`worker run | head`) must not break a command mid-way
+    # process-wide: every connection this process opens (the worker's, `worker dlq`'s) decodes any content
+    # header, so one malformed property never costs a connection (worker/broker/content_header.py)
+    content_header.install()
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -200,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_migrate(settings.postgres_dsn))
     if args.command == "run":
         from worker.observability.http_server import ListenError
-        from worker.runtime.runner import Worker
+        from worker.runner import Worker
 
         try:
             return _run_fast(Worker(settings).run())

@@ -17,7 +17,7 @@ from tests.factories import event_body
 from tests.monitoring import exposed_names, metric_names_used
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology, load_settings
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 
 pytestmark = pytest.mark.e2e
 

@@ -37,7 +37,7 @@ from tests.e2e.workload import (
 )
 from worker.broker.topology import declare_topology
 from worker.config import Topology
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 
 pytestmark = pytest.mark.e2e
 

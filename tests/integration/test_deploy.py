@@ -71,7 +71,7 @@ from worker.config import Settings, Topology, env_of
 from worker.observability.metrics import Metrics
 from worker.observability.sampler import Sampler
 from worker.pipeline.outcome import internal_error
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.integration

@@ -31,8 +31,8 @@ from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_topology, shard_queue_name
 from worker.config import Settings, Topology
 from worker.ops.shards import Report, as_json, gather, render
-from worker.runtime.policy import RetryPolicy
-from worker.runtime.runner import Worker
+from worker.runner import Worker
+from worker.service.policy import RetryPolicy
 
 WAIT = 120.0
 TOPOLOGY = Topology()

@@ -45,7 +45,7 @@ from tests.factories import BOT, CHANNEL, GUILD, TRIGGER, BotRows, World, member
 from tests.services import is_this_machine, run_command
 from worker.broker.topology import work_queue_arguments
 from worker.config import Settings, Topology
-from worker.runtime.runner import Worker
+from worker.runner import Worker
 
 WAIT = 60.0
 SHARD = 3

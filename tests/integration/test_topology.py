@@ -10,7 +10,7 @@ import pytest
 
 from worker.broker.topology import DEFAULT_DELIVERY_LIMIT, declare_topology, retry_queue_name
 from worker.config import Topology
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 
 pytestmark = pytest.mark.integration
 

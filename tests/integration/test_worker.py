@@ -32,7 +32,7 @@ from tests.factories import BotRows, event_body
 from tests.services import is_this_machine, run_command
 from worker.broker.topology import retry_queue_arguments
 from worker.config import Settings, Topology
-from worker.runtime.runner import Worker
+from worker.runner import Worker
 
 #: every wait's deadline: generous, for a loaded machine; a passing test never waits it out
 WAIT = 60.0

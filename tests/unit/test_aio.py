@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from worker.runtime.aio import side_by_side
+from worker.aio import side_by_side
 
 
 async def test_both_run_at_the_same_time() -> None:

@@ -10,7 +10,7 @@ import pytest
 from worker.bootstrap import Stopped, open_services
 from worker.config import Settings
 from worker.invalidation.redis import InvalidationPublisher
-from worker.runtime.runner import Worker
+from worker.runner import Worker
 
 #: nothing listens there: nothing may be connected to before the stop is seen
 NOWHERE = Settings(

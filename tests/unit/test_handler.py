@@ -24,8 +24,8 @@ from worker.observability.telemetry import EventTelemetry
 from worker.observability.tracing import UntracedEvents
 from worker.pipeline import outcome
 from worker.runtime.handler import EventHandler
-from worker.runtime.policy import RetryPolicy
 from worker.service.identity import IdentityRule
+from worker.service.policy import RetryPolicy
 from worker.service.process import Conflict, ProcessedEvent
 
 POLICY = RetryPolicy(max_attempts=3, base_delay_ms=100, max_delay_ms=400, draw=lambda low, high: high)

@@ -12,7 +12,7 @@ from contracts.models import DeadLetterKind, Status
 from worker.broker.envelope import RoutableIds, Unreadable
 from worker.faults import TransientError
 from worker.pipeline import outcome
-from worker.runtime.policy import (
+from worker.service.policy import (
     DeadLetter,
     Retry,
     RetryPolicy,

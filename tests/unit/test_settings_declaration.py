@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from worker.config import (
     Limits,
     Settings,
+    as_env,
     configuration_table,
     declared,
     env_of,
@@ -59,12 +60,12 @@ def test_settings_written_as_variables_read_back_the_same_without_a_fallback() -
         log_level="debug",
         tracing="console",
     )
-    env = settings.as_env()
+    env = as_env(settings)
 
     assert set(env) == {s.var for s in declared()}
     assert (env["MAX_SERVER_MEMORIES"], env["LTM_CONCURRENCY"], env["LTM_HTTP_PORT"]) == ("7", "3", "9109")
     assert load_settings(env) == settings
-    assert load_settings(Settings().as_env()) == Settings() == load_settings({})
+    assert load_settings(as_env(Settings())) == Settings() == load_settings({})
 
 
 def test_fallbacks_come_in_declaration_order() -> None:
@@ -120,7 +121,7 @@ def test_env_with_writes_every_setting_with_the_named_ones_changed() -> None:
     env = env_with(settings, prefetch=8, max_server_memories=5, tracing="console")
 
     changed = {"LTM_PREFETCH": "8", "MAX_SERVER_MEMORIES": "5", "LTM_TRACING": "console"}
-    assert env == settings.as_env() | changed
+    assert env == as_env(settings) | changed
     assert load_settings(env) == settings.model_copy(
         update={"prefetch": 8, "tracing": "console", "limits": Limits(max_server_memories=5)}
     )

@@ -260,7 +260,7 @@ def test_off_never_loads_the_sdk() -> None:
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "assert not loaded, loaded\n"
         "from worker.config import Settings\n"
-        "import worker.runtime.runner, worker.bootstrap, worker.runtime.consumer, worker.runtime.handler\n"
+        "import worker.runner, worker.bootstrap, worker.runtime.consumer, worker.runtime.handler\n"
         "tracer = create_tracer(Settings().tracing)\n"
         "with tracer.event_span('tp', {}) as span:\n"
         "    assert span.traceparent == 'tp'\n"

@@ -25,6 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 from pamqp.commands import Basic
 
 from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind, ToolResult
+from worker.aio import side_by_side
 from worker.broker.blocking import publish_deadline
 from worker.broker.headers import (
     ATTEMPTS,
@@ -43,7 +44,6 @@ from worker.broker.headers import (
 )
 from worker.broker.topology import Declared
 from worker.faults import TransientError
-from worker.runtime.aio import side_by_side
 
 PUBLISH_TIMEOUT = 10.0
 PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)

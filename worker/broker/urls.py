@@ -18,7 +18,6 @@ from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
-from worker.broker import content_header
 from worker.faults import explain
 from worker.redact import redact_url
 
@@ -62,9 +61,8 @@ class Nodes:
     async def connect(self, **options: Any) -> aio_pika.abc.AbstractConnection:
         """A connection to the first node that answers, starting after the node used last; every node is
         tried once; ``options`` go to :func:`aio_pika.connect`. Raises :class:`NoNodeAnswered` naming each
-        node's error when none answers. Every connection decodes any content header
-        (:mod:`worker.broker.content_header`)."""
-        content_header.install()
+        node's error when none answers. A process that reads deliveries installs
+        :func:`worker.broker.content_header.install` first (worker/cli.py, worker/bootstrap.py)."""
         errors: list[str] = []
         last: Exception | None = None
         count = len(self.urls)

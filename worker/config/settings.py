@@ -236,9 +236,3 @@ class Settings(BaseModel):
     notes: tuple[Note, ...] = ()
     #: the variables whose value was read from the file their ``_FILE`` variable names
     from_files: tuple[str, ...] = ()
-
-    def as_env(self) -> dict[str, str]:
-        """Every declared setting as the variable that gives it this value (for a worker process to start)."""
-        from worker.config.env import as_env  # the environment side imports this model
-
-        return as_env(self)

@@ -41,7 +41,7 @@ from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.observability.metrics import Metrics
 from worker.redact import describe
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 
 log = structlog.get_logger("worker.sampler")
 

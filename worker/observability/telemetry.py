@@ -25,7 +25,7 @@ from worker.config import Topology
 from worker.observability.metrics import Metrics
 from worker.observability.tracing import Attribute, EventSpan, EventTracer, in_step
 from worker.redact import describe
-from worker.runtime.policy import DeadLetter, Retry
+from worker.service.policy import DeadLetter, Retry
 from worker.service.process import ProcessedEvent
 
 log = structlog.get_logger("worker")

@@ -43,7 +43,7 @@ from worker.broker.urls import connect_any
 from worker.config import Settings
 from worker.faults import explain
 from worker.redact import describe, redact_setting
-from worker.runtime.policy import RetryPolicy
+from worker.service.policy import RetryPolicy
 from worker.store.pool import connect_once
 from worker.store.repository import registered_shards
 

@@ -1,6 +1,7 @@
-"""The running worker: `worker run`'s lifecycle (`runner`), one connection's consume loop (`consumer`), one
-delivery from body to ack (`handler`), carrying out an ack, retry, dead letter or hand-back (`delivery`), the
-pure failure policy and its retry tiers (`policy`), at most N events at once (`slots`), reconnect delays
-(`backoff`), the start-up collector freeze (`heap`) and small asyncio helpers (`aio`)."""
+"""The running worker: one connection's consume loop (`consumer`), what it runs on (`services`), one delivery
+from body to ack (`handler`), carrying out an ack, retry, dead letter or hand-back (`delivery`), at most N
+events at once (`slots`), a shard's share (`hand`, `shards`), reconnect delays (`backoff`) and the start-up
+collector freeze (`heap`). The process's lifecycle (`worker run`) is worker/runner.py, beside the
+composition root (worker/bootstrap.py) it calls; the failure policy is worker/service/policy.py."""
 
-__all__ = ["aio", "backoff", "consumer", "delivery", "handler", "heap", "policy", "runner", "slots"]
+__all__ = ["backoff", "consumer", "delivery", "hand", "handler", "heap", "services", "shards", "slots"]

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from worker.bootstrap import Services
+from worker.aio import close_quietly, first_of
 from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
@@ -31,10 +31,10 @@ from worker.broker.headers import from_worker, sender_of
 from worker.broker.publisher import BacklogFull, Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.redact import describe, redact_url
-from worker.runtime.aio import close_quietly, first_of
 from worker.runtime.delivery import delivery_tag
 from worker.runtime.hand import Hand
 from worker.runtime.handler import EventHandler
+from worker.runtime.services import Services
 from worker.runtime.shards import ShardQueues
 from worker.runtime.slots import Slots
 from worker.service.identity import IdentityRule

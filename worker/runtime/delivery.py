@@ -1,7 +1,7 @@
 """One delivery of the work queue and every way it can be settled: acked, parked in a retry queue,
 dead-lettered (its shard answered when it can be), or handed back to the queue.
 
-:mod:`worker.runtime.policy` decides which. This module carries it out. Only a lost channel leaves a
+:mod:`worker.service.policy` decides which. This module carries it out. Only a lost channel leaves a
 delivery to the broker, which requeues it.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -22,8 +23,7 @@ from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds
 from worker.broker.headers import Sender
 from worker.redact import describe
-from worker.runtime.policy import DeadLetter, Retry
-from worker.service.process import failure_answer
+from worker.service.policy import DeadLetter, Retry
 
 log = structlog.get_logger("worker")
 
@@ -129,7 +129,7 @@ class Delivery:
                     event_id=ids.event_id,
                     tool_call_id=ids.tool_call_id,
                     shard_id=ids.shard_id,
-                    result=failure_answer(ids, decision.failure),
+                    result=decision.failure.result(ids, datetime.now(UTC)),
                     notification=None,
                     traceparent=traceparent,
                 )

@@ -1,5 +1,5 @@
 """One delivery, from its body to its ack: read the envelope, process the event (Postgres), publish what it
-emits, settle. Where a failed delivery goes is :mod:`worker.runtime.policy`'s choice, and
+emits, settle. Where a failed delivery goes is :mod:`worker.service.policy`'s choice, and
 :class:`~worker.runtime.delivery.Delivery` carries it out. What is reported about it (metrics, log lines,
 span) is :mod:`worker.observability.telemetry`'s. Every delivery ends settled on every path; only a lost
 channel leaves it to the broker, which requeues it.
@@ -15,6 +15,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from contracts.models import ToolCallEvent
+from worker.aio import side_by_side
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
 from worker.broker.headers import attempts_made, sender_of, traceparent_of
@@ -22,9 +23,9 @@ from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.observability.telemetry import EventTelemetry, EventTrace
 from worker.redact import describe
-from worker.runtime.aio import side_by_side
 from worker.runtime.delivery import Delivery, Outputs
-from worker.runtime.policy import (
+from worker.service.identity import IdentityRule, Refused
+from worker.service.policy import (
     CONFLICT_ERROR,
     DeadLetter,
     Retry,
@@ -35,7 +36,6 @@ from worker.runtime.policy import (
     route_unreadable,
     route_unverified,
 )
-from worker.service.identity import IdentityRule, Refused
 from worker.service.process import ProcessedEvent
 
 log = structlog.get_logger("worker")

@@ -10,8 +10,9 @@ processed again for real (a retry or a dead-letter replay).
 
 Every tool result the worker sends is built here, once, typed: an outcome that saves nothing before its
 write (the ledger stores it as it is), a save's after its write has drawn the memory's id (the ledger's
-copy goes with the write without the id, which the statement writes in), a replay from the ledger's copy,
-and the answer that goes with a dead letter (:func:`failure_answer`).
+copy goes with the write without the id, which the statement writes in), and a replay from the
+ledger's copy. The answer that goes with a dead letter is the policy's decision's own
+(:class:`worker.service.policy.DeadLetter` carries its outcome), built where the delivery is dead-lettered.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from contracts.models import Status, ToolCallEvent, ToolResult
 from worker.pipeline import outcome
 from worker.pipeline.limits import MemoryLimits, limit_reached, max_for
 from worker.pipeline.notice import notice_for
-from worker.pipeline.outcome import EventIds, Outcome
+from worker.pipeline.outcome import Outcome
 from worker.pipeline.plan import SavePlan
 from worker.pipeline.state import LoadedState
 from worker.pipeline.steps import decide, missing_state, saved, users_needed
@@ -238,12 +239,6 @@ async def _write(
                 Status.SAVED, done.memory_id, answer, item.notice, item.invalidation, replayed=False
             )
     return duplicates, full
-
-
-def failure_answer(ids: EventIds, failure: Outcome, *, clock: Callable[[], datetime] = utcnow) -> ToolResult:
-    """The result that goes with a dead letter (``internal_error``, ``db_error``: see
-    :func:`worker.runtime.policy.route_failure`), for an event known perhaps only by its ids."""
-    return failure.result(ids, clock())
 
 
 def _stored_answer(

@@ -1,7 +1,7 @@
 """The failure result a shard got with a dead letter, rebuilt from the letter's kind and its body's ids.
 
 The broker keeps no copy of the result the worker published to ``tomori.tool_results``; the worker builds it
-from the kind and the event's ids alone (:func:`~worker.runtime.policy.route_failure`, the dead-letter
+from the kind and the event's ids alone (:func:`~worker.service.policy.route_failure`, the dead-letter
 paths), so the same functions rebuild it here, answering the same event, timed at the letter's failure.
 """
 

@@ -13,13 +13,13 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
+from worker.aio import close_quietly
 from worker.broker.headers import copy_message, frame_max_of
 from worker.ops.dlq.audit import Taken
 from worker.ops.dlq.letters import Letter, Selection, replay_headers
 from worker.ops.dlq.reading import Seen, read
 from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Pass, Sweep
 from worker.redact import describe
-from worker.runtime.aio import close_quietly
 
 PUBLISH_TIMEOUT = 30.0
 

@@ -26,6 +26,7 @@ from aio_pika import IncomingMessage
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import DeliveredMessage
 
+from worker.aio import close_quietly
 from worker.ops.dlq.letters import Letter, Selection, read_dead_letter
 from worker.ops.dlq.sweep import (
     CHANNEL_GONE,
@@ -36,7 +37,6 @@ from worker.ops.dlq.sweep import (
     Sweep,
     queue_depth,
 )
-from worker.runtime.aio import close_quietly
 
 #: a pass with a consumer holds every message it was given until it ends: AMQP's prefetch count is 16 bits,
 #: so a deeper queue is read with basic.get instead

@@ -14,13 +14,13 @@ from typing import Generic, Self, TypeVar
 import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
+from worker.aio import close_quietly
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
 from worker.faults import refusal
 from worker.ops.dlq.letters import Letter, Selection, read_dead_letter
 from worker.redact import describe
 from worker.redact import redact_url as redact
-from worker.runtime.aio import close_quietly
 
 DEFAULT_BATCH = 1000
 CONNECT_TIMEOUT = 10.0

@@ -12,18 +12,28 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from contracts.models import DeadLetterKind
 from worker.faults import is_transient
 from worker.pipeline import outcome
 
 if TYPE_CHECKING:
-    from worker.broker.envelope import Unreadable
     from worker.config import Settings
 
 #: the error a conflicting event's dead letter carries (``x-ltm-error``)
 CONFLICT_ERROR = "event_id conflict: the ledger holds this event_id for a different event"
+
+
+class Unreadable(Protocol):
+    """What the policy reads of a body that is no event (:class:`worker.broker.envelope.Unreadable`):
+    its kind, and the envelope's ids when they could be read."""
+
+    @property
+    def kind(self) -> DeadLetterKind: ...
+
+    @property
+    def ids(self) -> object | None: ...
 
 
 @dataclass(frozen=True, slots=True)
