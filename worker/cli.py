@@ -139,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     from worker.ops.dlq.cli import add_dlq_parser
 
     add_dlq_parser(commands, add_setting_options)
-    from worker.ops.demo_cli import add_demo_parser
+    from worker.ops.demo.cli import add_demo_parser
 
     add_demo_parser(commands, DEMO_HELP, add_setting_options)
     return parser

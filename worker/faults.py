@@ -24,7 +24,7 @@ import aiormq.exceptions
 import asyncpg
 import redis.exceptions
 
-from worker.redact import CERTIFICATE_REFUSED, describe
+from worker.redact import CERTIFICATE_REFUSED, describe, message_of
 
 __all__ = [
     "ClientKeyRefused",
@@ -170,7 +170,7 @@ def _refusal_one(exc: BaseException, url: str | None) -> str | None:
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused | aiormq.exceptions.ConnectionNotAllowed):
         who = user or "guest"
         return (
-            f"{RABBITMQ_REFUSED} user {who!r}: {_text(exc)} (its permissions on the vhost: rabbitmqctl "
+            f"{RABBITMQ_REFUSED} user {who!r}: {message_of(exc)} (its permissions on the vhost: rabbitmqctl "
             f"list_user_permissions {shlex.quote(who)}; deploy/README.md lists what the worker needs)"
         )
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
@@ -182,18 +182,22 @@ def _refusal_one(exc: BaseException, url: str | None) -> str | None:
         )
     if isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "").startswith(_POSTGRES_LOGIN_REFUSED):
         return (
-            f"{POSTGRES_REFUSED} the login: {_text(exc)} (check the user and password in the DSN, and that "
-            "the server's pg_hba.conf admits this host, user and database)"
+            f"{POSTGRES_REFUSED} the login: {message_of(exc)} (check the user and password in the DSN, and "
+            "that the server's pg_hba.conf admits this host, user and database)"
         )
     if isinstance(
         exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError
     ):
-        return f"{REDIS_REFUSED} the login: {_text(exc)} (check the user and password in the URL)"
+        return f"{REDIS_REFUSED} the login: {message_of(exc)} (check the user and password in the URL)"
     if isinstance(exc, redis.exceptions.NoPermissionError):
-        return f"{REDIS_REFUSED} a command: {_text(exc)} (the user's ACL must allow PING, INFO and PUBLISH)"
+        return (
+            f"{REDIS_REFUSED} a command: {message_of(exc)} (the user's ACL must allow PING, INFO and PUBLISH)"
+        )
     if isinstance(exc, socket.gaierror):
         host = _host_of(url)
-        return f"{HOST_UNKNOWN} {repr(host) if host else 'name'} ({_text(exc)}): check the host in the URL"
+        return (
+            f"{HOST_UNKNOWN} {repr(host) if host else 'name'} ({message_of(exc)}): check the host in the URL"
+        )
     return None
 
 
@@ -207,11 +211,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
         found.append(current)
         current = current.__cause__ or current.__context__
     return found
-
-
-def _text(exc: BaseException) -> str:
-    """The message of ``exc`` on one line, without its type (describe's, redacted)."""
-    return describe(exc).partition(": ")[2] or type(exc).__name__
 
 
 def _parts(url: str | None) -> tuple[str, str, str]:

@@ -108,3 +108,9 @@ def describe(exc: BaseException) -> str:
             line += f" ({' '.join(refused.strerror.split())})"
         line = f"{CERTIFICATE_REFUSED} ({reason}): {line}"
     return line[:500]
+
+
+def message_of(exc: BaseException) -> str:
+    """:func:`describe`'s line without the type (``Connection refused``), or the type's name when the message
+    is empty: for a sentence that already says what failed."""
+    return describe(exc).partition(": ")[2] or type(exc).__name__

@@ -80,6 +80,29 @@ class Worker:
             return 0
 
     async def _serve(self) -> int:
+        """One :class:`Consumer` per connection, one after another, with a jittered backoff between them.
+
+        Why the worker reconnects itself instead of using aio-pika's ``connect_robust``: a robust
+        connection restores itself inside the library, re-opening its channels, re-declaring what was
+        declared on them and consuming again, so the code above it never learns that a channel died. The
+        worker must learn it, because:
+
+        - the deliveries in flight died with their channel: their tags mean nothing on a new one, and the
+          per-channel :class:`~worker.broker.acks.Acks` (which coalesces acks into ``multiple``) holds the
+          old channel. The worker cancels those events (the broker redelivers them; the ledger answers any
+          whose write committed) and builds new acks; it also stops taking work meanwhile (``/readyz``
+          says not consuming) and a stop drains instead of racing a restore;
+        - ``LTM_RABBITMQ_URL`` may list several nodes: a robust connection retries the one URL it was given,
+          at a fixed interval; :class:`~worker.broker.urls.Nodes` starts with the node after the lost one,
+          and :class:`~worker.runtime.backoff.Backoff` spreads many workers' retries (README "Past one
+          machine");
+        - each connection declares the topology again from the settings (the retry tiers of
+          ``LTM_RETRY_*``), so a refused declaration (a queue deleted or re-declared with other arguments)
+          surfaces as an error the operator sees, and the shards' own queues are consumed as Postgres
+          records them now, not as a restore replays the old set;
+        - the memory and disk alarm is watched on the connection itself (:mod:`worker.broker.blocking`),
+          which a restore would replace under it.
+        """
         async with open_services(self.settings, self._stopping) as services:
             # start-up's objects out of the collector's way, and fewer young collections (runtime/heap.py)
             heap.freeze_startup()

@@ -30,6 +30,8 @@ from typing import Any
 from pamqp import decode
 from pamqp.commands import Basic
 
+from worker.redact import message_of
+
 #: the header under which the decoder names what it left out (set by the decoder only: a publisher's own
 #: value for it is discarded)
 UNDECODABLE = "x-ltm-undecodable"
@@ -249,7 +251,7 @@ def _why(exc: BaseException) -> str:
         return "not UTF-8"
     if isinstance(exc, RecursionError):
         return "nested too deeply"
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return message_of(exc)
 
 
 def printable(text: str, limit: int = _NOTE_LIMIT) -> str:

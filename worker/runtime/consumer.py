@@ -16,11 +16,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Hashable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from worker.aio import close_quietly, first_of
 from worker.broker.acks import Acks
@@ -66,65 +67,21 @@ class Consumer:
     async def run(self) -> None:
         """Connect, declare, consume; return after a graceful drain or once the connection is lost.
 
-        Raises when the broker cannot be reached or the start-up declarations fail."""
-        settings = self._services.settings
-        topology = settings.topology
-        nodes = self._services.nodes
-        connection = await nodes.connect()
+        Raises when the broker cannot be reached or the start-up declarations fail. A lost connection, a
+        lost channel or a consumer the broker cancelled all end this connection's life the same way: what
+        is in flight is let go (the broker redelivers it) and the runner connects again (worker/runner.py
+        says why the worker does this itself rather than through aio-pika's ``connect_robust``)."""
+        connection = await self._services.nodes.connect()
         lost = asyncio.Event()
-        connection.close_callbacks.add(lambda *_: lost.set())
+        _ends_with(connection, lost)
         # a memory or disk alarm: logged, on /readyz and ltm_rabbitmq_blocked; publishes wait it out
         block = BrokerBlock(self._services.readiness.set_blocked)
         try:
-            publish_channel = await self._channel(connection, lost, confirms=True)
-            watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
-            declared = await declare_topology(publish_channel, topology, self._services.policy.tiers())
-            # delivery tags are per channel: each consuming channel settles its own
-            common_channel = await self._channel(connection, lost, prefetch=settings.prefetch)
-            shard_channel = await self._channel(connection, lost, prefetch=settings.shard_prefetch)
-            common_acks = Acks(await common_channel.get_underlay_channel())
-            shard_acks = Acks(await shard_channel.get_underlay_channel())
-            handler = self._services.handler_for(publish_channel, declared, self._stopping)
-            mover = Publisher.for_topology(publish_channel, declared)
-            shards = ShardQueues(
-                connection=connection,
-                consume_channel=shard_channel,
-                topology=topology,
-                pool=self._services.pool,
-                on_message=partial(self._on_message, handler, mover, shard_acks, None),
-                limit=settings.shard_queues_max,
-            )
-            queue = await common_channel.declare_queue(
-                topology.work_queue, durable=True, arguments=work_queue_arguments(topology)
-            )
-            # the broker may cancel a consumer itself (the queue was deleted, a node went away): aio-pika does
-            # not restore it. The common queue's: start over (declare, consume); a shard queue's: forget it,
-            # the next refresh consumes it again if it is still recorded
-            (await common_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
-                lambda *_: self._consumer_cancelled(lost)
-            )
-            (await shard_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
-                lambda frame: shards.cancelled(frame.consumer_tag)
-            )
-            on_common = partial(self._on_message, handler, mover, common_acks, shards)
-            common = _Common(queue, on_common)
-            await common.start()
-            self._spawn(shards.follow())
-            self._spawn(self._hold_to_budget(common, shards))
-            self._services.readiness.set_consuming(True)
-            log.info(
-                "consuming",
-                queue=queue.name,
-                prefetch=settings.prefetch,
-                shard_prefetch=settings.shard_prefetch,
-                concurrency=settings.concurrency,
-                node=redact_url(nodes.current or ""),
-            )
+            wiring = await self._open(connection, lost, block)
+            await self._consume(wiring, lost)
             await first_of(self._stopping.wait(), lost.wait())
             if self._stopping.is_set() and not lost.is_set():
-                await common.stop()
-                await shards.cancel_all()
-                await self._drain()
+                await self._stop_gracefully(wiring)
             else:
                 log.warning("rabbitmq connection lost; reconnecting", in_flight=len(self._inflight))
                 await self._abandon_inflight()
@@ -135,14 +92,77 @@ class Consumer:
             block.end("connection closed")
             await close_quietly(connection)
 
+    async def _open(self, connection: AbstractConnection, lost: asyncio.Event, block: BrokerBlock) -> _Wiring:
+        """The connection's channels (a publishing one in confirm mode, one per kind of queue consumed,
+        each with its own acks: delivery tags are per channel), the topology declared, the handler wired."""
+        settings = self._services.settings
+        publish_channel = await self._channel(connection, lost, confirms=True)
+        watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
+        declared = await declare_topology(publish_channel, settings.topology, self._services.policy.tiers())
+        common_channel = await self._channel(connection, lost, prefetch=settings.prefetch)
+        shard_channel = await self._channel(connection, lost, prefetch=settings.shard_prefetch)
+        handler = self._services.handler_for(publish_channel, declared, self._stopping)
+        mover = Publisher.for_topology(publish_channel, declared)
+        shard_acks = Acks(await shard_channel.get_underlay_channel())
+        shards = ShardQueues(
+            connection=connection,
+            consume_channel=shard_channel,
+            topology=settings.topology,
+            pool=self._services.pool,
+            on_message=partial(self._on_message, handler, mover, shard_acks, None),
+            limit=settings.shard_queues_max,
+        )
+        common_acks = Acks(await common_channel.get_underlay_channel())
+        queue = await common_channel.declare_queue(
+            settings.topology.work_queue, durable=True, arguments=work_queue_arguments(settings.topology)
+        )
+        common = _Common(queue, partial(self._on_message, handler, mover, common_acks, shards))
+        return _Wiring(common_channel, shard_channel, common, shards)
+
+    async def _consume(self, wiring: _Wiring, lost: asyncio.Event) -> None:
+        """Start consuming the common queue and following the shards' own queues, under the byte budget."""
+        # the broker may cancel a consumer itself (the queue was deleted, a node went away): aio-pika does
+        # not restore it on a plain connection. The common queue's: start over (declare, consume); a shard
+        # queue's: forget it, the next refresh consumes it again if it is still recorded
+        (await wiring.common_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
+            lambda *_: self._consumer_cancelled(lost)
+        )
+        (await wiring.shard_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
+            lambda frame: wiring.shards.cancelled(frame.consumer_tag)
+        )
+        await wiring.common.start()
+        self._spawn(wiring.shards.follow())
+        self._spawn(self._hold_to_budget(wiring.common, wiring.shards))
+        self._services.readiness.set_consuming(True)
+        settings = self._services.settings
+        log.info(
+            "consuming",
+            queue=settings.topology.work_queue,
+            prefetch=settings.prefetch,
+            shard_prefetch=settings.shard_prefetch,
+            concurrency=settings.concurrency,
+            node=redact_url(self._services.nodes.current or ""),
+        )
+
+    async def _stop_gracefully(self, wiring: _Wiring) -> None:
+        """A stop: take nothing more, then let what is in flight finish within the grace period."""
+        await wiring.common.stop()
+        await wiring.shards.cancel_all()
+        await self._drain()
+
     async def _channel(
-        self, connection: Any, lost: asyncio.Event, *, confirms: bool = False, prefetch: int | None = None
+        self,
+        connection: AbstractConnection,
+        lost: asyncio.Event,
+        *,
+        confirms: bool = False,
+        prefetch: int | None = None,
     ) -> AbstractChannel:
         """A channel whose loss ends this connection's life; ``prefetch`` for the consumers started on it."""
         channel: AbstractChannel = await connection.channel(
             publisher_confirms=confirms, on_return_raises=confirms
         )
-        channel.close_callbacks.add(lambda *_: lost.set())
+        _ends_with(channel, lost)
         if prefetch is not None:
             await channel.set_qos(prefetch_count=prefetch)
         return channel
@@ -277,6 +297,22 @@ class Consumer:
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         return len(self._inflight) + stuck_batches
+
+
+def _ends_with(closable: AbstractConnection | AbstractChannel, lost: asyncio.Event) -> None:
+    """``lost`` is set when ``closable`` closes (whatever the reason)."""
+    closable.close_callbacks.add(lambda *_: lost.set())
+
+
+@dataclass(frozen=True, slots=True)
+class _Wiring:
+    """What one connection consumes with, every part set: the consuming channels (their loss or a consumer
+    the broker cancels ends the connection's life), the common queue's consumer and the shards' queues."""
+
+    common_channel: AbstractChannel
+    shard_channel: AbstractChannel
+    common: _Common
+    shards: ShardQueues
 
 
 class _Common:

@@ -3,9 +3,12 @@
 - `worker.testing.images`: the services' images, pinned, each overridable from `LTM_*_IMAGE`;
 - `worker.testing.containers`: Postgres, RabbitMQ and Redis containers with a bounded start and readiness
   that means ready (testcontainers, imported only when a container starts: the `testing` extra);
+- `worker.testing.engine`: one container started with a bounded start (the deadline, the published address);
 - `worker.testing.management`: the RabbitMQ management API (vhosts, users, permissions), standard library;
 - `worker.testing.stack`: `LtmStack`, the services plus `worker migrate` and `worker run` processes, and a
   confined shard user per test (`LtmShard.client()`: the Python shard kit `contracts.shard` as that shard);
+- `worker.testing.permissions`: the worker's and a shard's RabbitMQ grants, the Redis users;
+- `worker.testing.workers`: one `worker run` process (its probe port, its log, its stop);
 - `worker.testing.seed`: bot rows for a try-out and events that name them;
 - `worker.testing.pytest_plugin`: the `ltm_stack` and `ltm_shard` fixtures (README "Testing your shard").
 """

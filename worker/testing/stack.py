@@ -18,6 +18,8 @@ queues and routing keys only) and returns what the shard needs: its AMQP URL, th
 Redis user (subscribe only), the Postgres DSN, `seed()` for a try-out's bot rows, and `client()`, the Python
 shard kit's `LtmClient` connected as that shard. Each call gets a new shard id, so tests sharing a stack never
 see each other's results or notices. `close()` stops the workers (SIGTERM) and removes the containers.
+
+The users' grants are worker/testing/permissions.py; one `worker run` process is worker/testing/workers.py.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,7 +55,16 @@ from worker.testing.containers import (
     start_rabbitmq,
     start_redis,
 )
+from worker.testing.permissions import (
+    REDIS_USER_RULES,
+    WORKER_PERMISSIONS,
+    WORKER_TOPIC_PERMISSIONS,
+    redis_users,
+    shard_permissions,
+    shard_topic_permissions,
+)
 from worker.testing.seed import TryOut, seed_try_out
+from worker.testing.workers import WorkerProcess, tail
 
 if TYPE_CHECKING:
     from contracts.shard import LtmClient
@@ -70,6 +79,7 @@ __all__ = [
     "LtmShard",
     "LtmStack",
     "StackError",
+    "WorkerProcess",
     "shard_permissions",
     "shard_topic_permissions",
 ]
@@ -81,140 +91,15 @@ DATABASE = "ltm"
 WORKER_USER = "worker"
 WORK_QUEUE = "ltm.create_memory"
 EXCHANGES = ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications", "tomori.dead_letter")
-STOP_SECONDS = 15.0
-LOG_TAIL = 40
-
-# The worker's grants in deploy/rabbitmq/definitions.json (tests/unit keeps the two in step).
-WORKER_PERMISSIONS = {
-    "configure": r"^(tomori\.(tool_calls|tool_results|notifications|dead_letter)"
-    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
-    "write": r"^(tomori\.(tool_results|notifications|dead_letter)|amq\.default"
-    r"|ltm\.create_memory(\.dlq|\.shard\.[0-9]+)?)$",
-    "read": r"^(tomori\.(tool_calls|dead_letter)"
-    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
-}
-WORKER_TOPIC_PERMISSIONS = (
-    {
-        "exchange": "tomori.tool_calls",
-        "write": "^$",
-        "read": r"^tool\.(create_long_term_memory|remember_this_fact)(\.shard\.[0-9]+)?$",
-    },
-    {"exchange": "tomori.tool_results", "write": r"^shard\.[0-9]+$", "read": "^$"},
-    {"exchange": "tomori.notifications", "write": r"^shard\.[0-9]+$", "read": "^$"},
-)
-
-
-#: The Redis users of deploy/redis/users.acl, their rules after the password (tests/unit keeps them in step):
-#: the worker may PUBLISH invalidations (PING and INFO for its probes and `worker check`), a shard may only
-#: SUBSCRIBE to them (and PING); neither may touch a key.
-REDIS_USER_RULES = {
-    "worker": "resetchannels &tomori:cache-invalidation resetkeys -@all +publish +ping +info",
-    "shard": "resetchannels &tomori:cache-invalidation resetkeys -@all +subscribe +ping",
-}
-
-
-def shard_permissions(shard_id: int) -> dict[str, str]:
-    """What user `shard-<n>` may configure, write and read (CONTRACT.md section 2)."""
-    own = rf"tomori\.shard\.{shard_id}\.(results|notifications)"
-    return {
-        "configure": rf"^{own}$",
-        "write": rf"^(tomori\.tool_calls|{own})$",
-        "read": rf"^(tomori\.(tool_results|notifications)|{own})$",
-    }
-
-
-def shard_topic_permissions(shard_id: int) -> list[dict[str, str]]:
-    """The routing keys `shard-<n>` may publish and bind: `tool.<name>` and its own `tool.<name>.shard.<n>`
-    out, `shard.<n>` in (deploy/rabbitmq/shard_users.py writes the same)."""
-    own = rf"^shard\.{shard_id}$"
-    tool_calls = rf"^tool\.[A-Za-z0-9_]+(\.shard\.{shard_id})?$"
-    return [
-        {"exchange": "tomori.tool_calls", "write": tool_calls, "read": "^$"},
-        {"exchange": "tomori.tool_results", "write": "^$", "read": own},
-        {"exchange": "tomori.notifications", "write": "^$", "read": own},
-    ]
 
 
 class StackError(Exception):
     """The stack did not become ready in time (or a part of it failed); the message carries the logs."""
 
 
-def _redis_users() -> dict[str, tuple[str, str]]:
-    """deploy/redis/users.acl's users, each with a random password."""
-    return {name: (os.urandom(12).hex(), rules) for name, rules in REDIS_USER_RULES.items()}
-
-
 def stack_timeout(environ: Mapping[str, str] | None = None) -> float:
     """`LTM_STACK_TIMEOUT` in seconds (a positive number), else 120."""
     return seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT, environ)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tail(text: str, lines: int = LOG_TAIL) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-@dataclass
-class WorkerProcess:
-    """One `worker run` of the installed package, its log in a file and its probe port."""
-
-    index: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    http_port: int
-
-    @classmethod
-    def spawn(cls, index: int, env: Mapping[str, str], log_dir: Path) -> WorkerProcess:
-        port = _free_port()
-        log_path = log_dir / f"worker-{index}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "run"],
-                env={**env, "LTM_HTTP_PORT": str(port), "LTM_HTTP_HOST": "127.0.0.1"},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return cls(index, process, log_path, port)
-
-    def ready(self) -> bool:
-        """Whether `/readyz` answers 200 (consuming, Postgres and Redis answering)."""
-        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/readyz")
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            with opener.open(request, timeout=2) as response:
-                return int(response.status) == 200
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def log(self, lines: int = LOG_TAIL) -> str:
-        try:
-            return _tail(self.log_path.read_text(errors="replace"), lines)
-        except OSError as error:
-            return f"(no log: {error})"
-
-    def terminate(self) -> None:
-        """SIGTERM: the worker stops taking events and finishes the ones it holds."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after 15 s; the exit code."""
-        if self.process.poll() is None:
-            self.terminate()
-            try:
-                self.process.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
 
 
 @dataclass(frozen=True)
@@ -306,7 +191,7 @@ class LtmStack:
             futures: list[Future[Any]] = [
                 pool.submit(start_postgres, deadline, database=DATABASE, environ=environ),
                 pool.submit(start_rabbitmq, deadline, environ=environ),
-                pool.submit(start_redis, deadline, environ=environ, users=_redis_users()),
+                pool.submit(start_redis, deadline, environ=environ, users=redis_users()),
             ]
             # the first failure ends the others' waits: a missing image fails the start at once
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
@@ -378,9 +263,7 @@ class LtmStack:
         except subprocess.TimeoutExpired as error:
             raise StackError(f"`worker migrate` did not finish within {deadline.seconds:.0f} s") from error
         if done.returncode != 0:
-            raise StackError(
-                f"`worker migrate` exited {done.returncode}:\n{_tail(done.stdout + done.stderr)}"
-            )
+            raise StackError(f"`worker migrate` exited {done.returncode}:\n{tail(done.stdout + done.stderr)}")
 
     def _wait_ready(self, deadline: Deadline) -> None:
         while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from worker.ops.demo import (
+from worker.ops.demo.example import (
     AUTHOR,
     DEFAULT_SHARD,
     GUILD,
