@@ -24,12 +24,14 @@ from worker.config import (
 )
 from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
 from worker.observability.logs import configure_logging, guard_std_streams, log_setting_warnings
+from worker.ops.subcommands import Action, AllSettings, Setting, add_action, option
 from worker.redact import redact_setting
 
 ENVIRONMENT_HELP = environment_help()
 #: what the commands that read a few settings list (the log settings: every command logs)
 _LOGS = ("log_format", "log_level")
 MIGRATE_HELP = environment_help("postgres_dsn", *_LOGS)
+_EPILOGS = {"migrate": MIGRATE_HELP}
 DEMO_HELP = environment_help(
     "postgres_dsn", "rabbitmq_url", "retry_max_attempts", "retry_base_delay_ms", "retry_max_delay_ms"
 )
@@ -62,6 +64,74 @@ def add_setting_options(parser: argparse.ArgumentParser, *fields: str) -> None:
         parser.add_argument(option, **kwargs)
 
 
+#: ``worker``'s own commands, declared as data; ``worker dlq`` and ``worker demo`` are declared beside their
+#: steps (worker/ops/dlq/cli.py, worker/ops/demo/cli.py)
+COMMANDS: tuple[Action, ...] = (
+    Action(
+        "migrate",
+        help="create or upgrade the database schema (safe to run concurrently and repeatedly)",
+        description="Apply the numbered SQL migrations the database has not seen yet. Creates the bot tables "
+        "the worker uses when they are missing (never alters an existing one) and the worker's own tables.",
+        options=(Setting("postgres_dsn"),),
+    ),
+    Action(
+        "run",
+        help="consume and process tool-call events until SIGTERM/SIGINT",
+        description="Consume create_long_term_memory events from the ltm.create_memory queue, save memories, "
+        "publish results, notices and cache invalidations. Any number of processes may run at once. "
+        "Waits for RabbitMQ, Postgres (migrated) and Redis at start-up. "
+        "SIGTERM/SIGINT: stop taking events, finish the "
+        "ones in flight within the grace period, exit 0; a second signal exits at once.",
+        options=(AllSettings(),),
+    ),
+    Action(
+        "check",
+        help="test every connection with the current configuration",
+        description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
+        "and "
+        "Redis with the current configuration; print what works and what does not, and every setting that "
+        "fell back to its default (a warning: it does not fail the check). Exit 0 when the worker can run "
+        "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
+        "1 otherwise.",
+        options=(
+            Setting("postgres_dsn"),
+            Setting("rabbitmq_url"),
+            Setting("redis_url"),
+            option(
+                "--json",
+                action="store_true",
+                help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, "
+                "problem; several RabbitMQ nodes: nodes, the same per node), warnings (dependency, target, "
+                "problem: the nodes that did not answer), fallbacks (variable, value, default, expected), "
+                "notes (variable, note: a value read other than as written, a DSN without sslmode, an "
+                "unknown LTM_ variable); same exit codes",
+            ),
+            option(
+                "--all-nodes",
+                action="store_true",
+                help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one "
+                "answering node is enough, as it is for the worker; the others are warnings)",
+            ),
+        ),
+    ),
+    Action(
+        "shards",
+        help="who is loud: each shard's events in, answered, waiting and wait, and its share of the backlog",
+        description="Add up what every worker recorded of every shard over the last minutes (Postgres: "
+        "ltm_shard_activity, written every LTM_METRICS_INTERVAL_SECONDS) and how many events wait in each "
+        "shard's own queue and in the common one (RabbitMQ). Loudest first; the same as the per-shard "
+        'metrics, without Prometheus (README "Fair shares"). Exit 0, or 1 when neither Postgres nor '
+        "RabbitMQ answered.",
+        options=(
+            Setting("postgres_dsn"),
+            Setting("rabbitmq_url"),
+            option("--minutes", type=float, default=15.0, help="how far back to add up (15)"),
+            option("--json", action="store_true", help="one JSON object instead of the table"),
+        ),
+    ),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worker",
@@ -72,70 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    migrate = commands.add_parser(
-        "migrate",
-        help="create or upgrade the database schema (safe to run concurrently and repeatedly)",
-        description="Apply the numbered SQL migrations the database has not seen yet. Creates the bot tables "
-        "the worker uses when they are missing (never alters an existing one) and the worker's own tables.",
-        epilog=MIGRATE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_setting_options(migrate, "postgres_dsn")
-
-    run = commands.add_parser(
-        "run",
-        help="consume and process tool-call events until SIGTERM/SIGINT",
-        description="Consume create_long_term_memory events from the ltm.create_memory queue, save memories, "
-        "publish results, notices and cache invalidations. Any number of processes may run at once. "
-        "Waits for RabbitMQ, Postgres (migrated) and Redis at start-up. "
-        "SIGTERM/SIGINT: stop taking events, finish the "
-        "ones in flight within the grace period, exit 0; a second signal exits at once.",
-        epilog=ENVIRONMENT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_setting_options(run)
-    check = commands.add_parser(
-        "check",
-        help="test every connection with the current configuration",
-        description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
-        "and "
-        "Redis with the current configuration; print what works and what does not, and every setting that "
-        "fell back to its default (a warning: it does not fail the check). Exit 0 when the worker can run "
-        "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
-        "1 otherwise.",
-        epilog=ENVIRONMENT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_setting_options(check, "postgres_dsn", "rabbitmq_url", "redis_url")
-    check.add_argument(
-        "--json",
-        action="store_true",
-        help="print one JSON object: ok (the verdict), dependencies (name: ok, target, detail, problem; "
-        "several RabbitMQ nodes: nodes, the same per node), warnings (dependency, target, problem: the nodes "
-        "that did not answer), fallbacks (variable, value, default, expected), notes (variable, note: a "
-        "value read other than as written, a DSN without sslmode, an unknown LTM_ variable); same exit codes",
-    )
-    check.add_argument(
-        "--all-nodes",
-        action="store_true",
-        help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one answering "
-        "node is enough, as it is for the worker; the others are warnings)",
-    )
-    shards = commands.add_parser(
-        "shards",
-        help="who is loud: each shard's events in, answered, waiting and wait, and its share of the backlog",
-        description="Add up what every worker recorded of every shard over the last minutes (Postgres: "
-        "ltm_shard_activity, written every LTM_METRICS_INTERVAL_SECONDS) and how many events wait in each "
-        "shard's own queue and in the common one (RabbitMQ). Loudest first; the same as the per-shard "
-        'metrics, without Prometheus (README "Fair shares"). Exit 0, or 1 when neither Postgres nor '
-        "RabbitMQ answered.",
-        epilog=ENVIRONMENT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_setting_options(shards, "postgres_dsn", "rabbitmq_url")
-    shards.add_argument("--minutes", type=float, default=15.0, help="how far back to add up (15)")
-    shards.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    for action in COMMANDS:
+        add_action(commands, action, add_setting_options, _EPILOGS.get(action.name, ENVIRONMENT_HELP))
     from worker.ops.dlq.cli import add_dlq_parser
 
     add_dlq_parser(commands, add_setting_options)

@@ -34,13 +34,18 @@ class Setting:
 
 
 @dataclass(frozen=True, slots=True)
+class AllSettings:
+    """The command-line options of every setting that has one (``worker run``'s)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Action:
     """One subcommand: ``worker COMMAND NAME``."""
 
     name: str
     help: str
     description: str
-    options: Sequence[Option | Setting] = ()
+    options: Sequence[Option | Setting | AllSettings] = ()
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -82,16 +87,29 @@ def add_command(
     )
     actions = parser.add_subparsers(dest=command.dest, required=True, metavar=command.metavar)
     for action in command.actions:
-        sub = actions.add_parser(
-            action.name,
-            help=action.help,
-            description=action.description,
-            epilog=epilog(action),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        for item in action.options:
-            if isinstance(item, Setting):
-                add_settings(sub, item.name)
-            else:
-                sub.add_argument(*item.flags, **item.arguments)
+        add_action(actions, action, add_settings, epilog(action))
     return parser
+
+
+def add_action(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser],
+    action: Action,
+    add_settings: AddSettings,
+    epilog: str,
+) -> argparse.ArgumentParser:
+    """Add ``action``'s parser, its options in order, ``epilog`` under its ``--help``."""
+    sub = actions.add_parser(
+        action.name,
+        help=action.help,
+        description=action.description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for item in action.options:
+        if isinstance(item, AllSettings):
+            add_settings(sub)
+        elif isinstance(item, Setting):
+            add_settings(sub, item.name)
+        else:
+            sub.add_argument(*item.flags, **item.arguments)
+    return sub
