@@ -120,7 +120,7 @@ COMMANDS: tuple[Action, ...] = (
         description="Add up what every worker recorded of every shard over the last minutes (Postgres: "
         "ltm_shard_activity, written every LTM_METRICS_INTERVAL_SECONDS) and how many events wait in each "
         "shard's own queue and in the common one (RabbitMQ). Loudest first; the same as the per-shard "
-        'metrics, without Prometheus (README "Fair shares"). Exit 0, or 1 when neither Postgres nor '
+        "metrics, without Prometheus (docs/fair-shares.md). Exit 0, or 1 when neither Postgres nor "
         "RabbitMQ answered.",
         options=(
             Setting("postgres_dsn"),

@@ -8,7 +8,7 @@ A failure that needs a person is a dependency refusing the worker (a login, a vh
 database that does not exist, a certificate, a host name that does not resolve): waiting alone will not
 fix it. :func:`explain` is the one place that turns such an exception into a line that says what to do,
 for every command (``run``'s log, ``check``, ``migrate``, ``demo``, ``dlq``); :func:`needs_a_person`
-tells such a line apart (``worker run`` logs it at ERROR and keeps retrying: README "Operating it").
+tells such a line apart (``worker run`` logs it at ERROR and keeps retrying: docs/operating.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """``worker run``: the process's lifecycle. Build the services (waiting for Postgres and Redis), then
 consume on one connection after another until a signal: a lost connection is followed by a jittered
-reconnect, a SIGTERM/SIGINT by a graceful drain, a second signal by an immediate exit (README "Shutdown").
+reconnect, a SIGTERM/SIGINT by a graceful drain, a second signal by an immediate exit (docs/operating.md
+"Shutdown").
 """
 
 from __future__ import annotations
@@ -94,8 +95,7 @@ class Worker:
           says not consuming) and a stop drains instead of racing a restore;
         - ``LTM_RABBITMQ_URL`` may list several nodes: a robust connection retries the one URL it was given,
           at a fixed interval; :class:`~worker.broker.urls.Nodes` starts with the node after the lost one,
-          and :class:`~worker.runtime.backoff.Backoff` spreads many workers' retries (README "Past one
-          machine");
+          and :class:`~worker.runtime.backoff.Backoff` spreads many workers' retries (docs/scaling-out.md);
         - each connection declares the topology again from the settings (the retry tiers of
           ``LTM_RETRY_*``), so a refused declaration (a queue deleted or re-declared with other arguments)
           surfaces as an error the operator sees, and the shards' own queues are consumed as Postgres

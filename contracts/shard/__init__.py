@@ -1,4 +1,4 @@
-"""The shard side of the wire contract in Python: the kit for a Python shard (README "A Python shard").
+"""The shard side of the wire contract in Python: the kit for a Python shard (docs/python-shard.md).
 
 What the TypeScript kit (contracts/typescript) gives a TypeScript shard, on aio-pika and redis-py, both
 dependencies of this package already:

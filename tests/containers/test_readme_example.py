@@ -1,4 +1,4 @@
-"""README "Testing your shard", Python: the example and its `pytest.ini` run as written, as a bot team would
+"""docs/testing-your-shard.md, Python: the example and its `pytest.ini` run as written, as a bot team would
 run them (their own directory, no conftest or settings of this repository, the plugin and the shard kit from
 the installed package), and pytest reports no warning."""
 
@@ -18,18 +18,17 @@ TIMEOUT = 600
 
 
 def readme_python_example(readme: str, language: str = "python") -> str:
-    """The first ```python (or other `language`) block under `### Python` of `## Testing your shard`."""
-    section = readme.split("\n## Testing your shard\n", 1)[1].split("\n## ", 1)[0]
-    python = section.split("\n### Python\n", 1)[1].split("\n### ", 1)[0]
+    """The first ```python (or other `language`) block under `## Python` of docs/testing-your-shard.md."""
+    python = readme.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
     match = re.search(rf"```{language}\n(.*?)```", python, re.DOTALL)
-    assert match, f"no ```{language} block under ### Python"
+    assert match, f"no ```{language} block under ## Python"
     return match.group(1)
 
 
 def test_the_python_example_of_the_readme_runs_as_written(
     docker_engine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "testing-your-shard.md").read_text()
     example = readme_python_example(readme)
     assert 'pytest_plugins = ["worker.testing.pytest_plugin"]' in example
     (tmp_path / "test_memory.py").write_text(example)

@@ -405,8 +405,7 @@ async def test_every_setting_note_is_listed_by_check_and_logged_by_run_and_migra
     notes = [
         "LTM_POSTGRES_DSN reaches 'pg.ltm-no-such-host.invalid' without sslmode: the server is not "
         "verified, and without TLS on offer the connection goes on in plaintext without a word; say "
-        "sslmode=verify-full (README, TLS to Postgres, RabbitMQ and Redis), or sslmode=disable to choose "
-        "plaintext in the open",
+        "sslmode=verify-full (docs/tls.md), or sslmode=disable to choose plaintext in the open",
         "LTM_CONCURRENCY='3O' read as 3 (the text after the digits is ignored, as parseInt does)",
         "unknown setting LTM_CONCURENCY; did you mean LTM_CONCURRENCY?",
     ]

@@ -151,8 +151,8 @@ def test_an_unknown_ltm_variable_is_noted_with_the_setting_it_probably_meant() -
 
 SSL_ADVICE = (
     "the server is not verified, and without TLS on offer the connection goes on in plaintext without a "
-    "word; say sslmode=verify-full (README, TLS to Postgres, RabbitMQ and Redis), or sslmode=disable to "
-    "choose plaintext in the open"
+    "word; say sslmode=verify-full (docs/tls.md), or sslmode=disable to choose plaintext in the "
+    "open"
 )
 
 

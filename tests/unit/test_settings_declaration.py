@@ -1,4 +1,5 @@
-"""One declaration of the settings: the README table, the environment round trip and the typed model agree."""
+"""One declaration of the settings: the table of docs/configuration.md, the environment round trip and
+the typed model agree."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from worker.config import (
     variable_of,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
-def test_the_readme_table_is_the_declaration() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_configuration_table_is_the_declaration() -> None:
+    text = CONFIGURATION.read_text(encoding="utf-8")
     start = text.index("| variable | default | meaning |")
     table = text[start : text.index("\n\n", start)]
 

@@ -1,16 +1,17 @@
 """Settings from the environment, read once at start-up into one typed object.
 
 One declaration: each field of :class:`Settings` (and of :class:`Limits`, whose fields it nests) carries its
-default, its meaning (``description``, the README's configuration table, checked by
+default, its meaning (``description``, the table of docs/configuration.md, checked by
 tests/unit/test_settings_declaration.py) and, as :class:`Env` metadata, its variable, how the variable's text
 is read, and the ``worker run`` option that overrides it. ``load_settings``, the CLI's overrides and help
-(worker/cli.py), ``as_env``/``env_with`` and the README table all come from it.
+(worker/cli.py), ``as_env``/``env_with`` and the configuration table all come from it.
 
 - settings.py: the model (:class:`Settings`, :class:`Limits`, :class:`Topology`) and its defaults;
 - rules.py: how a variable's text is read (the rules, :class:`Env`);
 - env.py: the environment read (:func:`load_settings`) and written (:func:`as_env`, :func:`env_with`,
   :func:`env_of`, :func:`overridden_env`): the one place that knows the variables' names;
-- render.py: the README table and the commands' epilogs (``python -m worker.config`` prints the table).
+- render.py: the configuration table (docs/configuration.md) and the commands' epilogs
+  (``python -m worker.config`` prints the table).
 """
 
 from worker.config.env import (

@@ -1,4 +1,5 @@
-"""The settings' declaration for people: the README's configuration table and the commands' epilogs.
+"""The settings' declaration for people: the configuration table (docs/configuration.md) and the commands'
+epilogs.
 
 ``python -m worker.config`` prints the table (worker/config/__main__.py).
 """
@@ -9,7 +10,7 @@ from worker.config.env import DeclaredSetting, declared
 
 
 def table_row(setting: DeclaredSetting) -> str:
-    """A setting's row of the README table: variable, default (`` `0` (off) ``), meaning."""
+    """A setting's row of the configuration table: variable, default (`` `0` (off) ``), meaning."""
     env = setting.env
     default = f"`{setting.default}` ({env.note})" if env.note else f"`{setting.default}`"
     variable = f"`{env.var}` or `{env.file_var}`" if env.file else f"`{env.var}`"
@@ -17,7 +18,8 @@ def table_row(setting: DeclaredSetting) -> str:
 
 
 def configuration_table() -> str:
-    """The README's configuration table (variable, default, meaning), one row per declared setting."""
+    """The configuration table of docs/configuration.md (variable, default, meaning), one row per declared
+    setting."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
     rows += [table_row(s) for s in declared()]
     return "\n".join(rows)
@@ -29,7 +31,7 @@ def environment_help(*fields: str) -> str:
     settings = tuple(s for s in declared() if not fields or s.path[-1] in fields)
     width = max(len(s.var) for s in settings) + 2
     lines = [
-        "configuration comes from the environment (see the README for the full table)"
+        "configuration comes from the environment (docs/configuration.md has the full table)"
         + (", this command reads:" if fields else ":")
     ]
     lines += [f"  {s.var:<{width}}default {s.shown_default}" for s in settings]

@@ -205,8 +205,8 @@ class PostgresDsn(Url):
         said = f"with sslmode={sslmode}" if given else "without sslmode"
         return (
             f"{var} reaches {remote!r} {said}: the server is not verified, and without TLS on offer the "
-            "connection goes on in plaintext without a word; say sslmode=verify-full (README, TLS to "
-            "Postgres, RabbitMQ and Redis), or sslmode=disable to choose plaintext in the open"
+            "connection goes on in plaintext without a word; say sslmode=verify-full "
+            "(docs/tls.md), or sslmode=disable to choose plaintext in the open"
         )
 
 

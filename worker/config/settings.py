@@ -87,7 +87,7 @@ class Topology:
     dead_letter_exchange: str = "tomori.dead_letter"
     dead_letter_queue: str = "ltm.create_memory.dlq"
     retry_queue_prefix: str = "ltm.create_memory.retry"
-    #: each shard's own queue, ``ltm.create_memory.shard.<N>`` (README "Fair shares")
+    #: each shard's own queue, ``ltm.create_memory.shard.<N>`` (docs/fair-shares.md)
     shard_queue_prefix: str = "ltm.create_memory.shard"
     invalidation_channel: str = "tomori:cache-invalidation"
 

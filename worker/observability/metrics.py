@@ -46,7 +46,7 @@ DEPENDENCIES = ("rabbitmq", "postgres", "redis")
 AGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600, 14400)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: an event's wait by shard (from its publish to the start of its processing): few buckets, one series each
-#: per shard (README "Fair shares")
+#: per shard (docs/fair-shares.md)
 SHARD_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)
 #: headers that say a delivery is not the event's first trip through the work queue
 _NOT_FIRST_TRIP = ("x-ltm-attempts", "x-ltm-replay-count")
@@ -162,7 +162,7 @@ class Metrics:
             registry=self.registry,
         )
 
-        # per shard: the shard as a label, never the guild or the user (README "Fair shares")
+        # per shard: the shard as a label, never the guild or the user (docs/fair-shares.md)
         self.shard_events_received = Counter(
             "ltm_shard_events_received_total",
             "Events of the shard that reached this worker (the worker's own copies are not counted again).",

@@ -1,5 +1,5 @@
 """What handling an event tells the operator: its metrics, its log lines and their bound fields, its span
-and the span's steps (README "Operating it").
+and the span's steps (docs/operating.md).
 
 The handler (:mod:`worker.runtime.handler`) says what happened to a delivery; this module says how that is
 reported. :class:`EventTelemetry` serves every delivery of a connection. :meth:`EventTelemetry.delivered`

@@ -1,4 +1,4 @@
-"""``worker shards``: who is loud, without Prometheus (README "Fair shares").
+"""``worker shards``: who is loud, without Prometheus (docs/fair-shares.md).
 
 Adds up what every worker recorded of every shard over the last minutes (``ltm_shard_activity``: events
 in, answered, held now, the wait from publish to processing) and asks RabbitMQ how many events wait in each
@@ -198,7 +198,7 @@ def render(report: Report) -> str:
     for s in loud:
         lines.append(
             f"shard {s.shard_id} holds {s.share_backlog:.0%} of the backlog ({s.waiting} events): it "
-            'waits in its own queue, the others are served beside it (README "Fair shares")'
+            "waits in its own queue, the others are served beside it (docs/fair-shares.md)"
         )
     return "\n".join(lines)
 

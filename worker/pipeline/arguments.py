@@ -124,7 +124,7 @@ def legacy_type_error(arguments: MemoryArguments, trim: Any) -> str | None:
     """A legacy target key (not in the schema) holding a non-string value, reached before any target.
 
     The original would crash on ``.trim()`` of such a value; the worker answers it as invalid arguments
-    with the validator's own sentence instead (README, "Decisions"). So it does for a legacy key it would
+    with the validator's own sentence instead (docs/decisions.md). So it does for a legacy key it would
     use that holds U+0000 or a lone surrogate (:func:`text_error`).
     """
     for key in TARGET_KEYS:

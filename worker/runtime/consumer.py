@@ -2,7 +2,7 @@
 serve the shards in turn, then drain on a stop or abandon what is in flight when the connection is lost
 (the broker redelivers it, the ledger answers it).
 
-Fair shares (README "Fair shares"): the common queue pushes up to ``LTM_PREFETCH`` deliveries ahead, so a
+Fair shares (docs/fair-shares.md): the common queue pushes up to ``LTM_PREFETCH`` deliveries ahead, so a
 shard's burst leaves it at once and the next shard's event is not stuck behind it; every held delivery waits
 for a slot under its shard (:class:`~worker.runtime.slots.Slots`: one event per shard per turn); once the
 worker is half full, a shard holding more than its share has its next events moved to its own queue

@@ -12,7 +12,7 @@ bounded twice:
 - **Bytes.** Past ``LTM_HELD_BYTES_MAX`` the worker stops taking from the common queue until it holds half
   of it again (:attr:`Hand.over_budget`).
 
-No I/O here: the consumer asks and acts (README "Fair shares").
+No I/O here: the consumer asks and acts (docs/fair-shares.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Each shard's own queue, ``ltm.create_memory.shard.<N>``, on one connection (README "Fair shares").
+"""Each shard's own queue, ``ltm.create_memory.shard.<N>``, on one connection (docs/fair-shares.md).
 
 A worker declares a shard's queue the first time it sees the shard (an event on the common work queue),
 binds it with the shard's own routing keys (``tool.<name>.shard.<N>``, which the kit publishes with), records

@@ -5,7 +5,7 @@ Every event the worker holds waits here for a slot under its shard (its *key*). 
 shard whose turn it is, one event per turn (round robin, a deficit round robin whose events all cost one),
 so a shard with one event waiting is served after at most one event of each other waiting shard, however
 many events a loud shard holds; and the last free slot only goes to a shard with nothing in process, so the
-first event of a quiet shard beside a loud one starts at once (README "Fair shares").
+first event of a quiet shard beside a loud one starts at once (docs/fair-shares.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ commit for the lot instead of each (:func:`~worker.service.process.process_batch
 worker, the larger the batches. Another connection (up to ``max_running``) is only taken when half a
 batch is already waiting (a deep queue), when an event has waited ``max_wait`` (10 ms) for the batch
 at Postgres to come back (a slow commit, a lock wait), or for the only event of its shard here: a quiet
-shard's event does not wait behind a loud shard's batches (README "Fair shares").
+shard's event does not wait behind a loud shard's batches (docs/fair-shares.md).
 
 A batch that fails is not the events' verdict: its events are processed again one by one, so an event
 that breaks (a bug, a constraint) fails alone and its neighbours are answered. Every guarantee of one
@@ -80,7 +80,7 @@ class Batcher:
         try:
             if fresh and self._running and len(self._running) < self._max_running:
                 # the shard's only event here, beside batches of others: it goes to Postgres at once, alone,
-                # rather than wait behind a loud shard's batch (README "Fair shares")
+                # rather than wait behind a loud shard's batch (docs/fair-shares.md)
                 self._launch([job])
             else:
                 self._waiting.append(job)

@@ -6,7 +6,7 @@ learnt the id (every shard used to read it from the invalidation channel) and se
 would otherwise be handed the stored result and notice (security review 3, section 4). So every outcome is
 stored with :func:`event_digest` of the event it answers, and :func:`same_event` decides.
 
-What the digest covers, and why (README "Decisions"):
+What the digest covers, and why (docs/decisions.md):
 
 - ``tool_call_id``, ``tool_name``, ``shard_id``: the tool call, and the shard the answer goes to;
 - the context's ``guild_disc_id``, ``channel_disc_id``, ``thread_id``, ``triggering_user_disc_id``,

@@ -3,8 +3,8 @@
 :func:`route_failure` (a failed attempt), :func:`route_unreadable` (a body that is no event) and
 :func:`route_conflict` (an event id the ledger holds for another event) are the whole policy: they alone
 pick where a failed delivery goes and what its shard is told; the handler only carries out what they
-return (README "How an event can end"). :meth:`RetryPolicy.tiers` is the one place that says which retry
-queues exist. No I/O here.
+return (docs/operating.md "How an event can end"). :meth:`RetryPolicy.tiers` is the one place that says
+which retry queues exist. No I/O here.
 """
 
 from __future__ import annotations

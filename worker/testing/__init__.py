@@ -10,5 +10,5 @@
 - `worker.testing.permissions`: the worker's and a shard's RabbitMQ grants, the Redis users;
 - `worker.testing.workers`: one `worker run` process (its probe port, its log, its stop);
 - `worker.testing.seed`: bot rows for a try-out and events that name them;
-- `worker.testing.pytest_plugin`: the `ltm_stack` and `ltm_shard` fixtures (README "Testing your shard").
+- `worker.testing.pytest_plugin`: the `ltm_stack` and `ltm_shard` fixtures (docs/testing-your-shard.md).
 """

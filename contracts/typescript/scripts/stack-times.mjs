@@ -1,4 +1,4 @@
-// Measures @tomoribot/ltm-client/testing (README "Testing your shard"): the whole stack's start (images present),
+// Measures @tomoribot/ltm-client/testing (docs/testing-your-shard.md): the whole stack's start (images present),
 // a later test's reuse (newShard() + seed()), and, for the isolation decision, what a vhost + database + worker
 // per test would cost instead (vhost with the definitions, CREATE DATABASE, worker migrate, worker run consuming).
 //

@@ -1,4 +1,4 @@
-// README.md "Testing your shard" / "### TypeScript": its code block, as written, compiled with the README's own
+// docs/testing-your-shard.md, "## TypeScript": its code block, as written, compiled with the page's own
 // `npx tsc` flags against the built package and run with `node --test` (it starts its own stack). Skipped without a Docker engine, unless
 // LTM_REQUIRE_DOCKER=1 (CI), which makes that a failure.
 import assert from "node:assert/strict";
@@ -13,21 +13,19 @@ import { PACKAGE_ROOT, REPO_ROOT, workerBin } from "./harness.js";
 
 const run = promisify(execFile);
 
-/** The first ```ts block of README.md's "### TypeScript" under "## Testing your shard". */
-export function readmeExample(readme: string): string {
-  const section = readme.split(/^## /m).find((part) => part.startsWith("Testing your shard\n"));
-  assert.ok(section, 'README.md has no "## Testing your shard"');
-  const typescript = section.split(/^### /m).find((part) => part.startsWith("TypeScript\n"));
-  assert.ok(typescript, 'README.md\'s "Testing your shard" has no "### TypeScript"');
+/** The first ```ts block of docs/testing-your-shard.md's "## TypeScript". */
+export function readmeExample(page: string): string {
+  const typescript = page.split(/^## /m).find((part) => part.startsWith("TypeScript\n"));
+  assert.ok(typescript, 'docs/testing-your-shard.md has no "## TypeScript"');
   const block = /^```ts\n([\s\S]*?)^```$/m.exec(typescript);
-  assert.ok(block?.[1], 'no ```ts block in "### TypeScript"');
+  assert.ok(block?.[1], 'no ```ts block in "## TypeScript"');
   return block[1];
 }
 
-/** The flags of the README's `npx tsc ... --outDir build stack.test.ts` line (the same section), without the output and file. */
+/** The flags of the page's `npx tsc ... --outDir build stack.test.ts` line (the same section), without the output and file. */
 export function readmeTscFlags(readme: string): string[] {
   const line = /^npx tsc (.*) --outDir build stack\.test\.ts$/m.exec(readme);
-  assert.ok(line?.[1], 'no "npx tsc ... --outDir build stack.test.ts" line in the README');
+  assert.ok(line?.[1], 'no "npx tsc ... --outDir build stack.test.ts" line in docs/testing-your-shard.md');
   return line[1].split(" ");
 }
 
@@ -35,9 +33,9 @@ const problem = await containerEngineProblem();
 const required = process.env.LTM_REQUIRE_DOCKER === "1";
 const skip = problem !== null && !required ? `no Docker engine answers (${problem}); LTM_REQUIRE_DOCKER=1 makes this a failure` : false;
 
-test("README's TypeScript example of 'Testing your shard' type-checks and passes as written", { skip }, async (t) => {
+test("docs/testing-your-shard.md's TypeScript example type-checks and passes as written", { skip }, async (t) => {
   if (problem !== null) throw new Error(`LTM_REQUIRE_DOCKER=1, but no Docker engine answers: ${problem}`);
-  const readme = readFileSync(join(REPO_ROOT, "README.md"), "utf8");
+  const readme = readFileSync(join(REPO_ROOT, "docs", "testing-your-shard.md"), "utf8");
   const example = readmeExample(readme);
   // inside the package, so "@tomoribot/ltm-client" and ".../testing" resolve to it through its exports (dist/)
   mkdirSync(join(PACKAGE_ROOT, "build"), { recursive: true });

@@ -25,7 +25,7 @@ import {
 } from "./harness.js";
 import { callId, connectClient, noDelayOf, recordingLogger, socketsOpenedBy, worldContext } from "./kit.js";
 
-/** The worker's URLs name the files in their query (aio-pika's and redis-py's forms, README "TLS"). */
+/** The worker's URLs name the files in their query (aio-pika's and redis-py's forms, docs/tls.md). */
 function fileQuery(names: [string, string, string], ca: string, client: CertificatePair): string {
   const [caName, certName, keyName] = names;
   const q = (path: string) => encodeURIComponent(path);

@@ -49,7 +49,7 @@ async def clean(
         t = settings.topology
         delays = RetryPolicy.of(settings).tiers()
         names += [t.work_queue, *(retry_queue_name(t, d) for d in delays), t.dead_letter_queue]
-        # the shards' own queues the worker declared (README "Fair shares"): the demo's shard's, and any other
+        # the shards' own queues the worker declared (docs/fair-shares.md): the demo's shard's, and any other
         # recorded in Postgres; each only when empty and unused, like the rest
         own = sorted({shard, *await recorded_shards(settings.postgres_dsn)})
         names += [shard_queue_name(t, n) for n in own]
