@@ -59,7 +59,7 @@ test("docs/testing-your-shard.md's TypeScript example type-checks and passes as 
     }).catch((error: { stdout?: string; stderr?: string; message: string }) => {
       throw new Error(`the README example failed: ${error.message}\n${error.stdout ?? ""}${error.stderr ?? ""}`);
     });
-    t.diagnostic(`the README example ran in ${Date.now() - started} ms (its stack's start included)`);
+    t.diagnostic(`the docs example ran in ${Date.now() - started} ms (its stack's start included)`);
     assert.match(stdout, /^# pass 1$/m, stdout);
     assert.match(stdout, /^# fail 0$/m, stdout);
   } finally {
