@@ -1,4 +1,4 @@
-"""``python -m bench noisy``: one shard's flood beside another shard's trickle (README "Fair shares").
+"""``python -m bench noisy``: one shard's flood beside another shard's trickle (docs/fair-shares.md).
 
 A worker process of this checkout (or of ``--checkout``, to compare side by side), in a database and vhost of
 its own (:class:`bench.sandbox.Sandbox`, removed after) with a private Redis. Two shards, each on a
@@ -13,7 +13,8 @@ B's publish-to-result latency (p50, p99, max), and for the flood A's publish tim
 publish to last result); then whether every event of both was answered exactly once and every queue ended
 empty. ``--path kit`` publishes as the kit does (per-shard routing key ``tool.<name>.shard.<N>``, after one
 event on the version-1 key has given each shard its queue); ``--same-shard`` sends B's trickle as shard A in
-B's guild: how far one guild is kept from another guild of the same shard. Nothing is asserted: the figures
+B's guild: how far one guild is kept from another guild of the same shard; ``--shards-report`` prints what
+``worker shards`` shows 3 s into the flood. Nothing is asserted: the figures
 are for the README and the closing note.
 """
 
@@ -31,6 +32,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from worker.config import Topology, env_of
 from worker.store.migrate import apply_migrations
 
 TOPOLOGY = Topology()
+SHARDS_REPORT_AFTER = 3.0
 BOT = "1150000000000000999"
 AUTHOR = "1150000000000000200"
 #: shard ids of the flood (A) and the trickle (B), and each one's guild
@@ -118,7 +121,7 @@ def event(shard_id: int, guild_of: int, persona_id: int, n: int) -> tuple[str, b
         "event_id": event_id,
         "tool_call_id": f"call_{n}",
         "tool_name": "create_long_term_memory",
-        "issued_at": "2026-12-04T08:00:00Z",
+        "issued_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "shard_id": shard_id,
         "arguments": {"memory_content": f"{{user}} knows fact number {n}", "memory_scope": "server_wide"},
         "context": {
@@ -181,6 +184,23 @@ def latency_line(name: str, shard: Shard, answers: Answers, ids: list[str]) -> s
     )
 
 
+def processing_line(name: str, log_path: Path, ids: list[str]) -> str:
+    """The worker's own time for ``ids`` (its "event processed" lines' ``duration_ms``: from the start of
+    processing to the ack): what is left of the latency is the broker, the wait for a slot and the shard."""
+    wanted = set(ids)
+    took = []
+    for raw in log_path.read_text(errors="replace").splitlines():
+        if '"event processed"' not in raw:
+            continue
+        line = orjson.loads(raw)
+        if line.get("event_id") in wanted:
+            took.append(float(line["duration_ms"]))
+    if not took:
+        return f"{name}: no lines"
+    p50, p99 = statistics.median(took), percentile(took, 0.99)
+    return f"{name}: ms p50 {p50:.0f} p99 {p99:.0f} max {max(took):.0f}"
+
+
 async def queue_depths(url: str, queues: list[str]) -> dict[str, int]:
     connection = await aio_pika.connect(url)
     depths = {}
@@ -233,6 +253,8 @@ async def run(args: argparse.Namespace) -> int:
         env.update(
             {"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1", "LTM_HTTP_PORT": str(http_port)}
         )
+        if args.shards_report:
+            env["LTM_METRICS_INTERVAL_SECONDS"] = "1"  # the activity rows `worker shards` adds up
         for setting in args.set or []:
             name, _, value = setting.partition("=")
             env[name] = value
@@ -276,6 +298,7 @@ async def run(args: argparse.Namespace) -> int:
         quiet_ids = await trickle(trickler, b_event, args.rate, done, args.quiet_seconds)
         await answers.wait(quiet_ids, 60)
         print(latency_line("B quiet          ", trickler, answers, quiet_ids), flush=True)
+        print(processing_line("  of which in process", workdir / "worker.log", quiet_ids), flush=True)
 
         drained = asyncio.Event()
         a_ids: list[str] = []
@@ -296,11 +319,15 @@ async def run(args: argparse.Namespace) -> int:
             return published
 
         flooding = asyncio.ensure_future(flood())
+        reporting = asyncio.ensure_future(_shards_report(env, checkout)) if args.shards_report else None
         b_ids = await trickle(trickler, b_event, args.rate, drained, 0)
         published = await flooding
+        if reporting is not None:
+            print(await reporting, flush=True)
         await answers.wait(b_ids, 60)
         a_done = [answers.arrived[i] for i in a_ids if i in answers.arrived]
         print(latency_line("B beside A's flood", trickler, answers, b_ids), flush=True)
+        print(processing_line("  of which in process", workdir / "worker.log", b_ids), flush=True)
         print(
             f"A's flood: {len(a_done)}/{len(a_ids)} answered; published in {published:.2f} s, drained "
             f"{(max(a_done) - started) if a_done else float('nan'):.2f} s after its first publish",
@@ -337,6 +364,18 @@ async def run(args: argparse.Namespace) -> int:
         for problem in await sandbox.close():
             print(problem, file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _shards_report(env: dict[str, str], checkout: Path) -> str:
+    """What ``worker shards --minutes 5`` prints 3 s into the flood (the worker's own settings)."""
+    await asyncio.sleep(SHARDS_REPORT_AFTER)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "shards", "--minutes", "5",
+        cwd=checkout, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    heading = f"$ worker shards --minutes 5   ({SHARDS_REPORT_AFTER:g} s into the flood)"
+    return f"{heading}\n{out.decode().rstrip()}"
 
 
 async def _moved(port: int) -> int | None:
@@ -376,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--same-shard", action="store_true", help="B's trickle as shard A, in B's guild")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up on the flood after (300 s)")
     parser.add_argument("--set", action="append", metavar="LTM_X=V", help="a worker setting (repeatable)")
+    parser.add_argument(
+        "--shards-report",
+        action="store_true",
+        help="print `worker shards` 3 s into the flood (the worker records its activity every second)",
+    )
     parser.add_argument("--checkout", help="run the worker of another checkout (side-by-side comparisons)")
     parser.add_argument("--postgres-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")

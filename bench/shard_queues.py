@@ -1,4 +1,4 @@
-"""``python -m bench shard-queues``: what each shard's own queue costs the broker (README "Fair shares").
+"""``python -m bench shard-queues``: what each shard's own queue costs the broker (docs/fair-shares.md).
 
 For each count of shards (``--shards 64 1024``), in a vhost of its own on the broker of ``--rabbitmq-url``
 (a local one: its memory is read with ``rabbitmq-diagnostics``): declare the worker's topology and one queue

@@ -235,3 +235,38 @@ async def test_bench_latency_prints_a_row_per_rate_and_path(
     finally:
         await conn.close()
     assert left == 0, "the latency bench drops its database"
+
+
+async def test_bench_noisy_answers_every_event_of_both_shards_once_and_reports_the_loud_one(
+    postgres_dsn: str, rabbitmq_url: str, test_services: Services
+) -> None:
+    """``python -m bench noisy`` on a small flood: both rounds print B's latency and the worker's own share of
+    it, `worker shards` names shard A loudest, every event of both shards is answered exactly once and the
+    queues end empty (correctness only; the figures are the command's to print)."""
+    if shutil.which("redis-server") is None:
+        pytest.fail(
+            "redis-server is not installed: bench noisy starts a private Redis (apt-get install redis)"
+        )
+    management = test_services.resolve(RABBITMQ).management_url
+    extra = {MANAGEMENT_ENV_VAR: management} if management else {}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench", "noisy", "--flood=200", "--rate=20", "--quiet-seconds=1",
+        "--shards-report", f"--postgres-dsn={postgres_dsn}", f"--rabbitmq-url={rabbitmq_url}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, **extra},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    text = out.decode(errors="replace")
+    assert process.returncode == 0, text[-3000:] + err.decode(errors="replace")[-3000:]
+    lines = text.splitlines()
+    quiet = next(line for line in lines if line.startswith("B quiet"))
+    assert "20/20 answered" in quiet, quiet
+    assert sum(line.startswith("  of which in process: ms p50 ") for line in lines) == 2, text
+    flood = next(line for line in lines if line.startswith("A's flood: "))
+    assert flood.startswith("A's flood: 200/200 answered"), flood
+    assert "0 unanswered, 0 answered twice" in text, text
+    assert "queues left non-empty: none" in text, text
+    report = lines[lines.index(next(line for line in lines if line.startswith("$ worker shards"))) :]
+    rows = [line.split() for line in report[1:] if line.split() and line.split()[0].isdigit()]
+    assert rows, report
+    assert rows[0][0] == "0", f"shard A (0) is the loudest: {report}"

@@ -272,7 +272,9 @@ def test_json_depth_counts_nesting_outside_strings(body: bytes, depth: int) -> N
 async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_cancellation() -> None:
     # aiormq runs each RPC in a task of its own, and Python 3.11's wait_for in it may return normally when
     # cancelled: asyncio.run's cancellation of the command was lost there and the replay ran to the end
-    default = signal.getsignal(signal.SIGINT)
+    # a run started as a background job of a script has SIGINT ignored (and the command rightly leaves it
+    # so): this test wants Python's own handler, as a terminal gives it
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     interruption = Interruption()
     seen: list[object] = []
 
@@ -290,10 +292,12 @@ async def test_a_ctrl_c_is_not_lost_when_what_the_command_awaits_swallows_its_ca
         seen.append(stop())  # what replay and purge ask between batches
         return 0
 
-    assert await interruption.run(command) == dlq.EXIT_INTERRUPTED
-    assert seen == [False, "swallowed", True]  # the cancellation was lost; the interruption was not
-    if default is signal.default_int_handler:
+    try:
+        assert await interruption.run(command) == dlq.EXIT_INTERRUPTED
+        assert seen == [False, "swallowed", True]  # the cancellation was lost; the interruption was not
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 async def test_a_command_that_ends_before_ctrl_c_keeps_its_exit_code() -> None:

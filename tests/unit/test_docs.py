@@ -22,10 +22,6 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 
-#: pages linked before they are on this branch: the lead's docs/fair-shares.md lands on main beside it
-#: (delete the entry once the file is in the tree)
-PENDING = {DOCS / "fair-shares.md"}
-
 
 def layout_rows() -> list[tuple[str, str, str]]:
     """(layer, folder, modules) of each row of the README's "Layout" table."""
@@ -80,15 +76,9 @@ def test_every_link_resolves(page: Path) -> None:
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
             continue
         path = (page.parent / target.split("#", 1)[0]).resolve()
-        if not path.exists() and path not in PENDING:
+        if not path.exists():
             broken.append(target)
     assert not broken, f"{page.relative_to(REPO)}: links to nothing: {broken}"
-
-
-def test_the_pending_pages_are_linked() -> None:
-    """What PENDING exempts is a page something links to (a stale entry is one the links no longer need)."""
-    targets = {(page.parent / t.split("#", 1)[0]).resolve() for page in PAGES for t in links(page)}
-    assert targets >= PENDING
 
 
 def code(page: Path) -> Iterator[str]:

@@ -44,6 +44,9 @@ log = structlog.get_logger("worker")
 
 #: how long abandoned events and batches get to let go of Postgres before their connections are cut
 ABANDON_SECONDS = 5.0
+#: moves awaiting the broker's confirm at once: a loud shard's excess goes to its queue this many at a time,
+#: on a channel of its own, so thousands of copies never queue ahead of another shard's result and notice
+MOVES_IN_FLIGHT = 32
 
 
 class Consumer:
@@ -59,6 +62,7 @@ class Consumer:
         self._hand = Hand(settings.prefetch, settings.held_bytes_max, on_change=services.metrics.shard_held)
         self._inflight: set[asyncio.Task[Any]] = set()
         self._background: set[asyncio.Task[Any]] = set()
+        self._moving = asyncio.Semaphore(MOVES_IN_FLIGHT)
 
     @property
     def in_flight(self) -> int:
@@ -94,7 +98,8 @@ class Consumer:
 
     async def _open(self, connection: AbstractConnection, lost: asyncio.Event, block: BrokerBlock) -> _Wiring:
         """The connection's channels (a publishing one in confirm mode, one per kind of queue consumed,
-        each with its own acks: delivery tags are per channel), the topology declared, the handler wired."""
+        each with its own acks: delivery tags are per channel, and one for moves to the shards' queues), the
+        topology declared, the handler wired."""
         settings = self._services.settings
         publish_channel = await self._channel(connection, lost, confirms=True)
         watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
@@ -102,7 +107,9 @@ class Consumer:
         common_channel = await self._channel(connection, lost, prefetch=settings.prefetch)
         shard_channel = await self._channel(connection, lost, prefetch=settings.shard_prefetch)
         handler = self._services.handler_for(publish_channel, declared, self._stopping)
-        mover = Publisher.for_topology(publish_channel, declared)
+        # moves confirm on a channel of their own: a burst of them never delays the results and notices
+        move_channel = await self._channel(connection, lost, confirms=True)
+        mover = Publisher.for_topology(move_channel, declared)
         shard_acks = Acks(await shard_channel.get_underlay_channel())
         shards = ShardQueues(
             connection=connection,
@@ -231,7 +238,8 @@ class Consumer:
         this worker (moved, or turned away because the shard's queue is full), False to process it here."""
         sender = sender_of(message, self._identity.trusted)
         try:
-            await mover.move(message, queue=shards.queue_of(shard_id), sender=sender)
+            async with self._moving:
+                await mover.move(message, queue=shards.queue_of(shard_id), sender=sender)
         except BacklogFull as exc:
             await handler.turn_away(message, acks, describe(exc))
             return True
