@@ -42,7 +42,7 @@ pytestmark = pytest.mark.e2e
 
 EVENTS = 40
 CONCURRENCY = 4
-#: events of one shard in process at once: every slot but the one kept for another shard ("Fair shares")
+#: events of one shard in process at once: every slot but the one kept for another shard (docs/fair-shares.md)
 HELD = CONCURRENCY - 1
 STOPPING = "stopping: no new events; finishing the ones in flight"
 PROCESSED = "event processed"

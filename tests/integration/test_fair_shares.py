@@ -1,4 +1,4 @@
-"""Fair shares between shards and shard identity (README "Fair shares", CONTRACT.md section 2), with the
+"""Fair shares between shards and shard identity (docs/fair-shares.md, CONTRACT.md section 2), with the
 worker's consume loop in the test's event loop on the real Postgres, RabbitMQ and Redis (own database and
 vhost per test).
 
@@ -267,7 +267,7 @@ async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost
     shard's own queue; every event of both is answered once and written once, and every queue ends empty.
 
     (An event sent while the common queue still holds a flood waits until the worker has moved what is ahead
-    of it: README "Fair shares" gives how fast that goes.)"""
+    of it: docs/fair-shares.md gives how fast that goes.)"""
     dsn, persona_id = world
     warm = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)  # the shard's own queue is declared
     await running.start(prefetch=100, concurrency=4)

@@ -217,7 +217,7 @@ def test_the_configmap_holds_valid_worker_settings() -> None:
 
 @pytest.mark.parametrize("where", ["k8s/configmap.yaml", "compose.yaml"])
 def test_the_shipped_workers_require_shard_identity_and_keep_the_wide_window(where: str) -> None:
-    """Fair shares (README "Fair shares"): the production manifests pin each event's shard to its RabbitMQ
+    """Fair shares (docs/fair-shares.md): the production manifests pin each event's shard to its RabbitMQ
     user, and leave the windows the workers sort by shard at their defaults (a narrow LTM_PREFETCH leaves a
     worker nothing to sort)."""
     if where == "compose.yaml":

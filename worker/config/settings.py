@@ -150,32 +150,33 @@ class Settings(BaseModel):
         8192,
         gt=0,
         description="deliveries of the common work queue RabbitMQ may push to one worker ahead of "
-        'processing: the worker sorts what it holds by shard and serves the shards in turn ("Fair shares")',
+        "processing: the worker sorts what it holds by shard and serves the shards in turn "
+        "(docs/fair-shares.md)",
     )
     shard_prefetch: Annotated[int, Env("LTM_SHARD_PREFETCH", PositiveInt())] = Field(
         32,
         gt=0,
         description="deliveries of each shard's own queue `ltm.create_memory.shard.<N>` RabbitMQ may push to "
-        'one worker ahead of processing ("Fair shares")',
+        "one worker ahead of processing (docs/fair-shares.md)",
     )
     shard_queues_max: Annotated[int, Env("LTM_SHARD_QUEUES_MAX", PositiveInt())] = Field(
         1024,
         gt=0,
         description="shards a worker gives a queue of their own (declared the first time each is seen); the "
-        'shards past it share the common work queue ("Fair shares")',
+        "shards past it share the common work queue (docs/fair-shares.md)",
     )
     held_bytes_max: Annotated[int, Env("LTM_HELD_BYTES_MAX", PositiveInt())] = Field(
         128 * 1024 * 1024,
         gt=0,
         description="event bodies one worker holds at most (bytes): past it, the worker stops taking from "
-        'the common work queue until half is processed or moved to the shards\' queues ("Fair shares")',
+        "the common work queue until half is processed or moved to the shards' queues (docs/fair-shares.md)",
     )
     shard_identity: Annotated[ShardIdentity, Env("LTM_SHARD_IDENTITY", Choice(SHARD_IDENTITIES))] = Field(
         "checked",
         description="whether an event's RabbitMQ user may speak for its `shard_id`: `checked` (one shard's "
         "user may not speak for another shard; no `user_id`, or a user that is no shard's, is accepted as "
         "contract version 1 allows), `required` (it must be the shard's user or a trusted publisher; the "
-        'shipped manifests), `shared` (not checked: one user for every shard); see "Fair shares"',
+        "shipped manifests), `shared` (not checked: one user for every shard); see docs/fair-shares.md",
     )
     shard_user: Annotated[str, Env("LTM_SHARD_USER", ShardUserFormat())] = Field(
         DEFAULT_SHARD_USER,
