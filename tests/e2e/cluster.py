@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ import pytest
 
 from tests.e2e.conftest import Stack
 from tests.factories import BotRows
+from tests.support.harness import free_port
 from worker.store.migrate import apply_migrations
 
 #: Debian's real scripts (the /usr/sbin ones are wrappers that change user)
@@ -46,12 +46,6 @@ def find_server() -> Path | None:
         return DEBIAN_BIN
     found = shutil.which("rabbitmq-server")
     return Path(found).resolve().parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -93,7 +87,7 @@ class RabbitCluster:
     @staticmethod
     def _port(taken: set[int]) -> int:
         while True:
-            port = _free_port()
+            port = free_port()
             if port not in taken:
                 taken.add(port)
                 return port
@@ -279,3 +273,16 @@ async def stack_on(
             process.kill()
         await conn.close()
         await asyncio.to_thread(cluster.delete_vhost, vhost)
+
+
+@contextlib.asynccontextmanager
+async def rabbitmq_stopped(broker: RabbitCluster) -> AsyncIterator[None]:
+    """The private one-node ``broker``'s app stopped (``rabbitmqctl stop_app``: every connection closed, the
+    listener gone) for the body of the block; ``start_app`` after, which returns once the app has started
+    and listens again. Its vhosts and durable queues survive, as on a restart."""
+    (node,) = broker.nodes
+    await asyncio.to_thread(broker.ctl, node, "stop_app")
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(broker.ctl, node, "start_app")

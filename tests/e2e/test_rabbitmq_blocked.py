@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +25,8 @@ import pytest
 from contracts.models import Status
 from tests.e2e.cluster import Node, RabbitCluster, stack_on
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard
 from tests.e2e.workload import Stream, build_stream, check_outcome, limit_env, seed_scopes, wait_for_results
+from tests.support.harness import Shard, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -66,12 +65,6 @@ def _ctl_quietly(cluster: RabbitCluster, node: Node, *args: str) -> None:
         cluster.ctl(node, *args)
     except Exception as exc:  # the node may be gone already
         print(f"rabbitmqctl {' '.join(args)}: {exc}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -118,7 +111,7 @@ async def test_a_memory_alarm_is_visible_and_answers_nothing_twice(
     server_scopes, personal_scopes = await seed_scopes(stack.rows)
     stream = build_stream(BURST + int(RATE * 20), server_scopes, personal_scopes, seed=31)
     burst, paced = stream.bodies[:BURST], stream.bodies[BURST:]
-    port = _free_port()
+    port = free_port()
     figures: dict[str, Any] = {}
     async with Shard(stack.rabbitmq_url) as shard:
         publishing: set[asyncio.Task[None]] = set()

@@ -25,10 +25,8 @@ from typing import Self
 import pytest
 
 from contracts.models import Status
-from tests.e2e.cluster import RabbitCluster
+from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
-from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
 from tests.e2e.workload import (
     Stream,
     check_outcome,
@@ -37,6 +35,8 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
+from tests.support.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
+from tests.support.outages import Gate, frozen_backends
 
 pytestmark = pytest.mark.e2e
 
