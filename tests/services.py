@@ -37,6 +37,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from tests.support.commands import run_command
 from worker.store.migrate import apply_migrations
 from worker.testing import images
 from worker.testing.containers import Deadline, run_blocking, start_postgres, start_rabbitmq, start_redis
@@ -239,23 +240,6 @@ class VhostAdmin(Protocol):
 
     async def queue_policy(self, vhost: str, queue: str) -> str | None:
         """The policy the broker applies to `queue` (None: none, or no such queue)."""
-
-
-async def run_command(*command: str, timeout: float) -> tuple[int, str]:
-    """Run a command with no input; its exit code and output. A timeout kills it and raises TimeoutError."""
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    return int(process.returncode or 0), output.decode(errors="replace").strip()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import pytest
 
 from tests.e2e.conftest import Stack
 from tests.factories import event_body
-from tests.services import is_this_machine, run_command
+from tests.services import is_this_machine
+from tests.support.commands import run_command
 from tests.support.harness import Shard, WorkerProcess, free_port
 from tests.support.proxy import CuttableProxy
 

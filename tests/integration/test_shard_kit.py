@@ -41,7 +41,8 @@ from contracts.shard import (
     invalidation_id_of,
 )
 from tests.factories import BOT, CHANNEL, GUILD, TRIGGER, BotRows, World, member, participant
-from tests.services import is_this_machine, run_command
+from tests.services import is_this_machine
+from tests.support.commands import run_command
 from tests.support.outages import PrivateRedis, find_redis_server
 from tests.support.wait import eventually
 from worker.broker.topology import work_queue_arguments

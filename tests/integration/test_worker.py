@@ -27,7 +27,8 @@ import structlog
 
 from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body
-from tests.services import is_this_machine, run_command
+from tests.services import is_this_machine
+from tests.support.commands import run_command
 from tests.support.harness import InvalidationListener, Shard, queue_depth, take_dead_letters
 from tests.support.wait import eventually
 from worker.broker.topology import retry_queue_arguments
