@@ -33,6 +33,7 @@ from tests.e2e.conftest import Stack
 from tests.factories import BotRows
 from tests.support.harness import free_port
 from worker.store.migrate import apply_migrations
+from worker.testing.management import ManagementApi
 
 #: Debian's real scripts (the /usr/sbin ones are wrappers that change user)
 DEBIAN_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -57,16 +58,23 @@ class Node:
     amqp_port: int
     dist_port: int
     base: Path
+    #: the node's management API (its vhosts are HTTP calls, not a `rabbitmqctl` VM start each)
+    http_port: int = 0
 
     def url(self, vhost: str = "") -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/{vhost}"
+
+    def management(self) -> ManagementApi:
+        return ManagementApi(f"http://127.0.0.1:{self.http_port}", "guest", "guest")
 
 
 class RabbitCluster:
     """Three nodes joined into one cluster; :meth:`close` stops them and removes their files."""
 
-    def __init__(self, bin_dir: Path, size: int = 3, *, config: str = "") -> None:
-        """``config``: rabbitmq.conf lines every node gets after the listener's."""
+    def __init__(self, bin_dir: Path, size: int = 3, *, config: str = "", management: bool = True) -> None:
+        """``config``: rabbitmq.conf lines every node gets after the listener's. ``management``: each node
+        runs the management plugin on a port of its own (the per-test vhosts); a measurement of the broker's
+        own CPU goes without it."""
         self.bin_dir = bin_dir
         self.config = config
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-rmq-cluster-"))
@@ -74,14 +82,15 @@ class RabbitCluster:
         taken: set[int] = set()
         self.nodes: list[Node] = []
         for index in range(1, size + 1):
-            amqp, dist = self._port(taken), self._port(taken)
+            amqp, dist, http = self._port(taken), self._port(taken), self._port(taken)
             self.nodes.append(
-                Node(index, f"{prefix}-{index}@localhost", amqp, dist, self.dir / f"node{index}")
+                Node(index, f"{prefix}-{index}@localhost", amqp, dist, self.dir / f"node{index}", http)
             )
         cookie = self.dir / ".erlang.cookie"
         cookie.write_text(secrets.token_hex(16))
         cookie.chmod(0o400)
-        (self.dir / "enabled_plugins").write_text("[].\n")
+        self.management = management
+        (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n" if management else "[].\n")
         (self.dir / "rabbitmq-env.conf").write_text("")
 
     @staticmethod
@@ -137,10 +146,17 @@ class RabbitCluster:
 
     def _launch(self, node: Node) -> None:
         node.base.mkdir(exist_ok=True)
+        management = (
+            f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {node.http_port}\n"
+            if self.management
+            else ""
+        )
         (node.base / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{node.amqp_port}\n"
+            + management
             # the test's clients connect as guest over loopback only
-            "loopback_users.guest = false\n" + self.config
+            + "loopback_users.guest = false\n"
+            + self.config
         )
         subprocess.run(
             [str(self.bin_dir / "rabbitmq-server"), "-detached"],
@@ -195,11 +211,24 @@ class RabbitCluster:
     # -- per test ------------------------------------------------------------------------------------------
 
     def add_vhost(self, vhost: str) -> None:
+        """``vhost`` with every permission for guest: through the first node's management API, else its
+        ``rabbitmqctl``."""
         first = self.nodes[0]
-        self.ctl(first, "add_vhost", vhost)
-        self.ctl(first, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        if not self.management:
+            self.ctl(first, "add_vhost", vhost)
+            self.ctl(first, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+            return
+        api = first.management()
+        api.put_vhost(vhost)
+        api.set_permissions(vhost, "guest", {"configure": ".*", "write": ".*", "read": ".*"})
 
     def delete_vhost(self, vhost: str) -> None:
+        """Through the API of a node that answers (one may be stopped), else ``rabbitmqctl``; a failure is
+        not the test's: ignored."""
+        for node in self.nodes if self.management else []:
+            with contextlib.suppress(Exception):
+                node.management().delete_vhost(vhost)
+                return
         with contextlib.suppress(Exception):
             self.ctl(self.running_node(), "delete_vhost", vhost)
 
