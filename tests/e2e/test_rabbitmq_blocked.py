@@ -27,6 +27,7 @@ from tests.e2e.cluster import Node, RabbitCluster, stack_on
 from tests.e2e.conftest import Stack
 from tests.e2e.workload import Stream, build_stream, check_outcome, limit_env, seed_scopes, wait_for_results
 from tests.support.harness import Shard, free_port
+from tests.support.wait import eventually
 from worker.broker.publisher import PUBLISH_TIMEOUT
 
 pytestmark = pytest.mark.e2e
@@ -158,8 +159,12 @@ async def test_a_memory_alarm_is_visible_and_answers_nothing_twice(
             await asyncio.to_thread(_ctl_quietly, cluster, node, "eval", CLEAR_ALARM)
         published = Stream([b for b in stream.bodies if b["event_id"] in sent], stream.scope_of)
         await wait_for_results(shard, published.event_ids, timeout=180, workers=[worker])
-        # the gauge and /readyz once the block is over
-        await asyncio.sleep(1.0)
+        # the gauge and /readyz once the block is over: 0 and ready (asserted below on the last sample)
+        await eventually(
+            lambda: sampler.samples and sampler.samples[-1][1] == 0 and sampler.samples[-1][2] == 200,
+            "ltm_rabbitmq_blocked 0 and /readyz 200 after the block",
+            30,
+        )
         sampler.stop()
         await sampling
         await shard.settle(timeout=30)
