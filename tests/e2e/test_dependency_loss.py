@@ -38,7 +38,7 @@ from tests.support.outages import PrivateRedis, slow_down, terminate_backends
 from tests.support.wait import holds_within
 from worker.runtime.backoff import CAP_SECONDS
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EVENTS = 400
 #: every event takes at least this long in Postgres: 400 events at concurrency 8 last ~2.5 s or more

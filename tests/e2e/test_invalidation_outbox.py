@@ -38,6 +38,7 @@ RETRY_BUDGET_S = 0.2 + 0.4 + 0.8 + 1.0
 OUTAGE_S = 3 * RETRY_BUDGET_S
 
 
+@pytest.mark.slow
 async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalidates_later(
     stack: Stack,
 ) -> None:

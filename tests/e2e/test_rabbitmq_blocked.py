@@ -30,7 +30,7 @@ from tests.support.harness import Shard, free_port
 from tests.support.wait import eventually
 from worker.broker.publisher import PUBLISH_TIMEOUT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 #: events per second the shard offers around the alarm (its own publishes are held during it too)
 RATE = 100

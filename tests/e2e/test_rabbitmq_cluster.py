@@ -40,7 +40,7 @@ from worker.broker.topology import declare_topology
 from worker.config import Topology
 from worker.runtime.policy import RetryPolicy
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 WORK_QUEUE = "ltm.create_memory"
 #: events published per second by the shard, for as long as the faults last

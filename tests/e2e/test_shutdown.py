@@ -260,6 +260,7 @@ async def test_grace_period_over_with_postgres_not_answering_still_exits(stack: 
     assert statuses[Status.SAVED] == EVENTS
 
 
+@pytest.mark.slow
 async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_exits(
     private_broker: RabbitCluster, private_broker_stack: Stack
 ) -> None:
