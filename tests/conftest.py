@@ -18,6 +18,18 @@ from tests.machine_guard import MachineGuard, MachineServicesDisturbed
 from tests.services import Services, describe_sources
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A plain `pytest` (no path, no -m: the developer's run, pyproject's testpaths) leaves out the tests
+    marked `slow`; naming a path (`pytest tests`, `pytest tests/integration`, what CI runs) or a marker
+    expression (`-m slow`) runs them."""
+    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Where Postgres, RabbitMQ and Redis come from this run (nothing is started to say it)."""
     return [f"services: {line}" for line in describe_sources()]

@@ -492,6 +492,7 @@ async def bind_shard_queue(channel: AbstractChannel, kind: str, exchange: str) -
 # --- what each user may do ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_import_applies_the_work_queue_policy(deployed: Deployed) -> None:
     # the management API lists a queue's policy from its statistics, refreshed every few seconds: wait for it
     deadline = time.monotonic() + WAIT_SECONDS
@@ -720,6 +721,7 @@ async def worker_dlq(deployed: Deployed, user: str, *args: str, audit: str | Non
     return process.returncode, output.decode(errors="replace")
 
 
+@pytest.mark.slow
 async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services: Services) -> None:
     """`worker dlq list` works as worker or operator; `replay` and `purge` as the operator. The worker user
     cannot replay (it may not publish to tomori.tool_calls): the dead letter stays in the DLQ."""

@@ -604,6 +604,7 @@ async def test_an_unroutable_dead_letter_stays(broker: Broker, seeded: Seeded) -
     assert await event_ids(broker.url) == [stray_id]
 
 
+@pytest.mark.slow
 async def test_a_replay_killed_mid_batch_loses_nothing(broker: Broker) -> None:
     total = 3000
     ids = await fill_dlq(broker, total)

@@ -116,6 +116,7 @@ async def test_list_group_by_counts_each_group(broker: Broker, seeded: Seeded) -
     assert await event_ids(broker.url) == [*seeded.order(*"ABCDE"), *extra]
 
 
+@pytest.mark.slow
 async def test_a_group_selects_what_it_counts(broker: Broker, seeded: Seeded) -> None:
     extra = await add_schema_letters(broker, [3, 4])
     await broker.wait_depth(DLQ, 7)
@@ -411,6 +412,7 @@ async def refuse_again(broker: Broker) -> str:
     return str(message.message_id)
 
 
+@pytest.mark.slow
 async def test_history_says_which_replayed_letters_came_back(
     broker: Broker, seeded: Seeded, audit_database: str
 ) -> None:

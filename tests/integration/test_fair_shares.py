@@ -226,6 +226,7 @@ async def assert_quiet_shard_overtakes(
     return quiet_ids
 
 
+@pytest.mark.slow
 async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
     running: Running, shards: Shards, world: tuple[str, int]
 ) -> None:
@@ -245,6 +246,7 @@ async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
     assert set(written.values()) == {1}, "an event written twice"
 
 
+@pytest.mark.slow
 async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
@@ -494,6 +496,7 @@ async def publish_all(
     return taken, refused
 
 
+@pytest.mark.slow
 async def test_one_shards_backlog_never_gets_another_shards_publishes_refused(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str, test_services: Services
 ) -> None:
@@ -549,6 +552,7 @@ async def declared(url: str, queue: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_a_version_1_flooder_over_its_bound_is_turned_away_and_answered(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str, test_services: Services
 ) -> None:

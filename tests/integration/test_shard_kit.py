@@ -411,6 +411,7 @@ async def rabbitmqctl(url: str) -> str:
     return ctl
 
 
+@pytest.mark.slow
 async def test_a_topic_permission_from_before_the_shards_key_moves_the_client_to_tool_name(
     worker: Worker, world: World, rabbitmq_url: str
 ) -> None:
