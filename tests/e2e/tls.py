@@ -247,7 +247,8 @@ class TlsRabbit(RabbitCluster):
     """One private RabbitMQ node whose only AMQP listener is TLS (``Node.amqp_port`` is the TLS port)."""
 
     def __init__(self, bin_dir: Path, server: Pair, ca: Path, *, client_certificates: bool = False) -> None:
-        super().__init__(bin_dir, size=1)
+        # no management plugin: its default port (15672) is the machine broker's, and this node needs none
+        super().__init__(bin_dir, size=1, management=False)
         #: a client must present a certificate ``ca`` signed (``verify_peer``, ``fail_if_no_peer_cert``)
         self.client_certificates = client_certificates
         self.node = self.nodes[0]
