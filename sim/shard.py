@@ -3,7 +3,7 @@
 It checks the exchanges (passive: shard users may not declare them), declares and binds its two durable queues
 ``tomori.shard.<id>.results`` and ``.notifications`` with ``shard.<id>``, consumes them on a channel of
 their own, and publishes tool-call events persistent, confirmed, on a confirm-mode channel. What it does
-with what comes back is its owner's: the e2e harness records every message (tests/e2e/harness.py), the
+with what comes back is its owner's: the e2e harness records every message (tests/support/harness.py), the
 bench counts answers and latencies for many shards (bench/shards.py).
 """
 

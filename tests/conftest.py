@@ -18,6 +18,18 @@ from tests.machine_guard import MachineGuard, MachineServicesDisturbed
 from tests.services import Services, describe_sources
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A plain `pytest` (no path, no -m: the developer's run, pyproject's testpaths) leaves out the tests
+    marked `slow`; naming a path (`pytest tests`, `pytest tests/integration`, what CI runs) or a marker
+    expression (`-m slow`) runs them."""
+    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Where Postgres, RabbitMQ and Redis come from this run (nothing is started to say it)."""
     return [f"services: {line}" for line in describe_sources()]
@@ -61,11 +73,25 @@ def test_services() -> Iterator[Services]:
         services.close()
 
 
+#: fixtures that migrate the test's database before it runs: a test that uses one of them gets its
+#: `postgres_dsn` already migrated, a copy of the session's migrated template (milliseconds, not a migration
+#: per test); their own `apply_migrations` then finds nothing to do
+MIGRATED_BY = frozenset({"migrated_dsn", "pool", "rows", "stack", "private_broker_stack", "cluster_stack"})
+
+
 @pytest.fixture
-async def postgres_dsn(test_services: Services) -> AsyncIterator[str]:
-    """DSN of a fresh, empty database `ltm_test_<hex>`, dropped (WITH (FORCE)) after the test."""
-    async with test_services.fresh_database() as dsn:
+async def postgres_dsn(test_services: Services, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """DSN of a fresh database `ltm_test_<hex>`, dropped (WITH (FORCE)) after the test: empty, or, when the
+    test also uses a fixture of `MIGRATED_BY`, a copy of the session's migrated template."""
+    migrated = not MIGRATED_BY.isdisjoint(request.fixturenames)
+    async with test_services.fresh_database(migrated=migrated) as dsn:
         yield dsn
+
+
+@pytest.fixture
+async def migrated_dsn(postgres_dsn: str) -> str:
+    """The test's database (`postgres_dsn`) with every migration applied (copied from the template)."""
+    return postgres_dsn
 
 
 @pytest.fixture

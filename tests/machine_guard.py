@@ -1,6 +1,6 @@
 """Whether a test run left this machine's own services alone: looked at when the session starts and ends.
 
-The test suite stops and restarts only servers of its own (tests/e2e/outages.py). This check notices when
+The test suite stops and restarts only servers of its own (tests/support/outages.py). This check notices when
 the machine's RabbitMQ, Redis or Postgres went down or restarted during a run anyway: by the suite, or by
 anything else on the machine (another test run). It looks only at services on this machine that answer
 within a few seconds, where the ``LTM_TEST_*`` URLs (else the local defaults) point:

@@ -37,6 +37,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from tests.support.commands import run_command
+from worker.store.migrate import apply_migrations
 from worker.testing import images
 from worker.testing.containers import Deadline, run_blocking, start_postgres, start_rabbitmq, start_redis
 from worker.testing.images import Image
@@ -240,23 +242,6 @@ class VhostAdmin(Protocol):
         """The policy the broker applies to `queue` (None: none, or no such queue)."""
 
 
-async def run_command(*command: str, timeout: float) -> tuple[int, str]:
-    """Run a command with no input; its exit code and output. A timeout kills it and raises TimeoutError."""
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    return int(process.returncode or 0), output.decode(errors="replace").strip()
-
-
 @dataclass(frozen=True)
 class Rabbitmqctl:
     """Vhosts through `rabbitmqctl`, for a broker on this machine without the management plugin."""
@@ -371,6 +356,8 @@ class Services:
     _errors: dict[str, ServiceUnavailable] = field(default_factory=dict, init=False)
     _started: list[StartedService] = field(default_factory=list, init=False)
     _vhost_admin: VhostAdmin | None = field(default=None, init=False)
+    #: the session's migrated template database (`ltm_test_tpl_<hex>`), made the first time a test asks
+    _template: str | None = field(default=None, init=False)
 
     # resolution (blocking: Docker calls; the async methods below run it in a thread)
 
@@ -416,7 +403,13 @@ class Services:
             raise failure(error) from None
 
     def close(self) -> None:
-        """Stop the containers this session started (newest first)."""
+        """Drop the session's template database, stop the containers this session started (newest first)."""
+        if self._template is not None and POSTGRES.name in self._endpoints:
+            template, self._template = self._template, None
+            try:
+                run_async(_drop_database(self._endpoints[POSTGRES.name], template))
+            except Exception as error:
+                log.warning("template database %s was not dropped: %s", template, describe(error))
         while self._started:
             with contextlib.suppress(Exception):
                 self._started.pop().stop()
@@ -424,11 +417,33 @@ class Services:
     # Postgres
 
     @contextlib.asynccontextmanager
-    async def fresh_database(self) -> AsyncIterator[str]:
-        """A new empty database `ltm_test_<hex>`, dropped WITH (FORCE) on exit; yields its DSN."""
+    async def fresh_database(self, *, migrated: bool = False) -> AsyncIterator[str]:
+        """A new database `ltm_test_<hex>`, dropped WITH (FORCE) on exit; yields its DSN. Empty, or with
+        ``migrated`` every migration applied: a copy (`CREATE DATABASE ... TEMPLATE`, milliseconds) of the
+        session's template, migrated once the first time a test asks."""
         endpoint = await self._resolved(POSTGRES)
-        async with _fresh_database(endpoint) as dsn:
+        template = await self._migrated_template(endpoint) if migrated else "template0"
+        async with _fresh_database(endpoint, template) as dsn:
             yield dsn
+
+    async def _migrated_template(self, endpoint: Endpoint) -> str:
+        if self._template is None:
+            name = f"ltm_test_tpl_{secrets.token_hex(6)}"
+            await _create_database(endpoint, name, "template0")
+            try:
+                await apply_migrations(with_path(endpoint.url, f"/{name}"))
+                # nobody may connect to it any more: a connection would make every copy fail
+                # ("source database is being accessed by other users")
+                admin = await _admin_connection(endpoint)
+                try:
+                    await admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+                finally:
+                    await admin.close()
+            except BaseException:
+                await _drop_database(endpoint, name)
+                raise
+            self._template = name
+        return self._template
 
     # RabbitMQ
 
@@ -493,26 +508,35 @@ async def _admin_connection(endpoint: Endpoint) -> asyncpg.Connection:
         raise failure(endpoint.unavailable(describe(error))) from None
 
 
-@contextlib.asynccontextmanager
-async def _fresh_database(endpoint: Endpoint) -> AsyncIterator[str]:
-    name = f"ltm_test_{secrets.token_hex(8)}"
+async def _create_database(endpoint: Endpoint, name: str, template: str) -> None:
     admin = await _admin_connection(endpoint)
     try:
-        # template0: never connected to, so concurrent sessions cannot block the copy.
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        # the templates are never connected to (template0; the session's own refuses connections), so
+        # concurrent sessions cannot block the copy
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     except Exception as error:
         raise failure(endpoint.unavailable(f"cannot create a test database: {describe(error)}")) from None
     finally:
         await admin.close()
+
+
+async def _drop_database(endpoint: Endpoint, name: str) -> None:
+    admin = await asyncpg.connect(endpoint.url, timeout=CONNECT_TIMEOUT)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def _fresh_database(endpoint: Endpoint, template: str = "template0") -> AsyncIterator[str]:
+    name = f"ltm_test_{secrets.token_hex(8)}"
+    await _create_database(endpoint, name, template)
     try:
         yield with_path(endpoint.url, f"/{name}")
     finally:
         try:  # a failed drop is logged, not raised: it must not hide the test's own error
-            admin = await asyncpg.connect(endpoint.url, timeout=CONNECT_TIMEOUT)
-            try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await admin.close()
+            await _drop_database(endpoint, name)
         except Exception as error:
             log.warning("test database %s was not dropped: %s", name, describe(error))
 

@@ -37,9 +37,10 @@ import redis.exceptions
 from contracts.models import Status
 from tests.containers.compose import ComposeStack, container_logs, inspect, json_lines, run
 from tests.containers.conftest import REQUIRE_DOCKER_ENV_VAR
-from tests.e2e.harness import InvalidationListener, Shard, invalidation_key
-from tests.e2e.outages import Gate
 from tests.factories import GUILD, BotRows, event_body, member
+from tests.support.harness import InvalidationListener, Shard, invalidation_key
+from tests.support.outages import Gate
+from tests.support.wait import eventually
 from worker.testing.images import PYTHON
 
 SHARD = 0
@@ -71,21 +72,9 @@ async def blocking(function: Callable[..., Any], *args: Any) -> Any:
 
 
 async def wait_until(what: str, condition: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    """Poll a condition until it returns something truthy (that value); fail after `timeout`.
-
-    An async condition is awaited; a plain one (a docker command) runs in a thread, so the shard's and the
-    Redis listener's callbacks go on meanwhile."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if asyncio.iscoroutinefunction(condition):
-            value = await condition()
-        else:
-            value = await asyncio.to_thread(condition)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f}s")
-        await asyncio.sleep(0.2)
+    """``eventually`` (tests/support/wait.py) with a blocking condition (a docker command) run in a thread,
+    so the shard's and the Redis listener's callbacks go on meanwhile; an async one is awaited."""
+    return await eventually(condition, what, timeout, interval=0.2, in_thread=True)
 
 
 async def test_the_compose_stack_builds_starts_answers_a_shard_survives_sigterm_and_goes(

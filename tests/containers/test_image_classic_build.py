@@ -15,7 +15,7 @@ import subprocess
 import uuid
 
 from tests.containers.compose import REPO
-from tests.containers.timed import run_timed
+from tests.support.commands import run_timed
 from worker.testing.images import PYTHON
 
 BUILD_TIMEOUT = 900.0

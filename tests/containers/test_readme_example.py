@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.containers.timed import run_timed
+from tests.support.commands import run_timed
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 600

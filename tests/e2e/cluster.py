@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,7 +31,9 @@ import pytest
 
 from tests.e2e.conftest import Stack
 from tests.factories import BotRows
+from tests.support.harness import free_port
 from worker.store.migrate import apply_migrations
+from worker.testing.management import ManagementApi
 
 #: Debian's real scripts (the /usr/sbin ones are wrappers that change user)
 DEBIAN_BIN = Path("/usr/lib/rabbitmq/bin")
@@ -48,12 +49,6 @@ def find_server() -> Path | None:
     return Path(found).resolve().parent if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class Node:
     """One node of the cluster."""
@@ -63,16 +58,23 @@ class Node:
     amqp_port: int
     dist_port: int
     base: Path
+    #: the node's management API (its vhosts are HTTP calls, not a `rabbitmqctl` VM start each)
+    http_port: int = 0
 
     def url(self, vhost: str = "") -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/{vhost}"
+
+    def management(self) -> ManagementApi:
+        return ManagementApi(f"http://127.0.0.1:{self.http_port}", "guest", "guest")
 
 
 class RabbitCluster:
     """Three nodes joined into one cluster; :meth:`close` stops them and removes their files."""
 
-    def __init__(self, bin_dir: Path, size: int = 3, *, config: str = "") -> None:
-        """``config``: rabbitmq.conf lines every node gets after the listener's."""
+    def __init__(self, bin_dir: Path, size: int = 3, *, config: str = "", management: bool = True) -> None:
+        """``config``: rabbitmq.conf lines every node gets after the listener's. ``management``: each node
+        runs the management plugin on a port of its own (the per-test vhosts); a measurement of the broker's
+        own CPU goes without it."""
         self.bin_dir = bin_dir
         self.config = config
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-rmq-cluster-"))
@@ -80,20 +82,21 @@ class RabbitCluster:
         taken: set[int] = set()
         self.nodes: list[Node] = []
         for index in range(1, size + 1):
-            amqp, dist = self._port(taken), self._port(taken)
+            amqp, dist, http = self._port(taken), self._port(taken), self._port(taken)
             self.nodes.append(
-                Node(index, f"{prefix}-{index}@localhost", amqp, dist, self.dir / f"node{index}")
+                Node(index, f"{prefix}-{index}@localhost", amqp, dist, self.dir / f"node{index}", http)
             )
         cookie = self.dir / ".erlang.cookie"
         cookie.write_text(secrets.token_hex(16))
         cookie.chmod(0o400)
-        (self.dir / "enabled_plugins").write_text("[].\n")
+        self.management = management
+        (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n" if management else "[].\n")
         (self.dir / "rabbitmq-env.conf").write_text("")
 
     @staticmethod
     def _port(taken: set[int]) -> int:
         while True:
-            port = _free_port()
+            port = free_port()
             if port not in taken:
                 taken.add(port)
                 return port
@@ -143,10 +146,17 @@ class RabbitCluster:
 
     def _launch(self, node: Node) -> None:
         node.base.mkdir(exist_ok=True)
+        management = (
+            f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {node.http_port}\n"
+            if self.management
+            else ""
+        )
         (node.base / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{node.amqp_port}\n"
+            + management
             # the test's clients connect as guest over loopback only
-            "loopback_users.guest = false\n" + self.config
+            + "loopback_users.guest = false\n"
+            + self.config
         )
         subprocess.run(
             [str(self.bin_dir / "rabbitmq-server"), "-detached"],
@@ -201,11 +211,24 @@ class RabbitCluster:
     # -- per test ------------------------------------------------------------------------------------------
 
     def add_vhost(self, vhost: str) -> None:
+        """``vhost`` with every permission for guest: through the first node's management API, else its
+        ``rabbitmqctl``."""
         first = self.nodes[0]
-        self.ctl(first, "add_vhost", vhost)
-        self.ctl(first, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        if not self.management:
+            self.ctl(first, "add_vhost", vhost)
+            self.ctl(first, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+            return
+        api = first.management()
+        api.put_vhost(vhost)
+        api.set_permissions(vhost, "guest", {"configure": ".*", "write": ".*", "read": ".*"})
 
     def delete_vhost(self, vhost: str) -> None:
+        """Through the API of a node that answers (one may be stopped), else ``rabbitmqctl``; a failure is
+        not the test's: ignored."""
+        for node in self.nodes if self.management else []:
+            with contextlib.suppress(Exception):
+                node.management().delete_vhost(vhost)
+                return
         with contextlib.suppress(Exception):
             self.ctl(self.running_node(), "delete_vhost", vhost)
 
@@ -279,3 +302,16 @@ async def stack_on(
             process.kill()
         await conn.close()
         await asyncio.to_thread(cluster.delete_vhost, vhost)
+
+
+@contextlib.asynccontextmanager
+async def rabbitmq_stopped(broker: RabbitCluster) -> AsyncIterator[None]:
+    """The private one-node ``broker``'s app stopped (``rabbitmqctl stop_app``: every connection closed, the
+    listener gone) for the body of the block; ``start_app`` after, which returns once the app has started
+    and listens again. Its vhosts and durable queues survive, as on a restart."""
+    (node,) = broker.nodes
+    await asyncio.to_thread(broker.ctl, node, "stop_app")
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(broker.ctl, node, "start_app")

@@ -73,7 +73,7 @@ def measure(size: int, messages: int) -> None:
     bin_dir = find_server()
     if bin_dir is None:
         sys.exit("rabbitmq-server is not installed")
-    cluster = RabbitCluster(bin_dir, size=size)
+    cluster = RabbitCluster(bin_dir, size=size, management=False)
     try:
         cluster.start()
         cluster.add_vhost("cpu")

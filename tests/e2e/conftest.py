@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 import asyncpg
 import pytest
 
-from tests.e2e.harness import REPO, WorkerProcess
-from tests.e2e.outages import PrivateRedis, find_redis_server
 from tests.e2e.pgbouncer import PgBouncer, find_pgbouncer
 from tests.factories import BotRows
+from tests.support.harness import REPO, WorkerProcess
+from tests.support.outages import PrivateRedis, find_redis_server
 from worker.config import env_of
 from worker.store.migrate import apply_migrations
 
@@ -126,7 +126,7 @@ async def stack(
         await conn.close()
 
 
-# -- servers of the tests' own, for outages (tests/e2e/outages.py): the machine's are never stopped --------
+# -- servers of the tests' own, for outages (tests/support/outages.py): the machine's are never stopped --
 
 
 @pytest.fixture(scope="session")

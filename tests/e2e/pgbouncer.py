@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.support.harness import free_port
+
 #: server connections per database and user: fewer than the workers the tests start
 SERVER_CONNECTIONS = 3
 START_TIMEOUT = 30.0
@@ -32,12 +34,6 @@ def find_pgbouncer() -> str | None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class PgBouncer:
     """One pgbouncer process in front of the Postgres of ``postgres_dsn``."""
 
@@ -48,7 +44,7 @@ class PgBouncer:
         self.backend_port = backend.port or 5432
         self.user = backend.username or "postgres"
         self.password = backend.password or ""
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-pgbouncer-"))
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -23,8 +23,8 @@ from contracts.models import (
 )
 from sim.shard import EVENT_TYPE
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, take_dead_letters
 from tests.factories import TRIGGER, event_body, member
+from tests.support.harness import Shard, take_dead_letters
 from worker.pipeline.outcome import DEAD_LETTER_REASONS
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,8 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, free_port
 from tests.factories import event_body
+from tests.support.harness import Shard, free_port
 
 pytestmark = pytest.mark.e2e
 

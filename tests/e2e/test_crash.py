@@ -9,7 +9,6 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard
 from tests.e2e.workload import (
     build_stream,
     check_outcome,
@@ -18,6 +17,7 @@ from tests.e2e.workload import (
     wait_for_count,
     wait_for_results,
 )
+from tests.support.harness import Shard
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 nothing is lost and nothing is saved twice.
 
 Processing is slowed down for real (a ``pg_sleep`` trigger on the event ledger) so the stream is still
-running when the fault hits. The faults hit servers of the test's own (tests/e2e/outages.py): the broker
+running when the fault hits. The faults hit servers of the test's own (tests/support/outages.py): the broker
 tests stop the app of the session's private RabbitMQ node, every test here gets a ``redis-server`` of its
 own, and only the test database's connections are cut. The machine's services are never touched.
 """
@@ -20,10 +20,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.models import Status
-from tests.e2e.cluster import RabbitCluster
+from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard, invalidation_key
-from tests.e2e.outages import PrivateRedis, rabbitmq_stopped, slow_down, terminate_backends
 from tests.e2e.workload import (
     Scope,
     Stream,
@@ -33,12 +31,14 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_count,
     wait_for_results,
-    wait_until,
 )
 from tests.factories import event_body
+from tests.support.harness import INVALIDATION_CHANNEL, InvalidationListener, Shard, invalidation_key
+from tests.support.outages import PrivateRedis, slow_down, terminate_backends
+from tests.support.wait import holds_within
 from worker.runtime.backoff import CAP_SECONDS
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EVENTS = 400
 #: every event takes at least this long in Postgres: 400 events at concurrency 8 last ~2.5 s or more
@@ -72,7 +72,8 @@ async def test_rabbitmq_stopped_and_started_mid_stream(
         async with rabbitmq_stopped(private_broker):
             await worker.wait_for_log("rabbitmq connection lost; reconnecting", timeout=30)
             answered_during = len(shard.received.results)
-            await asyncio.sleep(3)  # the outage itself: the worker keeps trying meanwhile
+            # the outage lasts until the worker has tried the broker again (and found it down)
+            await worker.wait_for_log("rabbitmq unavailable", timeout=30)
         assert answered_during < EVENTS, "the stream finished before the outage; the test proves nothing"
         await worker.wait_for_log("consuming", at_least=2, timeout=60)
         await wait_for_results(shard, stream.event_ids, timeout=90, workers=[worker])
@@ -92,15 +93,17 @@ def _logged_at(line: dict[str, object]) -> float:
 async def test_workers_reconnect_promptly_and_out_of_step_after_a_broker_restart(
     private_broker: RabbitCluster, private_broker_stack: Stack
 ) -> None:
-    """Two idle workers lose the broker for 6 s: each tries again within the backoff cap (3 s), at
-    jittered moments, and consumes again soon after the broker is back. Prints the recovery times."""
+    """Two idle workers lose the broker until each has tried it three times: each tries again within the
+    backoff cap (3 s), at jittered moments, and consumes again soon after the broker is back. Prints the
+    recovery times."""
     stack = private_broker_stack
     workers = [stack.worker(), stack.worker()]
     await stack.workers_ready()
     async with rabbitmq_stopped(private_broker):
         for worker in workers:
             await worker.wait_for_log("rabbitmq connection lost; reconnecting", timeout=30)
-        await asyncio.sleep(6)
+        for worker in workers:
+            await worker.wait_for_log("rabbitmq unavailable", at_least=3, timeout=60)
     back_at = time.time()
     for worker in workers:
         await worker.wait_for_log("consuming", at_least=2, timeout=30)
@@ -197,7 +200,7 @@ async def test_redis_restarted_mid_stream(stack: Stack, private_redis: PrivateRe
         assert await worker.wait_exit(timeout=30) == 0
         await shard.settle()
         saved_after = [e for e in after.event_ids if shard.received.results[e][0]["status"] == Status.SAVED]
-        await wait_until(lambda: all(listener.of(e) for e in saved_after), timeout=10)
+        await holds_within(lambda: all(listener.of(e) for e in saved_after), timeout=10)
 
     both = Stream(stream.bodies + after.bodies, {**stream.scope_of, **after.scope_of})
     statuses = await check_outcome(stack.rows.conn, both, shard.received)

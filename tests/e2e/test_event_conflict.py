@@ -17,8 +17,15 @@ import pytest
 
 from contracts.models import DeadLetterKind, Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import InvalidationListener, Shard, invalidation_key, queue_depth, take_dead_letters
 from tests.factories import event_body
+from tests.support.harness import (
+    InvalidationListener,
+    Shard,
+    invalidation_key,
+    queue_depth,
+    take_dead_letters,
+)
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -27,13 +34,6 @@ VICTIM_CHANNEL = "1150000000000000778"
 SECRET = "VICTIM-PRIVATE: the door code is 4711"
 ATTACK = "ATTACKER-OWN: remember me"
 DLQ = "ltm.create_memory.dlq"
-
-
-async def wait_until_true(check: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def wait_depth(url: str, depth: int, timeout: float = 30.0) -> None:
@@ -90,7 +90,7 @@ async def test_a_shard_reusing_another_shards_event_id_is_refused(stack: Stack) 
     ):
         await shard5.publish(victim)
         await shard5.wait_for_results([event_id], timeout=30)
-        await wait_until_true(lambda: redis.of(event_id), "the victim's invalidation")
+        await eventually(lambda: redis.of(event_id), "the victim's invalidation")
         # what every shard reads on the channel: no event id to steal any more
         assert event_id not in json.dumps(redis.messages)
         saved_rows = await stack.rows.conn.fetch("SELECT * FROM ltm_processed_events")
@@ -109,19 +109,15 @@ async def test_a_shard_reusing_another_shards_event_id_is_refused(stack: Stack) 
 
         # shard 5's own event again (a redelivery after a crash): still answered from the ledger
         await shard5.publish(victim)
-        await wait_until_true(
-            lambda: len(shard5.received.results[event_id]) == 2, "shard 5's replayed answer"
-        )
+        await eventually(lambda: len(shard5.received.results[event_id]) == 2, "shard 5's replayed answer")
 
         # a dead letter of shard 5's event, replayed by the operator, together with the conflict's letter
         await dead_letter_as_worker_would(stack.rabbitmq_url, victim)
         await wait_depth(stack.rabbitmq_url, 2)
         replay = await asyncio.to_thread(stack.cli, "dlq", "replay")
         assert replay.returncode == 0, replay.stdout + replay.stderr
-        await wait_until_true(
-            lambda: len(shard5.received.results[event_id]) == 3, "the replayed letter's answer"
-        )
-        await wait_until_true(
+        await eventually(lambda: len(shard5.received.results[event_id]) == 3, "the replayed letter's answer")
+        await eventually(
             lambda: len(shard7.received.results[event_id]) == 2, "the replayed conflict's answer"
         )
         await wait_depth(stack.rabbitmq_url, 1)  # the conflict is dead-lettered again, nothing else

@@ -12,9 +12,9 @@ import pytest
 
 from contracts.models import DeadLetterKind, Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, take_dead_letters
-from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
+from tests.support.harness import Shard, take_dead_letters
+from tests.support.proxy import CuttableProxy
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, queue_depth, take_dead_letters
 from tests.factories import event_body, member, participant
+from tests.support.harness import Shard, queue_depth, take_dead_letters
 
 pytestmark = pytest.mark.e2e
 

@@ -17,9 +17,6 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import InvalidationListener, Shard, free_port, metric
-from tests.e2e.outages import slow_down
-from tests.e2e.proxy import CuttableProxy
 from tests.e2e.workload import (
     build_stream,
     check_outcome,
@@ -27,8 +24,11 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_count,
     wait_for_results,
-    wait_until,
 )
+from tests.support.harness import InvalidationListener, Shard, free_port, metric
+from tests.support.outages import slow_down
+from tests.support.proxy import CuttableProxy
+from tests.support.wait import holds_within
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +38,7 @@ RETRY_BUDGET_S = 0.2 + 0.4 + 0.8 + 1.0
 OUTAGE_S = 3 * RETRY_BUDGET_S
 
 
+@pytest.mark.slow
 async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalidates_later(
     stack: Stack,
 ) -> None:
@@ -71,7 +72,7 @@ async def test_redis_down_longer_than_the_retry_budget_answers_once_and_invalida
             restored_at = time.monotonic()
             await wait_for_results(shard, stream.event_ids, timeout=90, workers=[worker])
             saved = [e for e in stream.event_ids if shard.received.results[e][0]["status"] == Status.SAVED]
-            await wait_until(lambda: all(listener.of(e) for e in saved), timeout=30)
+            await holds_within(lambda: all(listener.of(e) for e in saved), timeout=30)
             flushed_in = time.monotonic() - restored_at
             await asyncio.sleep(0.5)  # a late duplicate invalidation would arrive in this time
             worker.signal(signal.SIGTERM)

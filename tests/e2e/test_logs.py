@@ -14,10 +14,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, WorkerProcess, free_port
-from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
-from tests.services import is_this_machine, run_command
+from tests.services import is_this_machine
+from tests.support.commands import run_command
+from tests.support.harness import Shard, WorkerProcess, free_port
+from tests.support.proxy import CuttableProxy
 
 pytestmark = pytest.mark.e2e
 

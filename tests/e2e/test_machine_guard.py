@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.cluster import RabbitCluster
-from tests.e2e.outages import PrivateRedis, rabbitmq_stopped
+from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
 from tests.machine_guard import MachineGuard
+from tests.support.outages import PrivateRedis
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from contracts.models import MAX_BODY_BYTES
 from sim.shard import TOOL_ROUTING_KEY
 from tests.e2e.cluster import RabbitCluster, private_rabbitmq, stack_on
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, take_dead_letters
 from tests.factories import event_body
+from tests.support.harness import Shard, take_dead_letters
 
 pytestmark = pytest.mark.e2e
 

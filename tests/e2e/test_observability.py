@@ -11,10 +11,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, free_port, get, metric, wait_for_metric
-from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
 from tests.monitoring import exposed_names, metric_names_used
+from tests.support.harness import Shard, free_port, get, metric, wait_for_metric
+from tests.support.proxy import CuttableProxy
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology, load_settings
 from worker.service.policy import RetryPolicy

@@ -6,15 +6,16 @@ import asyncio
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import REPO, Shard, free_port, get
-from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
+from tests.support.harness import REPO, Shard, free_port, get
+from tests.support.proxy import CuttableProxy
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -31,13 +32,6 @@ async def wait_status(port: int, path: str, status: int, timeout: float = 30.0) 
             return last[1]
         await asyncio.sleep(0.2)
     raise AssertionError(f"{path} never answered {status}; last: {last}")
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition never held"
-        await asyncio.sleep(0.05)
 
 
 def run_check(stack: Stack, **env: str) -> subprocess.CompletedProcess[str]:
@@ -118,7 +112,9 @@ async def test_metrics_move_with_real_events(stack: Stack) -> None:
         await shard.publish(b"not json")
         await shard.publish(bodies[0])  # a redelivery: answered from the store
         await shard.wait_for_results([b["event_id"] for b in [*bodies, bad]], timeout=30)
-        await eventually(lambda: len(shard.received.results[bodies[0]["event_id"]]) == 2)
+        await eventually(
+            lambda: len(shard.received.results[bodies[0]["event_id"]]) == 2, "the second result", 30
+        )
 
     _, text = await asyncio.to_thread(get, port, "/metrics")
     samples = dict(re.findall(r"^(ltm_\S+) (\S+)$", text, re.M))

@@ -18,7 +18,6 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, free_port
 from tests.e2e.pgbouncer import SERVER_CONNECTIONS, PgBouncer, find_pgbouncer
 from tests.e2e.workload import (
     build_stream,
@@ -29,6 +28,7 @@ from tests.e2e.workload import (
     wait_for_results,
 )
 from tests.factories import BotRows, event_body
+from tests.support.harness import Shard, free_port
 from worker.store.migrate import available_migrations
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from contracts.models import Status
-from tests.e2e.harness import REPO, Shard, WorkerProcess
+from tests.support.harness import REPO, Shard, WorkerProcess
 from worker.ops.demo import example_event
 from worker.ops.demo import seed as demo_seed
 

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import free_port
+from tests.support.harness import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -26,7 +26,6 @@ import pytest
 from contracts.models import Status
 from tests.e2e.cluster import Node, RabbitCluster, private_rabbitmq, stack_on
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard
 from tests.e2e.workload import (
     Stream,
     build_stream,
@@ -35,11 +34,13 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
+from tests.support.harness import Shard
+from tests.support.wait import eventually
 from worker.broker.topology import declare_topology
 from worker.config import Topology
 from worker.service.policy import RetryPolicy
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 WORK_QUEUE = "ltm.create_memory"
 #: events published per second by the shard, for as long as the faults last
@@ -138,13 +139,6 @@ class PacedShard:
         ]
         assert waits, "no event published during the fault was answered"
         return round(gap, 2), round(max(waits), 2)
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout}s"
-        await asyncio.sleep(0.05)
 
 
 async def declare_through(node: Node, vhost: str) -> None:

@@ -13,9 +13,9 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import REPO, Shard, queue_depth
-from tests.e2e.proxy import CuttableProxy
 from tests.factories import event_body
+from tests.support.harness import REPO, Shard, queue_depth
+from tests.support.proxy import CuttableProxy
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,8 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import InvalidationListener, Shard, invalidation_key
 from tests.factories import GUILD, event_body, member
+from tests.support.harness import InvalidationListener, Shard, invalidation_key
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,6 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard
 from tests.e2e.workload import (
     build_stream,
     check_outcome,
@@ -17,6 +16,7 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
+from tests.support.harness import Shard
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,8 @@ import pytest
 
 from contracts.models import Status, ToolResult
 from contracts.shard import LtmClient
-from tests.e2e.cluster import RabbitCluster
+from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
 from tests.e2e.conftest import Stack
-from tests.e2e.outages import rabbitmq_stopped
 from tests.factories import BOT, CHANNEL, GUILD, TRIGGER
 
 pytestmark = pytest.mark.e2e

@@ -25,10 +25,8 @@ from typing import Self
 import pytest
 
 from contracts.models import Status
-from tests.e2e.cluster import RabbitCluster
+from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
-from tests.e2e.outages import Gate, frozen_backends, rabbitmq_stopped
 from tests.e2e.workload import (
     Stream,
     check_outcome,
@@ -37,6 +35,8 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
+from tests.support.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
+from tests.support.outages import Gate, frozen_backends
 
 pytestmark = pytest.mark.e2e
 
@@ -260,6 +260,7 @@ async def test_grace_period_over_with_postgres_not_answering_still_exits(stack: 
     assert statuses[Status.SAVED] == EVENTS
 
 
+@pytest.mark.slow
 async def test_sigterm_during_a_broker_outage_with_postgres_not_answering_still_exits(
     private_broker: RabbitCluster, private_broker_stack: Stack
 ) -> None:

@@ -35,7 +35,6 @@ import redis.asyncio as aioredis
 
 from contracts.models import invalidation_id
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import InvalidationListener, Shard, WorkerProcess
 from tests.e2e.tls import (
     Authority,
     Pair,
@@ -47,6 +46,7 @@ from tests.e2e.tls import (
     find_redis_server,
 )
 from tests.factories import BotRows, event_body
+from tests.support.harness import InvalidationListener, Shard, WorkerProcess
 from worker.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,8 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import Shard
 from tests.factories import event_body
+from tests.support.harness import Shard
 
 pytestmark = pytest.mark.e2e
 

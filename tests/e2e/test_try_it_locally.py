@@ -28,7 +28,7 @@ import asyncpg
 import pytest
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import REPO
+from tests.support.harness import REPO
 from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID, TOOL_CALL_PREFIX
 from worker.pipeline.outcome import CRITICAL_STATE_MISSING
 from worker.redact import redact_url

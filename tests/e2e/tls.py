@@ -32,14 +32,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tests.e2e.cluster import RabbitCluster, find_server
+from tests.support.harness import free_port
 
 START_TIMEOUT = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -145,7 +140,7 @@ class TlsPostgres:
         self.bin_dir = bin_dir
         #: with a CA here, a client must present a certificate it signed (``clientcert=verify-ca``)
         self.client_ca = client_ca
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-tls-pg-"))
         self.data = self.dir / "data"
         self.log = self.dir / "postgres.log"
@@ -252,7 +247,8 @@ class TlsRabbit(RabbitCluster):
     """One private RabbitMQ node whose only AMQP listener is TLS (``Node.amqp_port`` is the TLS port)."""
 
     def __init__(self, bin_dir: Path, server: Pair, ca: Path, *, client_certificates: bool = False) -> None:
-        super().__init__(bin_dir, size=1)
+        # no management plugin: its default port (15672) is the machine broker's, and this node needs none
+        super().__init__(bin_dir, size=1, management=False)
         #: a client must present a certificate ``ca`` signed (``verify_peer``, ``fail_if_no_peer_cert``)
         self.client_certificates = client_certificates
         self.node = self.nodes[0]
@@ -327,7 +323,7 @@ class TlsRedis:
         self.client_certificates = client_certificates
         self.server = server
         self.ca = ca
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ltm-tls-redis-"))
         self.log = self.dir / "redis.log"
         self.proc: subprocess.Popen[bytes] | None = None

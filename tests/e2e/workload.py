@@ -17,15 +17,15 @@ import random
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
 from contracts.models import Status
-from tests.e2e.harness import Received, Shard, WorkerProcess
 from tests.factories import TRIGGER, BotRows, event_body, member
+from tests.support.harness import Received, Shard, WorkerProcess
 
 #: relative sizes of the scopes; with the limits below the first ones overflow, the last ones do not
 SERVER_SCOPE_WEIGHTS = (25, 15, 10, 2.0, 1.5, 0.5)
@@ -311,17 +311,6 @@ async def check_outcome(
     noticed = {event_id for event_id, notices in received.notices.items() if notices}
     assert noticed == {e for e in ids if answer[e]["status"] == Status.SAVED}
     return statuses
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``condition`` until it holds (True) or ``timeout`` runs out (False)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if condition():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
 
 
 def processed_counts(workers: Sequence[WorkerProcess]) -> dict[str, int]:

@@ -8,15 +8,7 @@ import asyncpg
 import pytest
 
 from tests.factories import BotRows
-from worker.store.migrate import apply_migrations
 from worker.store.pool import create_pool
-
-
-@pytest.fixture
-async def migrated_dsn(postgres_dsn: str) -> str:
-    """A fresh database with every migration applied."""
-    await apply_migrations(postgres_dsn)
-    return postgres_dsn
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 
 from contracts.models import Status, ToolCallEvent
-from tests.e2e.outages import Gate
 from tests.factories import BotRows, World, event, member, published
+from tests.support.outages import Gate
 from worker.config import Limits
 from worker.service.batcher import Batcher
 from worker.service.process import ProcessedEvent, process_batch, process_event

@@ -64,6 +64,7 @@ def test_the_workload_is_deterministic_and_its_expectations_add_up() -> None:
     assert sum(expected.values()) == 220
 
 
+@pytest.mark.slow
 async def test_bench_answers_every_event_with_its_expected_status(
     postgres_dsn: str, rabbitmq_url: str, redis_url: str
 ) -> None:
@@ -97,6 +98,7 @@ async def test_bench_answers_every_event_with_its_expected_status(
     assert left == 0, "the bench drops the databases it created"
 
 
+@pytest.mark.slow
 async def test_batch_micro_bench_measures_each_size_and_cleans_up(postgres_dsn: str) -> None:
     async def bench_databases() -> set[str]:
         conn = await asyncpg.connect(postgres_dsn)
@@ -159,6 +161,7 @@ async def test_a_closed_loop_ends_with_an_error_when_nobody_answers(rabbitmq_url
     assert any("stopped answering" in error for error in result.errors), result.errors
 
 
+@pytest.mark.slow
 async def test_bench_json_prints_one_json_object(
     postgres_dsn: str, rabbitmq_url: str, redis_url: str
 ) -> None:
@@ -191,6 +194,7 @@ async def test_bench_json_prints_one_json_object(
     assert report["runs"]["worker"]["answered"] == 40
 
 
+@pytest.mark.slow
 async def test_bench_latency_prints_a_row_per_rate_and_path(
     postgres_dsn: str, rabbitmq_url: str, redis_url: str, test_services: Services
 ) -> None:

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.e2e.harness import free_port
 from tests.integration.test_cli import worker
+from tests.support.harness import free_port
 from worker.config import env_of
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.e2e.harness import REPO, WorkerProcess
 from tests.services import redact
+from tests.support.harness import REPO, WorkerProcess
 from worker.config import env_of
 
 pytestmark = pytest.mark.integration

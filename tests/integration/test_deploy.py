@@ -42,7 +42,6 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from bench.shards import Shard as BenchShard
 from contracts.models import DeadLetterKind
 from contracts.models import shard_queue as shard_queue_name
-from tests.e2e.harness import Shard as HarnessShard
 from tests.factories import event_body
 from tests.services import (
     RABBITMQ,
@@ -57,6 +56,8 @@ from tests.services import (
     run_async,
     with_path,
 )
+from tests.support.harness import Shard as HarnessShard
+from tests.support.harness import WorkerProcess
 from worker.broker.envelope import RoutableIds
 from worker.broker.headers import Sender
 from worker.broker.publisher import Publisher
@@ -491,6 +492,7 @@ async def bind_shard_queue(channel: AbstractChannel, kind: str, exchange: str) -
 # --- what each user may do ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_import_applies_the_work_queue_policy(deployed: Deployed) -> None:
     # the management API lists a queue's policy from its statistics, refreshed every few seconds: wait for it
     deadline = time.monotonic() + WAIT_SECONDS
@@ -620,10 +622,9 @@ async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
             redis_url=redis_url,
             log_format="json",
         )
-        log_path = tmp_path / "worker.log"
-        process = await asyncio.to_thread(start_worker_run, env, log_path)
+        process = WorkerProcess(env, tmp_path / "worker.log").start()
         try:
-            await wait_for_log(process, log_path, "consuming")
+            await process.wait_for_log("consuming", timeout=WAIT_SECONDS * 2)
             # a shard, as its own user: declares and binds its queues, publishes an event, gets the answer
             # (published by the worker as `worker`, mandatory and confirmed)
             async with HarnessShard(deployed.urls[SHARD], SHARD_ID, declare_exchanges=False) as shard:
@@ -641,12 +642,10 @@ async def test_worker_run_consumes_and_dead_letters_as_the_worker_user(
                 dlq = await operator_channel.get_queue(TOPOLOGY.dead_letter_queue, ensure=False)
                 letter = await get_one(dlq, no_ack=True)
             assert (letter.body, letter.headers["x-ltm-error-kind"]) == (b"not json", "malformed")
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.to_thread(process.wait, WAIT_SECONDS) == 0
+            process.signal(signal.SIGTERM)
+            assert await process.wait_exit(WAIT_SECONDS) == 0
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(WAIT_SECONDS)
+            process.kill()
 
 
 async def test_worker_demo_send_as_the_shipped_shard_0_user_gets_its_save_answered(
@@ -669,22 +668,19 @@ async def test_worker_demo_send_as_the_shipped_shard_0_user_gets_its_save_answer
         )
         seeded = await asyncio.to_thread(worker_demo, env, "seed")
         assert seeded.returncode == 0, seeded.stdout + seeded.stderr
-        log_path = tmp_path / "worker.log"
-        process = await asyncio.to_thread(start_worker_run, env, log_path)
+        process = WorkerProcess(env, tmp_path / "worker.log").start()
         try:
-            await wait_for_log(process, log_path, "consuming")
+            await process.wait_for_log("consuming", timeout=WAIT_SECONDS * 2)
             sent = await asyncio.to_thread(
                 worker_demo, env, "send", "--shard", "0", "--rabbitmq-url", deployed.urls[shard_user(0)]
             )
             assert sent.returncode == 0, sent.stdout + sent.stderr
             assert "result: memory_saved_successfully" in sent.stdout
             assert "notice: 🧠 Tomori Learned Something New! - Kaede likes dogs" in sent.stdout
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.to_thread(process.wait, WAIT_SECONDS) == 0
+            process.signal(signal.SIGTERM)
+            assert await process.wait_exit(WAIT_SECONDS) == 0
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(WAIT_SECONDS)
+            process.kill()
 
 
 def worker_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -698,31 +694,6 @@ def worker_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[
         timeout=WAIT_SECONDS * 4,
         check=False,
     )
-
-
-def start_worker_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """`python -m worker run` with `env`, its output (JSON log lines) going to `log_path`."""
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "worker", "run"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-
-
-async def wait_for_log(process: subprocess.Popen[bytes], log_path: Path, event: str) -> None:
-    """Wait until the JSON log at `log_path` has a line with `event`; fail if the process exits first."""
-    deadline = time.monotonic() + WAIT_SECONDS * 2
-    while True:
-        text = await asyncio.to_thread(log_path.read_text, errors="replace")
-        for line in text.splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict) and entry.get("event") == event:
-                    return
-        assert process.poll() is None, (
-            f"worker exited ({process.returncode}) before {event!r}:\n{text[-3000:]}"
-        )
-        assert time.monotonic() < deadline, f"worker did not log {event!r}:\n{text[-3000:]}"
-        await asyncio.sleep(0.1)
 
 
 async def worker_dlq(deployed: Deployed, user: str, *args: str, audit: str | None = None) -> tuple[int, str]:
@@ -750,6 +721,7 @@ async def worker_dlq(deployed: Deployed, user: str, *args: str, audit: str | Non
     return process.returncode, output.decode(errors="replace")
 
 
+@pytest.mark.slow
 async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services: Services) -> None:
     """`worker dlq list` works as worker or operator; `replay` and `purge` as the operator. The worker user
     cannot replay (it may not publish to tomori.tool_calls): the dead letter stays in the DLQ."""

@@ -35,6 +35,7 @@ from tests.integration.test_dlq import (
 from tests.integration.test_dlq_page import ui
 from tests.integration.test_dlq_page_guard import request
 from tests.services import Services
+from tests.support.wait import eventually
 from worker.broker.headers import Sender
 from worker.broker.publisher import Publisher
 from worker.broker.urls import vhost_of
@@ -115,6 +116,7 @@ async def test_list_group_by_counts_each_group(broker: Broker, seeded: Seeded) -
     assert await event_ids(broker.url) == [*seeded.order(*"ABCDE"), *extra]
 
 
+@pytest.mark.slow
 async def test_a_group_selects_what_it_counts(broker: Broker, seeded: Seeded) -> None:
     extra = await add_schema_letters(broker, [3, 4])
     await broker.wait_depth(DLQ, 7)
@@ -320,16 +322,29 @@ async def test_an_interrupted_replay_says_so_on_record(broker: Broker, audit_dat
         )
         await gate.execute("SELECT pg_advisory_lock(4242)")
         process = await replay_until(broker, 300)
-        deadline = time.monotonic() + 30
-        while not await gate.fetchval(
-            "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        ):
+
+        async def waiting_at_the_gate() -> bool:
+            return bool(
+                await gate.fetchval(
+                    "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242"
+                    " AND NOT granted"
+                    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            )
+
+        async def reached_the_gate() -> bool:
             assert process.returncode is None, "the replay ended before it reached the gate"
-            assert time.monotonic() < deadline, "the replay never waited at the gate"
-            await asyncio.sleep(0.01)
+            return await waiting_at_the_gate()
+
+        await eventually(reached_the_gate, "the replay waits at the gate", 30, interval=0.01)
         process.send_signal(signal.SIGINT)
-        await asyncio.sleep(0.5)  # the signal is taken while the batch waits; then the gate opens
+
+        # the signal is taken while the batch waits: the command is cancelled, and with it the batch's
+        # statement waiting at the gate (no waiter left); then the gate opens
+        async def left_the_gate() -> bool:
+            return not await waiting_at_the_gate()
+
+        await eventually(left_the_gate, "the interrupted batch stops waiting at the gate", 30, interval=0.01)
         await gate.execute("SELECT pg_advisory_unlock(4242)")
     finally:
         await gate.close()
@@ -397,6 +412,7 @@ async def refuse_again(broker: Broker) -> str:
     return str(message.message_id)
 
 
+@pytest.mark.slow
 async def test_history_says_which_replayed_letters_came_back(
     broker: Broker, seeded: Seeded, audit_database: str
 ) -> None:

@@ -85,6 +85,7 @@ async def test_no_token_no_host_no_pass_over_the_dlq(broker: Broker, seeded: See
     assert await event_ids(broker.url) == seeded.order(*"ABCDE")
 
 
+@pytest.mark.slow
 async def test_idle_connections_neither_block_the_page_nor_stay(broker: Broker, seeded: Seeded) -> None:
     """Security review 4, N4: connections that say nothing took the page down. Now they wait in their own
     threads, are cut off after their deadline, and past the cap a newcomer is told to retry."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import structlog
 from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body, member
 from tests.services import Services
+from tests.support.wait import eventually
 from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_topology, shard_queue_name
 from worker.config import Settings, Topology
@@ -43,19 +43,6 @@ SAVE = {"memory_content": "{user} likes dogs", "memory_scope": "server_wide"}
 def user_of(url: str) -> str:
     """The RabbitMQ user the test's connections log in as (what the broker lets them put in user_id)."""
     return unquote(urlsplit(url).username or "guest")
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -146,7 +133,7 @@ class Running:
         consuming = self.count("consuming")
         worker = Worker(self.settings.model_copy(update=overrides))
         self.workers.append((worker, asyncio.create_task(worker.run(signals=False))))
-        await until(lambda: self.count("consuming") > consuming, "the worker consumes")
+        await eventually(lambda: self.count("consuming") > consuming, "the worker consumes")
         return worker
 
 
@@ -230,7 +217,7 @@ async def assert_quiet_shard_overtakes(
         body = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
         quiet_ids.append(body["event_id"])
         await shards.publish(QUIET, body)
-        await until(lambda i=body["event_id"]: i in shards.answers.results, "the quiet shard's answer")
+        await eventually(lambda i=body["event_id"]: i in shards.answers.results, "the quiet shard's answer")
         left = len(flood_ids) - shards.answers.answered(flood_ids)
         assert left >= len(flood_ids) // waiting, (
             f"the quiet shard's event was answered after {len(flood_ids) - left} of the flood's "
@@ -239,6 +226,7 @@ async def assert_quiet_shard_overtakes(
     return quiet_ids
 
 
+@pytest.mark.slow
 async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
     running: Running, shards: Shards, world: tuple[str, int]
 ) -> None:
@@ -250,7 +238,7 @@ async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
     await running.start()
     quiet_ids = await assert_quiet_shard_overtakes(shards, persona_id, flood_ids)
     everything = [*flood_ids, *quiet_ids]
-    await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    await eventually(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
     assert {shards.answers.count(i) for i in everything} == {1}, "an event answered twice"
     assert all(shards.answers.results[i][0]["status"] == Status.SAVED for i in everything)
     written = await ledger(dsn)
@@ -258,6 +246,7 @@ async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
     assert set(written.values()) == {1}, "an event written twice"
 
 
+@pytest.mark.slow
 async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
@@ -272,13 +261,15 @@ async def test_a_shard_over_its_share_waits_in_its_own_queue_and_nothing_is_lost
     warm = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)  # the shard's own queue is declared
     await running.start(prefetch=100, concurrency=4)
     await shards.publish(FLOODER, warm)
-    await until(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
-    await until(lambda: declared(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER)), "shard 0's own queue")
+    await eventually(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
+    await eventually(
+        lambda: declared(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER)), "shard 0's own queue"
+    )
     flood_ids = await flood(shards, persona_id, 1500)
-    await until(lambda: depth_is(rabbitmq_url, TOPOLOGY.work_queue, 0), "the common queue moved or held")
+    await eventually(lambda: depth_is(rabbitmq_url, TOPOLOGY.work_queue, 0), "the common queue moved or held")
     quiet_ids = await assert_quiet_shard_overtakes(shards, persona_id, flood_ids, trickle=3)
     everything = [warm["event_id"], *flood_ids, *quiet_ids]
-    await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    await eventually(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
     assert {shards.answers.count(i) for i in everything} == {1}
     written = await ledger(dsn)
     assert set(written) == set(everything), "an event not written, or one written that was not sent"
@@ -334,7 +325,7 @@ async def test_a_shard_with_its_own_routing_key_goes_straight_to_its_own_queue(
     with pytest.raises(aio_pika.exceptions.DeliveryError):
         await shards.publish(FLOODER, early, key=own_key)
     await shards.publish(FLOODER, early)  # the version-1 key: the worker sees the shard
-    await until(lambda: early["event_id"] in shards.answers.results, "the first event's answer")
+    await eventually(lambda: early["event_id"] in shards.answers.results, "the first event's answer")
 
     async def routed() -> bool:
         try:
@@ -343,12 +334,12 @@ async def test_a_shard_with_its_own_routing_key_goes_straight_to_its_own_queue(
             return False
         return True
 
-    await until(routed, "shard 0's own queue is declared")
+    await eventually(routed, "shard 0's own queue is declared")
     later = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
-    await until(lambda: running.count("consuming") >= 1, "consuming")
+    await eventually(lambda: running.count("consuming") >= 1, "consuming")
     await asyncio.sleep(0)  # the binding is made before the queue is consumed: routed now
     await shards.publish(FLOODER, later, key=own_key)
-    await until(lambda: later["event_id"] in shards.answers.results, "the own-key event's answer")
+    await eventually(lambda: later["event_id"] in shards.answers.results, "the own-key event's answer")
     assert shards.answers.results[later["event_id"]][0]["status"] == Status.SAVED
 
 
@@ -369,7 +360,7 @@ async def dead_letters(url: str, expected: int) -> list[aio_pika.abc.AbstractInc
                     return len(found) >= expected
                 found.append(message)
 
-        await until(take, f"{expected} dead letter(s)")
+        await eventually(take, f"{expected} dead letter(s)")
         return found
     finally:
         await connection.close()
@@ -392,7 +383,7 @@ async def test_checked_refuses_one_shards_user_speaking_for_another_before_anyth
     assert headers["x-ltm-error-kind"] == DeadLetterKind.UNVERIFIED_SHARD
     assert "'shard-5' may not speak for shard 1" in str(headers["x-ltm-error"])
     assert headers[USER_ID] == "shard-5"
-    await until(lambda: forged["event_id"] in shards.answers.results, "the refusal's answer")
+    await eventually(lambda: forged["event_id"] in shards.answers.results, "the refusal's answer")
     assert shards.answers.order == [(5, forged["event_id"])], "the refusal went elsewhere than to shard 5"
     assert shards.answers.results[forged["event_id"]][0]["status"] == Status.INTERNAL_ERROR
     assert forged["event_id"] not in await ledger(dsn)
@@ -403,7 +394,7 @@ async def test_checked_refuses_one_shards_user_speaking_for_another_before_anyth
     await running.start(trusted_publishers="operator")
     plain = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
     await shards.publish(QUIET, plain, user_id=user)
-    await until(lambda: plain["event_id"] in shards.answers.results, "the plain event's answer")
+    await eventually(lambda: plain["event_id"] in shards.answers.results, "the plain event's answer")
     assert shards.answers.results[plain["event_id"]][0]["status"] == Status.SAVED
 
 
@@ -428,7 +419,9 @@ async def test_required_identity_refuses_an_event_without_user_id_and_shared_acc
     other = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
     await shards.publish(QUIET, again)
     await shards.publish(QUIET, other, user_id=user_of(rabbitmq_url))
-    await until(lambda: shards.answers.answered([again["event_id"], other["event_id"]]) == 2, "both answered")
+    await eventually(
+        lambda: shards.answers.answered([again["event_id"], other["event_id"]]) == 2, "both answered"
+    )
     assert {shards.answers.results[i][0]["status"] for i in (again["event_id"], other["event_id"])} == {
         Status.SAVED
     }
@@ -453,7 +446,7 @@ async def test_a_trusted_publisher_speaks_for_the_sender_recorded_on_the_letter(
     await shards.publish(QUIET, own, user_id=user, headers={USER_ID: "shard-1"})
     await shards.publish(QUIET, forged, user_id=user, headers={USER_ID: "shard-5"})
     await shards.publish(QUIET, operators, user_id=user)
-    await until(
+    await eventually(
         lambda: shards.answers.answered([own["event_id"], forged["event_id"], operators["event_id"]]) == 3,
         "three answers",
     )
@@ -503,6 +496,7 @@ async def publish_all(
     return taken, refused
 
 
+@pytest.mark.slow
 async def test_one_shards_backlog_never_gets_another_shards_publishes_refused(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str, test_services: Services
 ) -> None:
@@ -515,11 +509,11 @@ async def test_one_shards_backlog_never_gets_another_shards_publishes_refused(
     warm = [event_body(SAVE, persona_id=persona_id, shard_id=s) for s in (FLOODER, QUIET)]
     for body in warm:
         await shards.publish(body["shard_id"], body)
-    await until(
+    await eventually(
         lambda: shards.answers.answered([b["event_id"] for b in warm]) == 2, "the first events' answers"
     )
     for shard_id in (FLOODER, QUIET):
-        await until(lambda s=shard_id: bounded(test_services, rabbitmq_url, s), "its own queue, bounded")
+        await eventually(lambda s=shard_id: bounded(test_services, rabbitmq_url, s), "its own queue, bounded")
     worker.stop()
     assert await running.workers.pop()[1] == 0
 
@@ -534,7 +528,7 @@ async def test_one_shards_backlog_never_gets_another_shards_publishes_refused(
 
     await running.start()
     answered = [*taken, *own_key, *common]
-    await until(lambda: shards.answers.answered(answered) == len(answered), "every event taken answered")
+    await eventually(lambda: shards.answers.answered(answered) == len(answered), "every event taken answered")
     assert {shards.answers.count(i) for i in answered} == {1}
     assert not any(i in shards.answers.results for i in refused), "a refused publish was answered"
     written = await ledger(dsn)
@@ -558,6 +552,7 @@ async def declared(url: str, queue: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_a_version_1_flooder_over_its_bound_is_turned_away_and_answered(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str, test_services: Services
 ) -> None:
@@ -570,14 +565,14 @@ async def test_a_version_1_flooder_over_its_bound_is_turned_away_and_answered(
     await running.start(prefetch=40, concurrency=4)
     warm = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
     await shards.publish(FLOODER, warm)
-    await until(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
-    await until(lambda: bounded(test_services, rabbitmq_url, FLOODER), "shard 0's own queue, bounded")
+    await eventually(lambda: warm["event_id"] in shards.answers.results, "the first event's answer")
+    await eventually(lambda: bounded(test_services, rabbitmq_url, FLOODER), "shard 0's own queue, bounded")
     flood_ids = await flood(shards, persona_id, 600)
     quiet = [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(5)]
     taken, refused = await publish_all(shards, QUIET, quiet)
     assert (len(taken), len(refused)) == (5, 0)
     everything = [warm["event_id"], *flood_ids, *taken]
-    await until(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    await eventually(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
     assert {shards.answers.count(i) for i in everything} == {1}
     turned_away = [i for i in flood_ids if shards.answers.results[i][0]["status"] == Status.INTERNAL_ERROR]
     assert turned_away, "no event of the flood was turned away past its bound"
@@ -604,7 +599,7 @@ async def test_past_its_byte_budget_a_worker_takes_nothing_more_until_half_is_do
     assert len(json.dumps(bodies[0])) > 8_000
     await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
     ids = [b["event_id"] for b in bodies]
-    await until(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
+    await eventually(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
     assert {shards.answers.count(i) for i in ids} == {1}
     assert running.count("holding too many event bytes; the queues wait") >= 1
     assert running.count("the queues are consumed again") >= 1
@@ -624,14 +619,14 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     bodies += [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(10)]
     await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
     ids = [b["event_id"] for b in bodies]
-    await until(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
+    await eventually(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
 
     async def reported() -> Report | None:
         report = await gather(running.settings, minutes=5)
         answered = {line.shard_id: line.answered for line in report.shards}
         return report if answered.get(FLOODER) == 30 and answered.get(QUIET) == 10 else None
 
-    await until(reported, "both shards' answers recorded")
+    await eventually(reported, "both shards' answers recorded")
     report = await reported()
     assert report is not None
     assert report.problems == []

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from contracts.models import invalidation_id
-from tests.e2e.proxy import CuttableProxy
+from tests.support.proxy import CuttableProxy
 from worker.invalidation.outbox import InvalidationOutbox
 from worker.invalidation.redis import InvalidationPublisher
 from worker.store.pool import create_pool

@@ -13,8 +13,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.e2e.harness import free_port
-from tests.e2e.proxy import CuttableProxy
+from tests.support.harness import free_port
+from tests.support.proxy import CuttableProxy
 from worker.broker.topology import shard_queue_name
 from worker.config import Topology
 from worker.observability import sampler as sampler_module

@@ -21,9 +21,9 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pytest
 
-from tests.e2e.harness import REPO, WorkerProcess, free_port
 from tests.integration.test_cli import cli_env, json_lines, worker
 from tests.services import Services
+from tests.support.harness import REPO, WorkerProcess, free_port
 from worker.testing.management import FULL_PERMISSIONS, ManagementApi
 
 pytestmark = pytest.mark.integration

@@ -40,9 +40,11 @@ from contracts.shard import (
     LtmUnroutableError,
     invalidation_id_of,
 )
-from tests.e2e.outages import PrivateRedis, find_redis_server
 from tests.factories import BOT, CHANNEL, GUILD, TRIGGER, BotRows, World, member, participant
-from tests.services import is_this_machine, run_command
+from tests.services import is_this_machine
+from tests.support.commands import run_command
+from tests.support.outages import PrivateRedis, find_redis_server
+from tests.support.wait import eventually
 from worker.broker.topology import work_queue_arguments
 from worker.config import Settings, Topology
 from worker.runner import Worker
@@ -53,14 +55,6 @@ SPARROW = "1150000000000000201"
 TOOLS = ("create_long_term_memory", "remember_this_fact")
 OWN_QUEUE = f"ltm.create_memory.shard.{SHARD}"
 EXCHANGES = ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications", "tomori.dead_letter")
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 class Inbox:
@@ -255,10 +249,10 @@ async def test_saves_through_the_worker_typed_results_the_wire_notices_and_inval
         )
         assert wires[str(personal.event_id)].routing_key == "tool.remember_this_fact"
 
-        await until(lambda: len(inbox.notices) == 2, "both notices")
+        await eventually(lambda: len(inbox.notices) == 2, "both notices")
         kinds = {str(n.event_id): n.notice.kind for n in inbox.notices}
         assert kinds == {str(server.event_id): "server_memory", str(personal.event_id): "personal_memory"}
-        await until(
+        await eventually(
             lambda: (
                 any(m.invalidation_id == invalidation_id_of(server.event_id) for m in inbox.states)
                 and any(m.invalidation_id == invalidation_id_of(personal.event_id) for m in inbox.users)
@@ -417,6 +411,7 @@ async def rabbitmqctl(url: str) -> str:
     return ctl
 
 
+@pytest.mark.slow
 async def test_a_topic_permission_from_before_the_shards_key_moves_the_client_to_tool_name(
     worker: Worker, world: World, rabbitmq_url: str
 ) -> None:
@@ -503,10 +498,10 @@ async def test_no_worker_the_call_times_out_its_late_result_and_a_retry_with_the
         assert timed_out.value.event_id == event_id
         assert "may still have been saved" in str(timed_out.value)
         later_task = asyncio.create_task(later.run(signals=False))
-        await until(lambda: len(inbox.late) == 1, "the late result")
+        await eventually(lambda: len(inbox.late) == 1, "the late result")
         result, info = inbox.late[0]
         assert (str(result.event_id), result.status, info.reason) == (event_id, Status.SAVED, "timed_out")
-        await until(lambda: len(inbox.notices) == 1, "the notice of the saved memory")
+        await eventually(lambda: len(inbox.notices) == 1, "the notice of the saved memory")
         # the retry with the same event id gets the stored answer
         retried = await client.create_memory(**request, timeout=WAIT)
         assert (str(retried.event_id), retried.status, retried.replayed) == (event_id, Status.SAVED, True)
@@ -581,7 +576,7 @@ async def test_the_subscriber_resubscribes_after_a_redis_restart(tmp_path: Path)
         }
         await publisher.publish("tomori:cache-invalidation", json.dumps(message))
         await publisher.publish("tomori:cache-invalidation", b"not json")
-        await until(lambda: len(states) == 1, "the invalidation after the restart")
+        await eventually(lambda: len(states) == 1, "the invalidation after the restart")
         assert states[0].invalidation_id == invalidation_id_of(str(event_id))
     finally:
         await subscriber.close()

@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,9 +26,11 @@ import pytest
 import structlog
 
 from contracts.models import DeadLetterKind, Status
-from tests.e2e.harness import InvalidationListener, Shard, queue_depth, take_dead_letters
 from tests.factories import BotRows, event_body
-from tests.services import is_this_machine, run_command
+from tests.services import is_this_machine
+from tests.support.commands import run_command
+from tests.support.harness import InvalidationListener, Shard, queue_depth, take_dead_letters
+from tests.support.wait import eventually
 from worker.broker.topology import retry_queue_arguments
 from worker.config import Settings, Topology
 from worker.runner import Worker
@@ -42,20 +43,6 @@ NOBODY = 77  # a shard with no queue bound to shard.77
 #: the advisory lock the tests hold to keep events waiting at Postgres (see :func:`hold_at_postgres`)
 LOCK = 4242
 LOST = "rabbitmq connection lost; reconnecting"
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
-    """Wait until ``condition()`` (a value or an awaitable) is true."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -79,7 +66,7 @@ class Workers:
                     raise AssertionError(f"a worker ended before logging {event!r}: {task.result()}")
             return self.count(event) >= at_least
 
-        await until(logged, f"the worker logs {event!r} {at_least} time(s)")
+        await eventually(logged, f"the worker logs {event!r} {at_least} time(s)")
 
     async def start(self, **overrides: Any) -> Worker:
         """One more worker life; returns once it consumes."""
@@ -175,7 +162,9 @@ async def publish_each_to_postgres(shard: Shard, rows: BotRows, bodies: list[dic
     in flight in a batch of its own (the worker's pool has a connection for each)."""
     for n, body in enumerate(bodies, start=1):
         await shard.publish(body)
-        await until(lambda n=n: _at_least(waiting_at_postgres(rows), n), f"{n} event(s) wait at Postgres")
+        await eventually(
+            lambda n=n: _at_least(waiting_at_postgres(rows), n), f"{n} event(s) wait at Postgres"
+        )
 
 
 async def _at_least(count: Any, n: int) -> bool:
@@ -260,7 +249,7 @@ async def test_a_saved_event_is_answered_end_to_end(
     async with InvalidationListener(workers.settings.redis_url) as listener, Shard(rabbitmq_url) as shard:
         await shard.publish(body)
         await shard.wait_for_results([body["event_id"]], timeout=WAIT)
-        await until(lambda: listener.of(body["event_id"]), "the invalidation on Redis")
+        await eventually(lambda: listener.of(body["event_id"]), "the invalidation on Redis")
     [result] = shard.received.results[body["event_id"]]
     assert (result["success"], result["status"]) == (True, Status.SAVED)
     assert await rows.conn.fetchval("SELECT content FROM server_memories") == "kept in process"
@@ -287,7 +276,7 @@ async def test_a_stop_finishes_the_events_in_flight_and_takes_no_more(
         worker.stop()
         # taken by no one: the consumer is cancelled (a delivery that raced the cancel is handed back)
         await shard.publish(late)
-        await until(
+        await eventually(
             lambda: _is(queue_depth(rabbitmq_url, WORK_QUEUE), 1), "the late event waits in the queue"
         )
         [(_, task)] = workers.running
@@ -326,7 +315,7 @@ async def test_a_lost_connection_abandons_the_events_in_flight_to_the_broker(
         await workers.wait_for_log(LOST)
         # the cancelled transactions let go of Postgres; the broker has the deliveries back
         await workers.wait_for_log("consuming", at_least=2)
-        await until(lambda: _at_least(waiting_at_postgres(rows), 1), "the redelivered events wait again")
+        await eventually(lambda: _at_least(waiting_at_postgres(rows), 1), "the redelivered events wait again")
         assert shard.received.results == {}  # the abandoned events published nothing
         await release(rows)
         await shard.wait_for_results([b["event_id"] for b in bodies], timeout=WAIT)

@@ -199,7 +199,11 @@ async def test_a_lost_channel_leaves_the_delivery_to_the_broker() -> None:
     assert publisher.retries == publisher.dead_letters == []
 
 
-async def test_a_failed_ack_after_publishing_does_not_route_the_event_again() -> None:
+async def test_a_failed_ack_after_publishing_does_not_route_the_event_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the delivery is handed back after the pause: a short one here (1 s in the worker)
+    monkeypatch.setattr("worker.runtime.delivery.UNSETTLED_REQUEUE_SECONDS", 0.01)
     publisher = FakePublisher()
     message = delivery(EVENT)
     handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher, message)

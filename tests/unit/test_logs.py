@@ -16,7 +16,7 @@ import textwrap
 import aiormq.exceptions
 import pytest
 
-from tests.e2e.harness import REPO
+from tests.support.harness import REPO
 from worker.observability.logs import ExpectedDisconnects, SurvivingStream
 
 LOGGING_SCRIPT = textwrap.dedent(

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from contracts.models import Status
-from tests.e2e.harness import REPO
+from tests.support.harness import REPO
 from worker.config import load_settings
 from worker.observability import tracing
 from worker.observability.tracing import TracedEvents, UntracedEvents, create_tracer, in_step

@@ -1,6 +1,10 @@
 // Test harness: real services, one RabbitMQ vhost and one Postgres database per test, `worker run` as a child
 // process. Services come from LTM_TEST_POSTGRES_DSN / LTM_TEST_RABBITMQ_URL / LTM_TEST_REDIS_URL, else the
-// local defaults (the same variables the Python suite reads); vhosts are made with rabbitmqctl.
+// local defaults (the same variables the Python suite reads). Vhosts, users and permissions go through RabbitMQ's
+// management API (LTM_TEST_RABBITMQ_MANAGEMENT_URL, else port 15672 of the broker's host): HTTP calls of
+// milliseconds; `rabbitmqctl` (an Erlang VM's start, about 1.2 s a call) only where no API answers. Databases
+// are copies of one template migrated once per `npm test` (LTM_TS_TEMPLATE_DB, made by test/run.ts), else of a
+// template this process migrates the first time a stack asks.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, mkdirSync, openSync, closeSync, readFileSync, rmSync, writeFileSync, chmodSync, copyFileSync } from "node:fs";
@@ -65,6 +69,138 @@ export async function rabbitmqctl(args: string[], node?: string): Promise<string
     const e = error as { stderr?: string; message: string };
     throw new Error(`rabbitmqctl ${full.join(" ")} failed: ${e.stderr ?? e.message}`);
   }
+}
+
+/** What the tests administer on the machine's broker: vhosts, users, permissions, tracing. */
+export interface BrokerAdmin {
+  addVhost(vhost: string, user: string): Promise<void>;
+  deleteVhost(vhost: string): Promise<void>;
+  addUser(user: string, password: string): Promise<void>;
+  deleteUser(user: string): Promise<void>;
+  setPermissions(vhost: string, user: string, configure: string, write: string, read: string): Promise<void>;
+  setTopicPermissions(vhost: string, user: string, exchange: string, write: string, read: string): Promise<void>;
+  tracing(vhost: string, on: boolean): Promise<void>;
+}
+
+export const MANAGEMENT_URL =
+  process.env.LTM_TEST_RABBITMQ_MANAGEMENT_URL ?? `http://${new URL(RABBITMQ_URL).hostname}:15672`;
+
+/** The management API as the URL's user. */
+class ManagementApi implements BrokerAdmin {
+  private readonly auth: string;
+
+  constructor(readonly baseUrl: string, user: string, password: string) {
+    this.auth = `Basic ${Buffer.from(`${user}:${password}`).toString("base64")}`;
+  }
+
+  async call(method: string, path: string, body?: unknown, allow404 = false): Promise<Response> {
+    const response = await fetch(`${this.baseUrl.replace(/\/$/, "")}${path}`, {
+      method,
+      headers: { authorization: this.auth, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal: AbortSignal.timeout(30_000),
+    });
+    if (!response.ok && !(allow404 && response.status === 404)) {
+      throw new Error(`${method} ${path}: ${response.status} ${await response.text()}`);
+    }
+    return response;
+  }
+
+  async answers(): Promise<boolean> {
+    try {
+      return (await this.call("GET", "/api/overview")).ok;
+    } catch {
+      return false;
+    }
+  }
+
+  async addVhost(vhost: string, user: string): Promise<void> {
+    await this.call("PUT", `/api/vhosts/${encodeURIComponent(vhost)}`, {});
+    await this.setPermissions(vhost, user, ".*", ".*", ".*");
+  }
+
+  async deleteVhost(vhost: string): Promise<void> {
+    await this.call("DELETE", `/api/vhosts/${encodeURIComponent(vhost)}`, undefined, true);
+  }
+
+  async addUser(user: string, password: string): Promise<void> {
+    await this.call("PUT", `/api/users/${encodeURIComponent(user)}`, { password, tags: "" });
+  }
+
+  async deleteUser(user: string): Promise<void> {
+    await this.call("DELETE", `/api/users/${encodeURIComponent(user)}`, undefined, true);
+  }
+
+  async setPermissions(vhost: string, user: string, configure: string, write: string, read: string): Promise<void> {
+    const path = `/api/permissions/${encodeURIComponent(vhost)}/${encodeURIComponent(user)}`;
+    await this.call("PUT", path, { configure, write, read });
+  }
+
+  async setTopicPermissions(vhost: string, user: string, exchange: string, write: string, read: string): Promise<void> {
+    const path = `/api/topic-permissions/${encodeURIComponent(vhost)}/${encodeURIComponent(user)}`;
+    await this.call("PUT", path, { exchange, write, read });
+  }
+
+  async tracing(vhost: string, on: boolean): Promise<void> {
+    await this.call("PUT", `/api/vhosts/${encodeURIComponent(vhost)}`, { tracing: on });
+  }
+}
+
+/** The same through `rabbitmqctl`, for a broker on this machine without the management plugin. */
+class Rabbitmqctl implements BrokerAdmin {
+  async addVhost(vhost: string, user: string): Promise<void> {
+    await rabbitmqctl(["add_vhost", vhost]);
+    await this.setPermissions(vhost, user, ".*", ".*", ".*");
+  }
+
+  async deleteVhost(vhost: string): Promise<void> {
+    try {
+      await rabbitmqctl(["delete_vhost", vhost]);
+    } catch (error) {
+      if (!/no_such_vhost|does not exist/.test(String(error))) throw error;
+    }
+  }
+
+  async addUser(user: string, password: string): Promise<void> {
+    await rabbitmqctl(["add_user", user, password]);
+  }
+
+  async deleteUser(user: string): Promise<void> {
+    await rabbitmqctl(["delete_user", user]);
+  }
+
+  async setPermissions(vhost: string, user: string, configure: string, write: string, read: string): Promise<void> {
+    await rabbitmqctl(["set_permissions", "-p", vhost, user, configure, write, read]);
+  }
+
+  async setTopicPermissions(vhost: string, user: string, exchange: string, write: string, read: string): Promise<void> {
+    await rabbitmqctl(["set_topic_permissions", "-p", vhost, user, exchange, write, read]);
+  }
+
+  async tracing(vhost: string, on: boolean): Promise<void> {
+    await rabbitmqctl([on ? "trace_on" : "trace_off", "-p", vhost]);
+  }
+}
+
+let brokerAdmin: Promise<BrokerAdmin> | undefined;
+
+/** How this process administers the machine's broker: the management API when it answers, else rabbitmqctl. */
+export function broker(): Promise<BrokerAdmin> {
+  brokerAdmin ??= (async () => {
+    const url = new URL(RABBITMQ_URL);
+    const api = new ManagementApi(
+      MANAGEMENT_URL,
+      decodeURIComponent(url.username || "guest"),
+      decodeURIComponent(url.password || "guest"),
+    );
+    return (await api.answers()) ? api : new Rabbitmqctl();
+  })();
+  return brokerAdmin;
+}
+
+/** The user the tests' own connections log in as (the URL's). */
+export function brokerUser(): string {
+  return decodeURIComponent(new URL(RABBITMQ_URL).username || "guest");
 }
 
 function withVhost(url: string, vhost: string): string {
@@ -176,19 +312,17 @@ export class WorkerProcess {
 /** A vhost of its own on the machine's broker (guest may do anything in it); `delete()` removes it. */
 export async function createVhost(): Promise<{ url: string; delete: () => Promise<void> }> {
   const vhost = `ltm-ts-${hex()}`;
-  await rabbitmqctl(["add_vhost", vhost]);
-  const user = decodeURIComponent(new URL(RABBITMQ_URL).username || "guest");
-  await rabbitmqctl(["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]);
+  const admin = await broker();
+  await admin.addVhost(vhost, brokerUser());
   return {
     url: withVhost(RABBITMQ_URL, vhost),
     delete: async () => {
       // a vhost whose deletion failed would be left on the machine's broker unnoticed: try again, then say so
       for (let attempt = 1; ; attempt += 1) {
         try {
-          await rabbitmqctl(["delete_vhost", vhost]);
+          await admin.deleteVhost(vhost); // one already gone is no error
           return;
         } catch (error) {
-          if (/no_such_vhost|does not exist/.test(String(error))) return; // gone already
           if (attempt >= 3) {
             console.error(`could not delete vhost ${vhost} (left behind: rabbitmqctl delete_vhost ${vhost}):`, error);
             return;
@@ -198,6 +332,51 @@ export async function createVhost(): Promise<{ url: string; delete: () => Promis
       }
     },
   };
+}
+
+/** `CREATE DATABASE name`, empty or a copy of `template`, on the tests' Postgres. */
+export async function createDatabase(name: string, template?: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: POSTGRES_DSN });
+  await admin.connect();
+  try {
+    await admin.query(template === undefined ? `CREATE DATABASE ${name}` : `CREATE DATABASE ${name} TEMPLATE ${template}`);
+  } finally {
+    await admin.end();
+  }
+}
+
+/** `DROP DATABASE name WITH (FORCE)`, if it exists. */
+export async function dropDatabase(name: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: POSTGRES_DSN });
+  await admin.connect();
+  try {
+    await admin.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+  } finally {
+    await admin.end();
+  }
+}
+
+/** A database migrated by `worker migrate` that nobody may connect to any more (a connection would make every
+ * `CREATE DATABASE ... TEMPLATE` of it fail): the template of one test run's stacks. */
+export async function createTemplateDatabase(): Promise<string> {
+  const name = `ltm_ts_tpl_${hex()}`;
+  await createDatabase(name);
+  try {
+    const env = { PATH: process.env.PATH, HOME: process.env.HOME, LTM_POSTGRES_DSN: withDatabase(POSTGRES_DSN, name) };
+    await run(workerBin(), ["migrate"], { env, timeout: 120_000 });
+    const admin = new pg.Client({ connectionString: POSTGRES_DSN });
+    await admin.connect();
+    try {
+      await admin.query(`ALTER DATABASE ${name} WITH ALLOW_CONNECTIONS false`);
+    } finally {
+      await admin.end();
+    }
+  } catch (error) {
+    await dropDatabase(name).catch(() => {});
+    const e = error as { stdout?: string; stderr?: string; message: string };
+    throw new Error(`the template database could not be migrated: ${e.message}\n${e.stdout ?? ""}${e.stderr ?? ""}`);
+  }
+  return name;
 }
 
 export interface StackOptions {
@@ -229,23 +408,17 @@ export class Stack {
     let amqpUrl = options.rabbitmqUrl ?? RABBITMQ_URL;
     if (options.rabbitmqUrl === undefined) {
       vhost = name.replaceAll("_", "-");
-      await rabbitmqctl(["add_vhost", vhost]);
-      const user = decodeURIComponent(new URL(RABBITMQ_URL).username || "guest");
-      await rabbitmqctl(["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]);
+      await (await broker()).addVhost(vhost, brokerUser());
       amqpUrl = withVhost(RABBITMQ_URL, vhost);
     }
-    const admin = new pg.Client({ connectionString: POSTGRES_DSN });
-    await admin.connect();
-    try {
-      await admin.query(`CREATE DATABASE ${name}`);
-    } finally {
-      await admin.end();
-    }
+    // a copy of the run's migrated template (test/run.ts) when there is one: milliseconds, not a `worker migrate`
+    const template = process.env.LTM_TS_TEMPLATE_DB;
+    await createDatabase(name, template);
     const dsn = withDatabase(POSTGRES_DSN, name);
     const db = new pg.Client({ connectionString: dsn });
     await db.connect();
     const stack = new Stack(name, dir, amqpUrl, vhost, name, dsn, db);
-    await stack.runWorker(["migrate"]);
+    if (template === undefined) await stack.runWorker(["migrate"]);
     await stack.seed();
     return stack;
   }
@@ -304,14 +477,8 @@ export class Stack {
   async dispose(): Promise<void> {
     for (const worker of this.workers) worker.kill();
     await this.db.end().catch(() => {});
-    const admin = new pg.Client({ connectionString: POSTGRES_DSN });
-    await admin.connect();
-    try {
-      await admin.query(`DROP DATABASE IF EXISTS ${this.database} WITH (FORCE)`);
-    } finally {
-      await admin.end();
-    }
-    if (this.vhost !== null) await rabbitmqctl(["delete_vhost", this.vhost]).catch(() => {});
+    await dropDatabase(this.database);
+    if (this.vhost !== null) await (await broker()).deleteVhost(this.vhost).catch(() => {});
     rmSync(this.dir, { recursive: true, force: true });
   }
 }

@@ -8,7 +8,7 @@ import { test } from "node:test";
 
 import * as amqp from "amqplib";
 
-import { REPO_ROOT, Stack, hex, rabbitmqctl } from "./harness.js";
+import { REPO_ROOT, Stack, broker, hex } from "./harness.js";
 import { callId, connectClient, worldContext } from "./kit.js";
 
 /** The shard id of connectClient (test/kit.ts). */
@@ -52,10 +52,11 @@ test("as its shard's own user: the client works; assertExchange and another shar
     const [grant] = shard.permissions;
     assert.ok(grant);
     assert.equal(shard.topic_permissions.length, 3);
-    await rabbitmqctl(["add_user", user, password]);
-    await rabbitmqctl(["set_permissions", "-p", vhost, user, grant.configure, grant.write, grant.read]);
+    const admin = await broker();
+    await admin.addUser(user, password);
+    await admin.setPermissions(vhost, user, grant.configure, grant.write, grant.read);
     for (const t of shard.topic_permissions) {
-      await rabbitmqctl(["set_topic_permissions", "-p", vhost, user, t.exchange, t.write, t.read]);
+      await admin.setTopicPermissions(vhost, user, t.exchange, t.write, t.read);
     }
     const url = new URL(stack.amqpUrl);
     url.username = user;
@@ -91,7 +92,7 @@ test("as its shard's own user: the client works; assertExchange and another shar
       ch.bindQueue(`tomori.shard.${SHARD_ID}.notifications`, "tomori.notifications", "#"),
     );
   } finally {
-    await rabbitmqctl(["delete_user", user]).catch(() => {});
+    await (await broker()).deleteUser(user).catch(() => {});
     await stack.dispose();
   }
 });

@@ -16,7 +16,7 @@ import {
   LtmPublishRejectedError,
   type ToolResult,
 } from "../src/index.js";
-import { Stack, createVhost, hex, rabbitmqctl, waitFor } from "./harness.js";
+import { Stack, broker, createVhost, hex, waitFor } from "./harness.js";
 import { callId, connectClient, worldContext, type Harnessed } from "./kit.js";
 
 /** The shard id of connectClient (test/kit.ts). */
@@ -68,7 +68,7 @@ interface Traced {
 
 /** RabbitMQ's firehose for one vhost: every publish to tomori.tool_calls as the broker received it. */
 async function traceToolCalls(url: string, vhost: string): Promise<{ seen: Traced[]; stop: () => Promise<void> }> {
-  await rabbitmqctl(["trace_on", "-p", vhost]);
+  await (await broker()).tracing(vhost, true);
   const connection = await amqp.connect(url);
   const channel = await connection.createChannel();
   const { queue } = await channel.assertQueue("", { exclusive: true });
@@ -92,7 +92,7 @@ async function traceToolCalls(url: string, vhost: string): Promise<{ seen: Trace
   return {
     seen,
     stop: async () => {
-      await rabbitmqctl(["trace_off", "-p", vhost]).catch(() => {});
+      await (await broker()).tracing(vhost, false).catch(() => {});
       await connection.close().catch(() => {});
     },
   };
@@ -305,9 +305,10 @@ test("a shard user whose topic permission predates the shard's key: the refusal 
     // the users of a deployment from before per-shard keys: tool.<name> only; and one allowed remember_this_fact only
     const topics = ["^tool\\.[A-Za-z0-9_]+$", `^tool\\.remember_this_fact(\\.shard\\.${SHARD + 1})?$`];
     for (const [i, user] of users.entries()) {
-      await rabbitmqctl(["add_user", user, password]);
-      await rabbitmqctl(["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]);
-      await rabbitmqctl(["set_topic_permissions", "-p", vhost, user, "tomori.tool_calls", topics[i] ?? "^$", "^$"]);
+      const admin = await broker();
+      await admin.addUser(user, password);
+      await admin.setPermissions(vhost, user, ".*", ".*", ".*");
+      await admin.setTopicPermissions(vhost, user, "tomori.tool_calls", topics[i] ?? "^$", "^$");
     }
     const urlOf = (user: string) => {
       const url = new URL(stack.amqpUrl);
@@ -347,7 +348,7 @@ test("a shard user whose topic permission predates the shard's key: the refusal 
     assert.equal(allowed.status, "memory_saved_successfully");
   } finally {
     for (const kit of kits) await kit.client.close();
-    for (const user of users) await rabbitmqctl(["delete_user", user]).catch(() => {});
+    for (const user of users) await (await broker()).deleteUser(user).catch(() => {});
     await stack.dispose();
   }
 });

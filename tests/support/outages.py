@@ -3,13 +3,13 @@ database's connections, slow Postgres down.
 
 Nothing here stops, restarts or reconfigures a service the suite found running (the machine's RabbitMQ,
 Redis and Postgres, or the containers the suite uses): other programs on the machine (a developer's worker
-and shard, another test run) stay connected. A broker outage stops the app of a private RabbitMQ node
-(``private_broker`` in tests/e2e/conftest.py: one node of tests/e2e/cluster.py for the session, each test on
-its own vhost there); a Redis outage shuts down a private ``redis-server`` the test started on a free port
-(:class:`PrivateRedis`); the Postgres faults touch only the client connections to the test's own database
-(``ltm_test_<hex>``) and triggers on its tables. Every helper restores what it broke and waits until the
-service answers again, also when the test fails. ``tests/conftest.py`` warns when the machine's services
-restarted during a run anyway.
+and shard, another test run) stay connected. A broker outage (``rabbitmq_stopped`` in tests/e2e/cluster.py)
+stops the app of a private RabbitMQ node (``private_broker`` in tests/e2e/conftest.py: one node for the
+session, each test on its own vhost there); a Redis outage shuts down a private ``redis-server`` the test
+started on a free port (:class:`PrivateRedis`); the Postgres faults touch only the client connections to
+the test's own database (``ltm_test_<hex>``) and triggers on its tables. Every helper restores what it
+broke and waits until the service answers again, also when the test fails. ``tests/conftest.py`` warns
+when the machine's services restarted during a run anyway.
 """
 
 from __future__ import annotations
@@ -23,39 +23,19 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from tests.e2e.harness import free_port
-
-if TYPE_CHECKING:
-    from tests.e2e.cluster import RabbitCluster
+from tests.support.harness import free_port
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: Postgres faults hit only the connections of clients (the workers), never the server's own processes
 CLIENT_BACKENDS = (
     "datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
 )
-
-
-# -- RabbitMQ ----------------------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def rabbitmq_stopped(broker: RabbitCluster) -> AsyncIterator[None]:
-    """The private one-node ``broker``'s app stopped (``rabbitmqctl stop_app``: every connection closed, the
-    listener gone) for the body of the block; ``start_app`` after, which returns once the app has started
-    and listens again. Its vhosts and durable queues survive, as on a restart."""
-    (node,) = broker.nodes
-    await asyncio.to_thread(broker.ctl, node, "stop_app")
-    try:
-        yield
-    finally:
-        await asyncio.to_thread(broker.ctl, node, "start_app")
 
 
 # -- Redis -------------------------------------------------------------------------------------------------

@@ -1,0 +1,3 @@
+"""What every test tier shares: the poller with a deadline (wait.py), worker processes, the test shard, the
+Redis listener and a free port (harness.py), a cuttable TCP proxy (proxy.py), servers of the test's own and
+the faults put on them (outages.py). No tier imports another tier's files; they all import these."""
