@@ -29,7 +29,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import BotRows
 from tests.support.harness import free_port
 from worker.store.migrate import apply_migrations

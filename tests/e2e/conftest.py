@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,68 +11,13 @@ import asyncpg
 import pytest
 
 from tests.e2e.pgbouncer import PgBouncer, find_pgbouncer
+from tests.e2e.stack import Stack
 from tests.factories import BotRows
-from tests.support.harness import REPO, WorkerProcess
 from tests.support.outages import PrivateRedis, find_redis_server
-from worker.config import env_of
 from worker.store.migrate import apply_migrations
 
 if TYPE_CHECKING:
     from tests.e2e.cluster import RabbitCluster
-
-
-@dataclass
-class Stack:
-    """Service URLs for one test and the worker processes started on them."""
-
-    postgres_dsn: str
-    rabbitmq_url: str
-    redis_url: str
-    log_dir: Path
-    rows: BotRows
-    workers: list[WorkerProcess] = field(default_factory=list)
-
-    def env(self, **overrides: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(
-            env_of(
-                postgres_dsn=self.postgres_dsn,
-                rabbitmq_url=self.rabbitmq_url,
-                redis_url=self.redis_url,
-                log_format="json",
-                retry_base_delay_ms=200,
-                retry_max_delay_ms=1000,
-                shutdown_grace_seconds=10,
-            )
-        )
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update(overrides)
-        return env
-
-    def worker(self, **env_overrides: str) -> WorkerProcess:
-        """Start one more worker process (``worker run``) on this stack."""
-        n = len(self.workers) + 1
-        process = WorkerProcess(
-            self.env(**env_overrides), self.log_dir / f"worker-{n}.log", name=f"worker-{n}"
-        )
-        self.workers.append(process.start())
-        return process
-
-    def cli(self, *args: str, timeout: float = 120, **env_overrides: str) -> subprocess.CompletedProcess[str]:
-        """Run ``worker ARGS...`` on this stack to the end (blocking: call it via ``asyncio.to_thread``)."""
-        return subprocess.run(
-            [sys.executable, "-m", "worker", *args],
-            cwd=REPO,
-            env=self.env(**env_overrides),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    async def workers_ready(self) -> None:
-        for process in self.workers:
-            await process.wait_for_log("consuming")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -135,7 +77,7 @@ def private_broker() -> Iterator[RabbitCluster]:
     an alarm on it: booted the first time a test asks (about 6 s), stopped and removed at the end of the
     session. Each test gets its own vhost there (``private_broker_stack``); a test that stops the node's
     app starts it again before the next one runs."""
-    from tests.e2e.cluster import private_rabbitmq  # cluster.py imports this module's Stack
+    from tests.e2e.cluster import private_rabbitmq
 
     with private_rabbitmq(1, why="tests that stop a broker use a node of their own") as broker:
         yield broker

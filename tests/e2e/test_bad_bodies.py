@@ -22,7 +22,7 @@ from contracts.models import (
     Status,
 )
 from sim.shard import EVENT_TYPE
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import TRIGGER, event_body, member
 from tests.support.harness import Shard, take_dead_letters
 from worker.pipeline.outcome import DEAD_LETTER_REASONS

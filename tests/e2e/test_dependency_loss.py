@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 
 from contracts.models import Status
 from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.e2e.workload import (
     Scope,
     Stream,

@@ -16,7 +16,7 @@ import aio_pika
 import pytest
 
 from contracts.models import DeadLetterKind, Status
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import (
     InvalidationListener,

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from contracts.models import DeadLetterKind, Status
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import Shard, take_dead_letters
 from tests.support.proxy import CuttableProxy

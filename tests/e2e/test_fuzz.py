@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body, member, participant
 from tests.support.harness import Shard, queue_depth, take_dead_letters
 

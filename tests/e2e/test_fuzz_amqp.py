@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from contracts.models import Status
 from sim import amqp_raw as raw
 from sim.shard import TOOL_ROUTING_KEY
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import Shard, queue_depth
 from worker.broker import content_header

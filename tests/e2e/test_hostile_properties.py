@@ -18,7 +18,7 @@ import pytest
 from contracts.models import DeadLetterKind
 from sim import amqp_raw as raw
 from sim.shard import TOOL_ROUTING_KEY
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import Shard, take_dead_letters
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from contracts.models import Status
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.e2e.workload import (
     build_stream,
     check_outcome,

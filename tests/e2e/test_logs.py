@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.services import is_this_machine
 from tests.support.commands import run_command

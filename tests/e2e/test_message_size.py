@@ -14,7 +14,7 @@ import pytest
 from contracts.models import MAX_BODY_BYTES
 from sim.shard import TOOL_ROUTING_KEY
 from tests.e2e.cluster import RabbitCluster, private_rabbitmq, stack_on
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import Shard, take_dead_letters
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.monitoring import exposed_names, metric_names_used
 from tests.support.harness import Shard, free_port, get, metric, wait_for_metric

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import REPO, Shard, free_port, get
 from tests.support.proxy import CuttableProxy

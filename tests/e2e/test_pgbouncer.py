@@ -17,8 +17,8 @@ import asyncpg
 import pytest
 
 from contracts.models import Status
-from tests.e2e.conftest import Stack
 from tests.e2e.pgbouncer import SERVER_CONNECTIONS, PgBouncer, find_pgbouncer
+from tests.e2e.stack import Stack
 from tests.e2e.workload import (
     build_stream,
     check_outcome,

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.support.harness import free_port
 
 pytestmark = pytest.mark.e2e

@@ -24,7 +24,7 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.cluster import Node, RabbitCluster, stack_on
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.e2e.workload import Stream, build_stream, check_outcome, limit_env, seed_scopes, wait_for_results
 from tests.support.harness import Shard, free_port
 from tests.support.wait import eventually

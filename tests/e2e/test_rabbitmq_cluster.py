@@ -25,7 +25,7 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.cluster import Node, RabbitCluster, private_rabbitmq, stack_on
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.e2e.workload import (
     Stream,
     build_stream,

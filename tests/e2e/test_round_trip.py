@@ -8,7 +8,7 @@ import json
 import pytest
 
 from contracts.models import Status
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import GUILD, event_body, member
 from tests.support.harness import InvalidationListener, Shard, invalidation_key
 

@@ -15,7 +15,7 @@ import pytest
 from contracts.models import Status, ToolResult
 from contracts.shard import LtmClient
 from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import BOT, CHANNEL, GUILD, TRIGGER
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,7 @@ import pytest
 
 from contracts.models import Status
 from tests.e2e.cluster import RabbitCluster, rabbitmq_stopped
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.e2e.workload import (
     Stream,
     check_outcome,

@@ -34,7 +34,7 @@ import redis
 import redis.asyncio as aioredis
 
 from contracts.models import invalidation_id
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.e2e.tls import (
     Authority,
     Pair,

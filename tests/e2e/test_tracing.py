@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from contracts.models import Status
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.support.harness import Shard
 

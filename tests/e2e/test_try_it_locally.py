@@ -27,7 +27,7 @@ import aiormq
 import asyncpg
 import pytest
 
-from tests.e2e.conftest import Stack
+from tests.e2e.stack import Stack
 from tests.support.harness import REPO
 from worker.ops.demo import AUTHOR, GUILD, PERSONA_ID, TOOL_CALL_PREFIX
 from worker.pipeline.outcome import CRITICAL_STATE_MISSING
