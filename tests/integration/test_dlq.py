@@ -285,8 +285,15 @@ def cli_env() -> dict[str, str]:
 PIPE, DEVNULL = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
 
 
+def _sigint_as_from_a_terminal() -> None:
+    # a run started as a script's background job has SIGINT ignored, and a command rightly keeps it so: the
+    # tests that press Ctrl-C want it as a terminal gives it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def start_dlq(*args: str, stdout: int = DEVNULL, stderr: int = DEVNULL) -> asyncio.subprocess.Process:
-    """``python -m worker dlq ARGS`` started in the repository, with :func:`cli_env` and no stdin."""
+    """``python -m worker dlq ARGS`` started in the repository, with :func:`cli_env`, no stdin and SIGINT
+    as a terminal gives it."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "worker", "dlq", *args),
@@ -295,6 +302,7 @@ async def start_dlq(*args: str, stdout: int = DEVNULL, stderr: int = DEVNULL) ->
         stdin=DEVNULL,
         stdout=stdout,
         stderr=stderr,
+        preexec_fn=_sigint_as_from_a_terminal,
     )
 
 
