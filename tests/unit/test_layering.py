@@ -59,7 +59,7 @@ PURE: tuple[str, ...] = (
     "os",
 )
 
-#: circles allowed for now, each named with its reason (none: the e2e tier's Stack lives in tests/e2e/stack.py,
+#: circles allowed for now, each named with its reason (none: the e2e tier's Stack is in tests/e2e/stack.py,
 #: so cluster.py no longer imports conftest.py, which imports cluster.py)
 KNOWN_CIRCLES: tuple[frozenset[str], ...] = ()
 
