@@ -613,8 +613,10 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     """`worker shards`, without Prometheus: two workers record what they saw; the report has each shard's
     events in and answered, its wait, its share of the events in, and its own queue's depth."""
     _, persona_id = world
-    await running.start(metrics_interval_seconds=1)
-    await running.start(metrics_interval_seconds=1)
+    # windows of 4: the broker hands the 40 events to both workers in turn (with the default window of 8,192
+    # the first worker can take all of them, and the second has nothing to record)
+    await running.start(metrics_interval_seconds=1, prefetch=4)
+    await running.start(metrics_interval_seconds=1, prefetch=4)
     bodies = [event_body(SAVE, persona_id=persona_id, shard_id=FLOODER) for _ in range(30)]
     bodies += [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(10)]
     await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
@@ -624,9 +626,10 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     async def reported() -> Report | None:
         report = await gather(running.settings, minutes=5)
         answered = {line.shard_id: line.answered for line in report.shards}
-        return report if answered.get(FLOODER) == 30 and answered.get(QUIET) == 10 else None
+        everything = answered.get(FLOODER) == 30 and answered.get(QUIET) == 10 and report.workers == 2
+        return report if everything else None
 
-    await eventually(reported, "both shards' answers recorded")
+    await eventually(reported, "both shards' answers recorded, by both workers")
     report = await reported()
     assert report is not None
     assert report.problems == []
