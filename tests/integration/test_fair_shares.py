@@ -26,6 +26,7 @@ import structlog
 from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body, member
 from tests.services import Services
+from tests.support.harness import queue_depth as depth
 from tests.support.wait import eventually
 from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_topology, shard_queue_name
@@ -300,16 +301,6 @@ def worker_metric(worker: Worker, name: str, **labels: str) -> float:
     registry = consumer._services.metrics.registry
     value = registry.get_sample_value(name, labels)
     return float(value or 0.0)
-
-
-async def depth(url: str, queue: str) -> int:
-    connection = await aio_pika.connect(url)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        return int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
 
 
 async def test_a_shard_with_its_own_routing_key_goes_straight_to_its_own_queue(
