@@ -31,6 +31,7 @@ import contextlib
 import ipaddress
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -131,20 +132,39 @@ def _is_loopback(host: str) -> bool:
 def publish_address(environ: Mapping[str, str] | None = None) -> str:
     """The host address to publish the containers' ports on: `LTM_STACK_PUBLISH_ADDRESS` when set (empty: the
     engine's default); else 127.0.0.1 when testcontainers reaches the engine at a loopback address (TC_HOST,
-    TESTCONTAINERS_HOST_OVERRIDE, else its Docker client's host), else the engine's default (every interface
-    of the engine's host, where a remote engine's ports, or those seen from a container, are reached)."""
+    TESTCONTAINERS_HOST_OVERRIDE, else its Docker client's host, which may also be an address of this
+    machine's own interfaces), else the engine's default (every interface of the engine's host, where a
+    remote engine's ports, or those seen from a container, are reached)."""
     env = os.environ if environ is None else environ
     if PUBLISH_ADDRESS_ENV in env:
         return env[PUBLISH_ADDRESS_ENV].strip()
     host = env.get("TC_HOST") or env.get("TESTCONTAINERS_HOST_OVERRIDE") or ""
-    if not host:
-        try:
-            from testcontainers.core.docker_client import DockerClient
+    if host:  # an override names where the ports must answer
+        return "127.0.0.1" if _is_loopback(host) else ""
+    try:
+        from testcontainers.core.docker_client import DockerClient
 
-            host = str(DockerClient().host())
-        except Exception:
-            return ""
-    return "127.0.0.1" if _is_loopback(host) else ""
+        host = str(DockerClient().host())
+    except Exception:
+        return ""
+    return "127.0.0.1" if _is_loopback(host) or _is_own_address(host) else ""
+
+
+def _is_own_address(host: str) -> bool:
+    """Whether `host` is an address of this machine's own interfaces (a socket binds to it). testcontainers,
+    inside a container, guesses the engine's bridge gateway for its host; when that gateway is ours (the
+    engine runs in this network namespace, as a CI container's own dockerd does), its loopback is ours too."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:

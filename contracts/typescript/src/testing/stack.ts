@@ -3,7 +3,7 @@
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { createHash, randomBytes, randomInt } from "node:crypto";
 import { accessSync, closeSync, constants, existsSync, mkdtempSync, openSync, readFileSync, rmSync, statSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { networkInterfaces, tmpdir } from "node:os";
 import { delimiter, dirname, join, resolve } from "node:path";
 import type { Readable } from "node:stream";
 
@@ -43,7 +43,8 @@ export interface LtmStackOptions {
   startTimeoutMs?: number;
   /**
    * The host address the containers' ports are published on. Default: `127.0.0.1` when the engine runs on this
-   * machine (testcontainers reaches it at a loopback address), else the engine's own default (every interface
+   * machine (testcontainers reaches it at a loopback address, or at an address of this machine's own interfaces,
+   * such as the bridge gateway it takes inside a container whose own dockerd it talks to), else the engine's own default (every interface
    * of the engine's host: a remote engine, or tests inside a container, reach the ports there). Also
    * LTM_STACK_PUBLISH_ADDRESS; `""` asks for the engine's default.
    */
@@ -867,12 +868,33 @@ function onPath(name: string, env: NodeJS.ProcessEnv): string | null {
 async function publishAddressOf(tc: Testcontainers, options: LtmStackOptions): Promise<string> {
   const chosen = options.publishAddress ?? process.env.LTM_STACK_PUBLISH_ADDRESS;
   if (chosen !== undefined) return chosen.trim();
-  const host = process.env.TESTCONTAINERS_HOST_OVERRIDE?.trim() || (await tc.getContainerRuntimeClient()).info.containerRuntime.host;
-  return isLoopback(host) ? "127.0.0.1" : "";
+  const override = process.env.TESTCONTAINERS_HOST_OVERRIDE?.trim();
+  if (override) return publishAddressFor(override, { override: true });
+  return publishAddressFor((await tc.getContainerRuntimeClient()).info.containerRuntime.host, { override: false });
+}
+
+/**
+ * The publish address for an engine testcontainers reaches at `host`: 127.0.0.1 for a loopback host, and for
+ * testcontainers' own guess (not an override, which names where the ports must answer) when it is an address
+ * of this machine's own interfaces; else "" (the engine's default).
+ */
+export function publishAddressFor(host: string, { override }: { override: boolean }): string {
+  return isLoopback(host) || (!override && isOwnAddress(host)) ? "127.0.0.1" : "";
 }
 
 function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || host === "[::1]" || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/**
+ * Whether `host` is an address of one of this machine's own interfaces. testcontainers, run where /.dockerenv
+ * exists, takes the engine's bridge gateway for its host; when that gateway is ours (the engine runs in this
+ * network namespace, as in a CI container that starts its own dockerd) the engine's loopback is ours too and a
+ * port published on 127.0.0.1 answers here. A sibling container's gateway belongs to the machine outside.
+ */
+function isOwnAddress(host: string): boolean {
+  const bare = host.replace(/^\[|\]$/g, "");
+  return Object.values(networkInterfaces()).some((addresses) => (addresses ?? []).some((a) => a.address === bare));
 }
 
 /**
