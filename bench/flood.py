@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from sim.process import ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
 from worker.config import env_of
 from worker.store.migrate import apply_migrations
+from worker.testing.workers import free_port
 
 GUILD, CHANNEL, TRIGGER, BOT = (
     "1150000000000000001",
@@ -82,12 +82,6 @@ async def seed(dsn: str) -> int:
         return persona_id
     finally:
         await conn.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Results:

@@ -41,13 +41,14 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from bench.flood import free_port, percentile
+from bench.flood import percentile
 from bench.sandbox import Sandbox
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
 from worker.broker.topology import shard_queue_name
 from worker.config import Topology, env_of
 from worker.store.migrate import apply_migrations
+from worker.testing.workers import free_port
 
 TOPOLOGY = Topology()
 SHARDS_REPORT_AFTER = 3.0

@@ -31,9 +31,9 @@ import pytest
 
 from tests.e2e.stack import Stack
 from tests.factories import BotRows
-from tests.support.harness import free_port
 from worker.store.migrate import apply_migrations
 from worker.testing.management import ManagementApi
+from worker.testing.workers import free_port
 
 #: Debian's real scripts (the /usr/sbin ones are wrappers that change user)
 DEBIAN_BIN = Path("/usr/lib/rabbitmq/bin")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.support.harness import free_port
+from worker.testing.workers import free_port
 
 #: server connections per database and user: fewer than the workers the tests start
 SERVER_CONNECTIONS = 3

@@ -13,7 +13,8 @@ import pytest
 from contracts.models import Status
 from tests.e2e.stack import Stack
 from tests.factories import event_body
-from tests.support.harness import Shard, free_port
+from tests.support.harness import Shard
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

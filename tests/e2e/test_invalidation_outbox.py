@@ -25,10 +25,11 @@ from tests.e2e.workload import (
     wait_for_count,
     wait_for_results,
 )
-from tests.support.harness import InvalidationListener, Shard, free_port, metric
+from tests.support.harness import InvalidationListener, Shard, metric
 from tests.support.outages import slow_down
 from tests.support.proxy import CuttableProxy
 from tests.support.wait import holds_within
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

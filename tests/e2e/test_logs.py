@@ -17,8 +17,9 @@ from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.services import is_this_machine
 from tests.support.commands import run_command
-from tests.support.harness import Shard, WorkerProcess, free_port
+from tests.support.harness import Shard, WorkerProcess
 from tests.support.proxy import CuttableProxy
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

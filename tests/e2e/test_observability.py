@@ -13,11 +13,12 @@ import pytest
 from tests.e2e.stack import Stack
 from tests.factories import event_body
 from tests.monitoring import exposed_names, metric_names_used
-from tests.support.harness import Shard, free_port, get, metric, wait_for_metric
+from tests.support.harness import Shard, get, metric, wait_for_metric
 from tests.support.proxy import CuttableProxy
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology, load_settings
 from worker.service.policy import RetryPolicy
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,10 @@ import pytest
 
 from tests.e2e.stack import Stack
 from tests.factories import event_body
-from tests.support.harness import REPO, Shard, free_port, get
+from tests.support.harness import REPO, Shard, get
 from tests.support.proxy import CuttableProxy
 from tests.support.wait import eventually
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

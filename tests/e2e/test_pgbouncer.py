@@ -28,8 +28,9 @@ from tests.e2e.workload import (
     wait_for_results,
 )
 from tests.factories import BotRows, event_body
-from tests.support.harness import Shard, free_port
+from tests.support.harness import Shard
 from worker.store.migrate import available_migrations
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

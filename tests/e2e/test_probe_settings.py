@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.stack import Stack
-from tests.support.harness import free_port
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

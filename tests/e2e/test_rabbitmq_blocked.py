@@ -26,9 +26,10 @@ from contracts.models import Status
 from tests.e2e.cluster import Node, RabbitCluster, stack_on
 from tests.e2e.stack import Stack
 from tests.e2e.workload import Stream, build_stream, check_outcome, limit_env, seed_scopes, wait_for_results
-from tests.support.harness import Shard, free_port
+from tests.support.harness import Shard
 from tests.support.wait import eventually
 from worker.broker.publisher import PUBLISH_TIMEOUT
+from worker.testing.workers import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -35,8 +35,9 @@ from tests.e2e.workload import (
     seed_scopes,
     wait_for_results,
 )
-from tests.support.harness import Shard, WorkerProcess, free_port, metric, wait_for_metric
+from tests.support.harness import Shard, WorkerProcess, metric, wait_for_metric
 from tests.support.outages import Gate, frozen_backends
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.e2e
 

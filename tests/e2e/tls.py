@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tests.e2e.cluster import RabbitCluster, find_server
-from tests.support.harness import free_port
+from worker.testing.workers import free_port
 
 START_TIMEOUT = 60.0
 

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.integration.test_cli import worker
-from tests.support.harness import free_port
 from worker.config import env_of
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.integration
 

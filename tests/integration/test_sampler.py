@@ -13,7 +13,6 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.support.harness import free_port
 from tests.support.proxy import CuttableProxy
 from worker.broker.topology import shard_queue_name
 from worker.config import Topology
@@ -22,6 +21,7 @@ from worker.observability.metrics import Metrics
 from worker.observability.sampler import Sampler
 from worker.store.pool import create_pool
 from worker.store.repository import register_shard, registered_shards
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,9 @@ import pytest
 
 from tests.integration.test_cli import cli_env, json_lines, worker
 from tests.services import Services
-from tests.support.harness import REPO, WorkerProcess, free_port
+from tests.support.harness import REPO, WorkerProcess
 from worker.testing.management import FULL_PERMISSIONS, ManagementApi
+from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -26,18 +25,20 @@ import aio_pika
 import redis.asyncio as aioredis
 from aio_pika.abc import AbstractIncomingMessage
 
-from sim.process import ModuleProcess
+from sim.process import CHECKOUT
 from sim.shard import EVENT_TYPE, TOOL_ROUTING_KEY, ShardLink
+from worker.testing.workers import WorkerProcess as ShippedWorkerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 INVALIDATION_CHANNEL = "tomori:cache-invalidation"
 
 
-class WorkerProcess(ModuleProcess):
-    """``python -m worker run`` as a child process with its own log file (JSON lines)."""
+class WorkerProcess(ShippedWorkerProcess):
+    """``python -m worker run`` of this checkout as a child process with its own log file (JSON lines): the
+    shipped stack's worker process (worker/testing/workers.py), its log lines for the tests to read."""
 
     def __init__(self, env: dict[str, str], log_path: Path, name: str = "worker") -> None:
-        super().__init__("worker", ["run", "--log-format", "json"], env, log_path, name)
+        super().__init__(env, log_path, name, args=("run", "--log-format", "json"), cwd=CHECKOUT)
 
 
 @dataclass
@@ -289,13 +290,6 @@ async def queue_depth(url: str, queue: str) -> int:
         return int(declared.declaration_result.message_count or 0)
     finally:
         await connection.close()
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (for a worker's HTTP server)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -29,7 +29,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from tests.support.harness import free_port
+from worker.testing.workers import free_port
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: Postgres faults hit only the connections of clients (the workers), never the server's own processes

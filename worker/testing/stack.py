@@ -267,9 +267,9 @@ class LtmStack:
 
     def _wait_ready(self, deadline: Deadline) -> None:
         while True:
-            exited = [w for w in self.workers if w.process.poll() is not None]
+            exited = [w for w in self.workers if w.exit_code is not None]
             if exited:
-                codes = ", ".join(f"worker {w.index} exited {w.process.returncode}" for w in exited)
+                codes = ", ".join(f"worker {w.index} exited {w.exit_code}" for w in exited)
                 raise StackError(f"a worker stopped before the stack was ready: {codes}")
             problem = self._readiness_problem()
             if problem is None:

@@ -1,19 +1,20 @@
-"""One `worker run` process of the installed package, for the test stack (worker/testing/stack.py): started
+"""One `worker run` process: worker/testing/process.py's ``ModuleProcess`` running `python -m worker run`,
 with its own probe port and log file, ready when `/readyz` says so, stopped with SIGTERM (then SIGKILL).
+
+The shipped stack (worker/testing/stack.py) spawns these; the repository's tests run the same class with JSON
+logs (tests/support/harness.py). `free_port` is the one free-port helper of the repository.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from worker.testing.process import ModuleProcess
 
 __all__ = ["LOG_TAIL", "STOP_SECONDS", "WorkerProcess", "free_port", "tail"]
 
@@ -22,6 +23,7 @@ LOG_TAIL = 40
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now (for a worker's probe port, a server of a test's own)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -31,32 +33,47 @@ def tail(text: str, lines: int = LOG_TAIL) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-@dataclass
-class WorkerProcess:
-    """One `worker run` of the installed package, its log in a file and its probe port."""
+class WorkerProcess(ModuleProcess):
+    """`python -m worker <args>` (`run` unless told) of the installed package, its output in a log file."""
 
-    index: int
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    http_port: int
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        name: str = "worker",
+        *,
+        args: Sequence[str] = ("run",),
+        cwd: Path | None = None,
+        index: int = 0,
+    ) -> None:
+        super().__init__("worker", args, env, log_path, name, cwd=cwd)
+        self.index = index
+        port = self.env.get("LTM_HTTP_PORT", "").strip()
+        #: the probe port, when the environment gives one (a test may give it a value that is no port)
+        self.http_port = int(port) if port.isdecimal() else None
 
     @classmethod
     def spawn(cls, index: int, env: Mapping[str, str], log_dir: Path) -> WorkerProcess:
+        """Start worker `index`: its own probe port on 127.0.0.1, its log `log_dir/worker-<index>.log`."""
         port = free_port()
-        log_path = log_dir / f"worker-{index}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "run"],
-                env={**env, "LTM_HTTP_PORT": str(port), "LTM_HTTP_HOST": "127.0.0.1"},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return cls(index, process, log_path, port)
+        env = {**env, "LTM_HTTP_PORT": str(port), "LTM_HTTP_HOST": "127.0.0.1"}
+        return cls(env, log_dir / f"worker-{index}.log", f"worker {index}", index=index).start()
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The child's `Popen` (started by `spawn`)."""
+        assert self.proc is not None, f"{self.name} was not started"
+        return self.proc
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        return None if self.proc is None else self.proc.poll()
 
     def ready(self) -> bool:
         """Whether `/readyz` answers 200 (consuming, Postgres and Redis answering)."""
+        if self.http_port is None:
+            return False
         request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/readyz")
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
@@ -71,19 +88,15 @@ class WorkerProcess:
         except OSError as error:
             return f"(no log: {error})"
 
-    def terminate(self) -> None:
-        """SIGTERM: the worker stops taking events and finishes the ones it holds."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after 15 s; the exit code."""
-        if self.process.poll() is None:
+    def stop(self, grace: float = STOP_SECONDS) -> int | None:
+        """SIGTERM (the worker stops taking events and finishes the ones it holds), then SIGKILL after
+        `grace` seconds; the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
             self.terminate()
             try:
-                self.process.wait(STOP_SECONDS)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+                self.kill()
+        return self.proc.returncode
