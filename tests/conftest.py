@@ -11,6 +11,7 @@ import asyncio
 import os
 import warnings
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -18,11 +19,29 @@ from tests.machine_guard import MachineGuard, MachineServicesDisturbed
 from tests.services import Services, describe_sources
 
 
+def _developers_run(config: pytest.Config) -> bool:
+    """Whether this is a plain `pytest`: no path (pyproject's testpaths), no -m. Under pytest-xdist a worker
+    process is given the paths, so it asks the controller's answer (`pytest_configure_node` below)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return bool(workerinput.get(DEVELOPERS_RUN, False))
+    return config.args_source is pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr
+
+
+DEVELOPERS_RUN = "ltm_developers_run"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, for each worker process: whether the run is a developer's plain `pytest`."""
+    node.workerinput[DEVELOPERS_RUN] = _developers_run(node.config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A plain `pytest` (no path, no -m: the developer's run, pyproject's testpaths) leaves out the tests
     marked `slow`; naming a path (`pytest tests`, `pytest tests/integration`, what CI runs) or a marker
     expression (`-m slow`) runs them."""
-    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS or config.option.markexpr:
+    if not _developers_run(config):
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:

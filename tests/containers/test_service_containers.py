@@ -15,23 +15,26 @@ import pytest
 from tests.services import POSTGRES, Services, ServiceUnavailable
 from worker.testing.containers import (
     LABEL,
+    OWNER_LABEL,
     START_TIMEOUT_ENV,
     ContainerError,
     Deadline,
     start_postgres,
     start_redis,
 )
+from worker.testing.engine import owner
 
 pytestmark = pytest.mark.usefixtures("docker_engine")
 
 
 def our_containers() -> set[str]:
-    """The names of the containers worker.testing started (its label and name prefix), running or not."""
+    """The names of the containers worker.testing started in this process (its labels and name prefix),
+    running or not: another pytest-xdist process's are not this test's."""
     import docker  # type: ignore[import-untyped]
 
     client = docker.from_env()
     try:
-        found = client.containers.list(all=True, filters={"label": LABEL})
+        found = client.containers.list(all=True, filters={"label": [LABEL, f"{OWNER_LABEL}={owner()}"]})
         return {c.name for c in found if c.name.startswith("ltm-testing-")}
     finally:
         client.close()

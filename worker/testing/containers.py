@@ -19,6 +19,7 @@ from urllib.parse import quote
 from worker.testing.engine import (
     DEFAULT_START_TIMEOUT,
     LABEL,
+    OWNER_LABEL,
     PROBE_TIMEOUT,
     PUBLISH_ADDRESS_ENV,
     START_TIMEOUT_ENV,
@@ -39,6 +40,7 @@ from worker.testing.management import ManagementApi
 __all__ = [
     "DEFAULT_START_TIMEOUT",
     "LABEL",
+    "OWNER_LABEL",
     "PUBLISH_ADDRESS_ENV",
     "START_TIMEOUT_ENV",
     "Container",

@@ -21,7 +21,7 @@ a killed test run. Where that image cannot be pulled or run (no registry, rootle
 `TESTCONTAINERS_RYUK_DISABLED=true`: everything here removes its own containers (named `ltm-testing-*`,
 labelled `org.tomoribot.ltm.testing`), except after a `kill -9` of the test run:
 `docker rm -f $(docker ps -aq --filter label=org.tomoribot.ltm.testing --filter name=ltm-testing-)` cleans up
-then.
+then. Each container also says which process started it (`org.tomoribot.ltm.testing.owner=<host>:<pid>`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from worker.testing.images import Image
 __all__ = [
     "DEFAULT_START_TIMEOUT",
     "LABEL",
+    "OWNER_LABEL",
     "PROBE_TIMEOUT",
     "START_TIMEOUT_ENV",
     "Container",
@@ -52,6 +53,7 @@ __all__ = [
     "Deadline",
     "StartAbandoned",
     "bound_address",
+    "owner",
     "publish_address",
     "run_blocking",
     "run_container",
@@ -67,6 +69,16 @@ START_TIMEOUT_ENV = "LTM_CONTAINER_START_TIMEOUT"
 PUBLISH_ADDRESS_ENV = "LTM_STACK_PUBLISH_ADDRESS"
 DEFAULT_START_TIMEOUT = 45.0
 LABEL = "org.tomoribot.ltm.testing"
+#: the label saying which process started a container (`<host name>:<pid>`): a test run in several processes
+#: (pytest-xdist) tells its own containers from another process's; a cleanup after a killed run can pick one
+OWNER_LABEL = "org.tomoribot.ltm.testing.owner"
+
+
+def owner() -> str:
+    """This process's value of `OWNER_LABEL`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 PROBE_TIMEOUT = 5.0
 POLL_SECONDS = 0.2
 LOG_LINES = 40
@@ -266,7 +278,7 @@ def run_container(
         .with_name(name)
         .with_envs(**env)
         .with_exposed_ports(*ports)
-        .with_kwargs(labels={LABEL: image.service.lower()})
+        .with_kwargs(labels={LABEL: image.service.lower(), OWNER_LABEL: owner()})
     )
     address = publish_address(environ)
     if address:

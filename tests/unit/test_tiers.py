@@ -1,0 +1,47 @@
+"""The developer's plain `pytest` leaves out the tests marked slow, in one process and in pytest-xdist's
+(pyproject's addopts run two; a worker process is handed the paths, so the decision is the controller's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+#: a test marked slow (tests/integration/test_dlq_oncall.py)
+SLOW = "test_a_group_selects_what_it_counts"
+
+
+def run_pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    # the services unreachable: a slow test that ran anyway would fail, not pass
+    env = {
+        **os.environ,
+        "LTM_TEST_POSTGRES_DSN": "postgresql://nobody@127.0.0.1:1/none",
+        "LTM_TEST_RABBITMQ_URL": "amqp://nobody:nothing@127.0.0.1:1/",
+        "LTM_TEST_REDIS_URL": "redis://127.0.0.1:1/0",
+        "LTM_TEST_MACHINE_GUARD": "off",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", SLOW, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_plain_pytest_leaves_the_slow_tests_out(workers: str) -> None:
+    done = run_pytest("-n", workers)
+    # exit 5: nothing ran; the only test -k selects is slow, and left out
+    assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_naming_a_path_runs_the_slow_tests() -> None:
+    done = run_pytest("-n", "0", "--collect-only", "tests/integration/test_dlq_oncall.py")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert SLOW in done.stdout
