@@ -123,10 +123,10 @@ test("a worker that cannot be found fails the start before any container or engi
   assert.match(error.message, /the workerBin option names \/nonexistent\/ltm\/worker, which is not an executable file/);
 });
 
-test("ports are published on 127.0.0.1 for a loopback engine, or for a guessed host that is this machine's own address", () => {
+test("ports are published on 127.0.0.1 for a loopback engine, or for a guessed host that is this machine's own address", async () => {
   for (const host of ["localhost", "127.0.0.1", "::1", "[::1]"]) {
-    assert.equal(publishAddressFor(host, { override: false }), "127.0.0.1", host);
-    assert.equal(publishAddressFor(host, { override: true }), "127.0.0.1", host);
+    assert.equal(await publishAddressFor(host, { override: false }), "127.0.0.1", host);
+    assert.equal(await publishAddressFor(host, { override: true }), "127.0.0.1", host);
   }
   // an address of an interface of this machine (a CI container's own docker0 gateway, which testcontainers guesses
   // where /.dockerenv exists; the CI run of 2026-12-05 published on every interface for it)
@@ -134,11 +134,11 @@ test("ports are published on 127.0.0.1 for a loopback engine, or for a guessed h
     .flatMap((addresses) => addresses ?? [])
     .find((a) => !a.internal && a.family === "IPv4");
   if (own !== undefined) {
-    assert.equal(publishAddressFor(own.address, { override: false }), "127.0.0.1", own.address);
+    assert.equal(await publishAddressFor(own.address, { override: false }), "127.0.0.1", own.address);
     // an override names where the ports must answer: a port on 127.0.0.1 would not
-    assert.equal(publishAddressFor(own.address, { override: true }), "", own.address);
+    assert.equal(await publishAddressFor(own.address, { override: true }), "", own.address);
   }
   // an address no interface here has (TEST-NET-3): a remote engine, or a sibling container's gateway
-  assert.equal(publishAddressFor("203.0.113.7", { override: false }), "");
-  assert.equal(publishAddressFor("docker.example", { override: false }), "");
+  assert.equal(await publishAddressFor("203.0.113.7", { override: false }), "");
+  assert.equal(await publishAddressFor("docker.example", { override: false }), "");
 });

@@ -1,9 +1,10 @@
 // startLtmStack(): RabbitMQ with the contract's topology and users, Postgres migrated, Redis (containers, through
 // testcontainers) and `worker run` processes, for a shard's own integration tests. See README.md "Testing".
-import { spawn, execFileSync, type ChildProcess } from "node:child_process";
+import { spawn, execFileSync } from "node:child_process";
 import { createHash, randomBytes, randomInt } from "node:crypto";
-import { accessSync, closeSync, constants, existsSync, mkdtempSync, openSync, readFileSync, rmSync, statSync } from "node:fs";
-import { networkInterfaces, tmpdir } from "node:os";
+import { accessSync, constants, existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { createServer, isIP } from "node:net";
+import { tmpdir } from "node:os";
 import { delimiter, dirname, join, resolve } from "node:path";
 import type { Readable } from "node:stream";
 
@@ -15,6 +16,7 @@ import { buildContext, type ContextInput } from "../builders.js";
 import type { EventContext } from "../generated/index.js";
 import { RABBITMQ_DEFINITIONS } from "../generated/rabbitmq_definitions.js";
 import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, WORKER_IMAGE, resolveImage, type ServiceImage } from "./images.js";
+import { WorkerProcess } from "./process.js";
 
 /** The label every container of a stack carries (its value: the stack's id; the Python stack uses the same key), to find leftovers. */
 export const STACK_LABEL = "org.tomoribot.ltm.testing";
@@ -362,9 +364,9 @@ interface StackWorker {
   killNow(): void;
 }
 
-class WorkerProcess implements StackWorker {
-  private exitCode: number | null = null;
-  private readonly child: ChildProcess;
+/** `worker run` as a process of this machine (process.ts), named in the log book. */
+class ProcessWorker implements StackWorker {
+  private readonly process: WorkerProcess;
 
   constructor(
     readonly name: string,
@@ -373,40 +375,20 @@ class WorkerProcess implements StackWorker {
     env: NodeJS.ProcessEnv,
     logPath: string,
   ) {
-    const fd = openSync(logPath, "a");
-    // its own process group, so stop() and the exit hook reach the worker and nothing else
-    this.child = spawn(bin, ["run", "--log-format", "json"], { env, stdio: ["ignore", fd, fd], detached: true });
-    closeSync(fd);
-    this.child.on("error", () => {
-      this.exitCode = this.exitCode ?? 127;
-    });
-    this.child.on("exit", (code, signal) => {
-      this.exitCode = code ?? (signal === null ? -1 : 128);
-    });
-    this.child.unref(); // a test process ends when its tests do; the exit hook stops the worker
+    // a test process ends when its tests do; the exit hook stops the worker
+    this.process = new WorkerProcess(bin, env, logPath).start({ unref: true });
   }
 
   alive(): boolean {
-    return this.exitCode === null && this.child.pid !== undefined;
+    return this.process.alive();
   }
 
   async stop(): Promise<void> {
-    if (!this.alive()) return;
-    this.child.kill("SIGTERM");
-    const end = Date.now() + 30_000;
-    while (this.alive() && Date.now() < end) await sleep(50);
-    this.killNow();
+    await this.process.stop();
   }
 
   killNow(): void {
-    const pid = this.child.pid;
-    if (pid !== undefined && this.exitCode === null) {
-      try {
-        process.kill(-pid, "SIGKILL");
-      } catch {
-        // already gone
-      }
-    }
+    this.process.kill();
   }
 }
 
@@ -770,7 +752,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
           const logPath = join(stack.dir, `${name}.log`);
           const source = `${name} (worker run)`;
           stack.book.file(source, logPath);
-          stack.workers.push(new WorkerProcess(name, source, workerBin ?? "worker", workerEnv(stack, options, false), logPath));
+          stack.workers.push(new ProcessWorker(name, source, workerBin ?? "worker", workerEnv(stack, options, false), logPath));
         } else {
           const source = `${name} (${workerImage})`;
           const c = await new tc.GenericContainer(workerImage)
@@ -878,8 +860,8 @@ async function publishAddressOf(tc: Testcontainers, options: LtmStackOptions): P
  * testcontainers' own guess (not an override, which names where the ports must answer) when it is an address
  * of this machine's own interfaces; else "" (the engine's default).
  */
-export function publishAddressFor(host: string, { override }: { override: boolean }): string {
-  return isLoopback(host) || (!override && isOwnAddress(host)) ? "127.0.0.1" : "";
+export async function publishAddressFor(host: string, { override }: { override: boolean }): Promise<string> {
+  return isLoopback(host) || (!override && (await isOwnAddress(host))) ? "127.0.0.1" : "";
 }
 
 function isLoopback(host: string): boolean {
@@ -887,14 +869,21 @@ function isLoopback(host: string): boolean {
 }
 
 /**
- * Whether `host` is an address of one of this machine's own interfaces. testcontainers, run where /.dockerenv
- * exists, takes the engine's bridge gateway for its host; when that gateway is ours (the engine runs in this
- * network namespace, as in a CI container that starts its own dockerd) the engine's loopback is ours too and a
- * port published on 127.0.0.1 answers here. A sibling container's gateway belongs to the machine outside.
+ * Whether `host` (an IP address) is one of this machine's own: a socket can listen on it. testcontainers, run
+ * where /.dockerenv exists, takes the engine's bridge gateway for its host; when that gateway is ours (the
+ * engine runs in this network namespace, as in a CI container that starts its own dockerd) the engine's
+ * loopback is ours too and a port published on 127.0.0.1 answers here. A sibling container's gateway belongs
+ * to the machine outside. (os.networkInterfaces() will not do: it leaves out an interface without a carrier,
+ * as the bridge is while no container runs.)
  */
-function isOwnAddress(host: string): boolean {
+function isOwnAddress(host: string): Promise<boolean> {
   const bare = host.replace(/^\[|\]$/g, "");
-  return Object.values(networkInterfaces()).some((addresses) => (addresses ?? []).some((a) => a.address === bare));
+  if (isIP(bare) === 0) return Promise.resolve(false);
+  return new Promise((done) => {
+    const probe = createServer();
+    probe.once("error", () => done(false));
+    probe.listen(0, bare, () => probe.close(() => done(true)));
+  });
 }
 
 /**
