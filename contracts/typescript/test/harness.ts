@@ -7,7 +7,7 @@
 // template this process migrates the first time a stack asks.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, mkdirSync, openSync, closeSync, readFileSync, rmSync, writeFileSync, chmodSync, copyFileSync } from "node:fs";
+import { existsSync, mkdtempSync, mkdirSync, rmSync, writeFileSync, chmodSync, copyFileSync } from "node:fs";
 import { connect as tcpConnect, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -15,6 +15,10 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 import pg from "pg";
+
+import { WorkerProcess } from "../src/testing/process.js";
+
+export { WorkerProcess };
 
 const run = promisify(execFile);
 
@@ -228,87 +232,6 @@ export async function freePort(): Promise<number> {
   });
 }
 
-/** `worker run` as a child process with its own JSON log file. */
-export class WorkerProcess {
-  private child: ChildProcess | null = null;
-  private exitCode: number | null = null;
-
-  constructor(
-    readonly env: NodeJS.ProcessEnv,
-    readonly logPath: string,
-  ) {}
-
-  start(): this {
-    const fd = openSync(this.logPath, "a");
-    this.exitCode = null;
-    const child = spawn(workerBin(), ["run", "--log-format", "json"], {
-      env: this.env,
-      stdio: ["ignore", fd, fd],
-      detached: true,
-    });
-    closeSync(fd);
-    child.on("exit", (code, signal) => {
-      this.exitCode = code ?? (signal === null ? -1 : 128);
-    });
-    this.child = child;
-    return this;
-  }
-
-  lines(): Array<Record<string, unknown>> {
-    if (!existsSync(this.logPath)) return [];
-    const out: Array<Record<string, unknown>> = [];
-    for (const raw of readFileSync(this.logPath, "utf8").split("\n")) {
-      try {
-        const line: unknown = JSON.parse(raw);
-        if (typeof line === "object" && line !== null) out.push(line as Record<string, unknown>);
-      } catch {
-        // not a JSON line
-      }
-    }
-    return out;
-  }
-
-  count(event: string): number {
-    return this.lines().filter((line) => line.event === event).length;
-  }
-
-  /** Wait until the log has `atLeast` lines with this `event`; fail early if the process exits. */
-  async waitForLog(event: string, atLeast = 1, timeoutMs = 30_000): Promise<void> {
-    await waitFor(`worker log "${event}" x${atLeast}`, () => {
-      if (this.exitCode !== null) {
-        throw new Error(`worker exited (${this.exitCode}) before logging ${event}:\n${this.tail()}`);
-      }
-      return this.count(event) >= atLeast;
-    }, timeoutMs).catch((error: Error) => {
-      throw new Error(`${error.message}\n${this.tail()}`);
-    });
-  }
-
-  tail(): string {
-    return existsSync(this.logPath) ? readFileSync(this.logPath, "utf8").slice(-3000) : "";
-  }
-
-  /** SIGTERM and wait for the clean exit. */
-  async stop(): Promise<number> {
-    const child = this.child;
-    if (child === null || this.exitCode !== null) return this.exitCode ?? 0;
-    child.kill("SIGTERM");
-    return waitFor("worker exit", () => (this.exitCode === null ? undefined : this.exitCode), 30_000);
-  }
-
-  /** SIGKILL the process group (no cleanup, as a crash). */
-  kill(): void {
-    const child = this.child;
-    if (child?.pid !== undefined && this.exitCode === null) {
-      try {
-        process.kill(-child.pid, "SIGKILL");
-      } catch {
-        // already gone
-      }
-    }
-  }
-}
-
 /** A vhost of its own on the machine's broker (guest may do anything in it); `delete()` removes it. */
 export async function createVhost(): Promise<{ url: string; delete: () => Promise<void> }> {
   const vhost = `ltm-ts-${hex()}`;
@@ -456,7 +379,7 @@ export class Stack {
 
   /** Start `worker run` and wait until it consumes. */
   async worker(extra: Record<string, string> = {}): Promise<WorkerProcess> {
-    const process = new WorkerProcess(this.env(extra), join(this.dir, `worker-${this.workers.length}.log`));
+    const process = new WorkerProcess(workerBin(), this.env(extra), join(this.dir, `worker-${this.workers.length}.log`));
     this.workers.push(process);
     process.start();
     await process.waitForLog("consuming");
