@@ -42,6 +42,9 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(stack: Stack) -> 
         assert answered_before < EVENTS, "the stream finished before the kill; the test proves nothing"
 
         second = stack.worker(**limit_env())
+        # consuming before it is stopped: on a busy machine the first worker's last results may arrive only
+        # now, and a SIGTERM to a worker still starting up ends it as the signal's default does (-15)
+        await second.wait_for_log("consuming", timeout=60)
         await wait_for_results(shard, stream.event_ids, timeout=90, workers=[second])
         second.signal(signal.SIGTERM)
         assert await second.wait_exit(timeout=30) == 0

@@ -133,6 +133,7 @@ async def _events_held_in_flight(
 
 async def _second_worker_finishes(stack: Stack, shard: Shard, stream: Stream) -> WorkerProcess:
     second = stack.worker(**_env(10))
+    await second.wait_for_log("consuming", timeout=60)  # a SIGTERM while it starts would end it with -15
     await wait_for_results(shard, stream.event_ids, timeout=60, workers=[second])
     second.signal(signal.SIGTERM)
     assert await second.wait_exit(timeout=15) == 0
