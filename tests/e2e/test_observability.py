@@ -53,6 +53,8 @@ async def test_every_metric_the_dashboard_and_the_alerts_use_exists_after_real_e
         await shard.wait_for_results([str(b["event_id"]) for b in [*saves, bad_arguments]], timeout=30)
 
     await wait_for_metric(port, f'ltm_queue_messages{{queue="{DLQ}"}} 1.0')
+    # an event is counted once its ack has gone, after its result: wait for the four
+    await wait_for_metric(port, "ltm_event_age_seconds_count 4.0")
     # the shard's first event gave it a queue of its own (recorded in Postgres): the sampler reports its depth
     shard = saves[0]["shard_id"]
     await wait_for_metric(port, f'ltm_shard_events_queued{{shard="{shard}"}} 0.0')

@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.stack import Stack
 from tests.factories import event_body
-from tests.support.harness import REPO, Shard, get
+from tests.support.harness import REPO, Shard, get, wait_for_metric
 from tests.support.proxy import CuttableProxy
 from tests.support.wait import eventually
 from worker.testing.workers import free_port
@@ -117,6 +117,10 @@ async def test_metrics_move_with_real_events(stack: Stack) -> None:
             lambda: len(shard.received.results[bodies[0]["event_id"]]) == 2, "the second result", 30
         )
 
+    # an event is counted once its ack has gone (acks leave together after a turn), which a shard's result
+    # precedes: wait until the five answered events and the dead letter are counted, then read them all
+    await wait_for_metric(port, "ltm_event_duration_seconds_count 5.0")
+    await wait_for_metric(port, 'ltm_dead_letters_total{kind="malformed"} 1.0')
     _, text = await asyncio.to_thread(get, port, "/metrics")
     samples = dict(re.findall(r"^(ltm_\S+) (\S+)$", text, re.M))
     assert float(samples['ltm_events_total{status="memory_saved_successfully"}']) == 4
