@@ -1,4 +1,5 @@
-"""Small asyncio helpers: :func:`side_by_side`, :func:`first_of`, :func:`close_quietly`.
+"""Small asyncio helpers: :func:`side_by_side`, :func:`first_of`, :func:`close_quietly`,
+:func:`cancel_within`, :func:`finish_within`.
 
 :func:`side_by_side`: two awaitables side by side, with one task where ``asyncio.gather`` makes two.
 
@@ -57,3 +58,28 @@ async def close_quietly(closable: Closable) -> None:
         return
     with contextlib.suppress(Exception):
         await asyncio.wait_for(closable.close(), timeout=5)
+
+
+async def cancel_within(task: asyncio.Future[Any], timeout: float) -> bool:
+    """Cancel ``task`` and wait at most ``timeout`` seconds for it to end; whether it ended. A task that
+    ignores the cancel for longer (asyncpg returning a connection to its pool waits on a Postgres that does
+    not answer, with no bound of its own) is left to end when its connection is terminated: ``await task``
+    or ``asyncio.wait_for`` would wait for it as long."""
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if task in done and not task.cancelled():
+        task.exception()  # observed: a failure while it was being cancelled is not this caller's
+    return task in done
+
+
+async def finish_within(work: Awaitable[Any], timeout: float) -> bool:
+    """Let ``work`` run at most ``timeout`` seconds; whether it finished (a failure counts as finished and is
+    not raised). Past the bound it is cancelled and not waited for (see :func:`cancel_within`)."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if task in done:
+        if not task.cancelled():
+            task.exception()
+        return True
+    task.cancel()
+    return False

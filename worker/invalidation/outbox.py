@@ -27,6 +27,7 @@ import redis.exceptions
 import structlog
 
 from contracts.models import invalidation_id
+from worker.aio import cancel_within
 from worker.invalidation.redis import InvalidationPublisher
 from worker.redact import describe
 from worker.store import repository as repo
@@ -35,6 +36,8 @@ log = structlog.get_logger("worker.outbox")
 
 #: how often a worker looks for pending rows when it has no reason to think there are any
 SWEEP_SECONDS = 10.0
+#: how long a stop waits for the sweep's task to end
+CLOSE_SECONDS = 2.0
 #: how often it asks Redis whether it is back, while it is down
 PROBE_SECONDS = 0.5
 #: pending rows published per transaction
@@ -96,11 +99,10 @@ class InvalidationOutbox:
             self._wake.set()
 
     async def close(self) -> None:
-        """Stop the task; pending rows stay marked for the next sweep, by any worker."""
+        """Stop the task; pending rows stay marked for the next sweep, by any worker. Bounded: a sweep stuck
+        on a Postgres that does not answer ends when the pool is terminated, not before the stop goes on."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_within(self._task, CLOSE_SECONDS)
             self._task = None
 
     async def publish(self, event_id: UUID, invalidation: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import os
 import secrets
 import socket
@@ -21,10 +20,13 @@ from dataclasses import dataclass, field
 import asyncpg
 import structlog
 
+from worker.aio import cancel_within, finish_within
 from worker.redact import describe
 from worker.store.repository import ActivityRow, forget_shard_activity, write_shard_activity
 
 log = structlog.get_logger("worker")
+#: how long a stop waits for the recorder's task, and then for its last write
+CLOSE_SECONDS = 2.0
 
 
 @dataclass(slots=True)
@@ -102,12 +104,11 @@ class ActivityRecorder:
         self._task = asyncio.ensure_future(self._loop())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.write(), timeout=2.0)
+        """Stop writing, then write once more: each step bounded (a write stuck on a Postgres that does not
+        answer would otherwise hold the stop; its connection is terminated when the pool closes)."""
+        if self._task is not None and not await cancel_within(self._task, CLOSE_SECONDS):
+            return  # the last write is stuck: a new one would be too
+        await finish_within(self.write(), CLOSE_SECONDS)
 
     async def write(self) -> None:
         rows = self._activity.take()
