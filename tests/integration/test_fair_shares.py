@@ -626,11 +626,15 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     assert report.problems == []
     assert report.workers == 2
     loud, quiet = report.shards[0], report.shards[1]
-    assert (loud.shard_id, loud.received, quiet.shard_id, quiet.received) == (FLOODER, 30, QUIET, 10)
-    assert loud.share_in == pytest.approx(0.75)
+    assert (loud.shard_id, quiet.shard_id) == (FLOODER, QUIET)
+    # "in" counts deliveries: an event the broker delivers again (after it closed a worker's connection, as
+    # the test container's broker did once with INTERNAL_ERROR on a busy machine) is counted again
+    assert loud.received >= 30
+    assert quiet.received >= 10
+    assert loud.share_in == pytest.approx(loud.received / (loud.received + quiet.received))
     assert loud.wait_p99_s is not None
     assert loud.queued == 0, "shard 0's own queue was declared and is empty"
     table = render(report).splitlines()
     assert table[1].split()[:3] == ["shard", "in", "answered"]
-    assert table[2].split()[:3] == ["0", "30", "30"]
+    assert table[2].split()[:3] == ["0", str(loud.received), "30"]
     assert json.loads(as_json(report))["shards"][0]["shard_id"] == FLOODER
