@@ -315,14 +315,17 @@ function workerImagePresent(): string | null {
 }
 
 const workerImage = problem === null ? workerImagePresent() : null;
+const imageWanted = `${process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE} (docker compose -f deploy/compose.yaml build, or LTM_WORKER_IMAGE)`;
+// LTM_REQUIRE_DOCKER=1 (CI, which builds the image first) makes a missing image a failure, as a missing engine
 const imageSkip =
   skip ||
-  (problem === null && workerImage === null
-    ? `no worker image ${process.env.LTM_WORKER_IMAGE?.trim() || WORKER_IMAGE} on this engine (docker compose -f deploy/compose.yaml build, or LTM_WORKER_IMAGE)`
+  (problem === null && workerImage === null && !required
+    ? `no worker image ${imageWanted} on this engine; LTM_REQUIRE_DOCKER=1 makes this a failure`
     : false);
 
 test("workerImage: two worker containers on the stack's network, a save answered", { skip: imageSkip }, async (t) => {
   engineOrFail();
+  if (workerImage === null) throw new Error(`LTM_REQUIRE_DOCKER=1, but the engine has no worker image ${imageWanted}`);
   const own = await startLtmStack({ workerImage: true, workers: 2, startTimeoutMs: 180_000 });
   try {
     t.diagnostic(`stack with worker image ${String(workerImage)} started: ${JSON.stringify(own.timings)}`);
