@@ -41,12 +41,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A plain `pytest` (no path, no -m: the developer's run, pyproject's testpaths) leaves out the tests
     marked `slow`; naming a path (`pytest tests`, `pytest tests/integration`, what CI runs) or a marker
     expression (`-m slow`) runs them."""
-    if not _developers_run(config):
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    if _developers_run(config):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    long_files_first(items)
+
+
+def long_files_first(items: list[pytest.Item]) -> None:
+    """Orders the files for pytest-xdist, which hands out whole files in the order it is given (pyproject's
+    addopts turn off its own order, most tests first, which started a file of a few long tests last, to run
+    alone while the other process idled: the unit tier's nested pytest runs, a cluster's lost node). Files
+    with more tests marked `slow` or `long` come first, then more tests first; a file's tests keep their order
+    and stay together (the sort is stable)."""
+    weight: dict[str, tuple[int, int]] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        long_tests, tests = weight.get(path, (0, 0))
+        is_long = item.get_closest_marker("slow") is not None or item.get_closest_marker("long") is not None
+        weight[path] = (long_tests + is_long, tests + 1)
+    items.sort(key=lambda item: tuple(-n for n in weight[item.nodeid.split("::", 1)[0]]))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+#: each runs a whole pytest session (about 25 s together): the file starts first under pytest-xdist
+pytestmark = pytest.mark.long
+
 REPO = Path(__file__).resolve().parents[2]
 #: a test marked slow (tests/integration/test_dlq_oncall.py)
 SLOW = "test_a_group_selects_what_it_counts"
