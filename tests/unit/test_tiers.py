@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pytest
+
+from tests.conftest import long_files_first
 
 #: each runs a whole pytest session (about 25 s together): the file starts first under pytest-xdist
 pytestmark = pytest.mark.long
@@ -48,3 +52,42 @@ def test_naming_a_path_runs_the_slow_tests() -> None:
     done = run_pytest("-n", "0", "--collect-only", "tests/integration/test_dlq_oncall.py")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert SLOW in done.stdout
+
+
+@dataclass
+class Item:
+    """What long_files_first reads of a pytest item."""
+
+    nodeid: str
+    marker: str = ""
+
+    def get_closest_marker(self, name: str) -> str | None:
+        return name if name == self.marker else None
+
+
+def test_files_with_long_tests_go_first_and_keep_their_tests_together() -> None:
+    items = [
+        Item("a.py::one"),
+        Item("a.py::two"),
+        Item("b.py::only"),
+        Item("c.py::slow", "slow"),
+        Item("d.py::p"),
+        Item("d.py::q"),
+        Item("d.py::r"),
+        Item("e.py::nested_pytest", "long"),
+        Item("e.py::quick"),
+    ]
+    long_files_first(cast(list[pytest.Item], items))
+    assert [item.nodeid for item in items] == [
+        # one long test each: the larger file first
+        "e.py::nested_pytest",
+        "e.py::quick",
+        "c.py::slow",
+        # then by size, as pytest-xdist would order them itself
+        "d.py::p",
+        "d.py::q",
+        "d.py::r",
+        "a.py::one",
+        "a.py::two",
+        "b.py::only",
+    ]
