@@ -65,12 +65,13 @@ class Item:
         return name if name == self.marker else None
 
 
-def test_files_with_long_tests_go_first_and_keep_their_tests_together() -> None:
+def test_files_with_long_tests_go_first_then_the_larger_and_keep_their_tests_together() -> None:
     items = [
         Item("a.py::one"),
         Item("a.py::two"),
         Item("b.py::only"),
         Item("c.py::slow", "slow"),
+        Item("c.py::other"),
         Item("d.py::p"),
         Item("d.py::q"),
         Item("d.py::r"),
@@ -79,15 +80,16 @@ def test_files_with_long_tests_go_first_and_keep_their_tests_together() -> None:
     ]
     long_files_first(cast(list[pytest.Item], items))
     assert [item.nodeid for item in items] == [
-        # one long test each: the larger file first
+        # the file with a long test first
         "e.py::nested_pytest",
         "e.py::quick",
-        "c.py::slow",
-        # then by size, as pytest-xdist would order them itself
+        # then by size, as pytest-xdist orders them itself (`slow` weighs nothing; equal sizes keep order)
         "d.py::p",
         "d.py::q",
         "d.py::r",
         "a.py::one",
         "a.py::two",
+        "c.py::slow",
+        "c.py::other",
         "b.py::only",
     ]
