@@ -43,6 +43,11 @@ from worker.ops.dlq.sweep import (
 MAX_PREFETCH = 65535
 #: how long a read-only pass waits for the next delivery before it asks whether any is left
 IDLE_CHECK = 0.5
+#: how long a pass that has seen fewer messages than it counted waits, with none left ready, for deliveries
+#: still on their way (a message the broker has sent is no longer "ready"; on a loaded machine it can take
+#: longer than IDLE_CHECK to be read: `dlq list --json` left one of six out in a CI run with a core busy)
+#: before it takes it that another client took the rest
+IN_FLIGHT_WAIT = 5.0
 #: the most body bytes a whole view (``show``, a letter's page) keeps of one dead letter; the rest is counted
 MAX_KEPT_BODY = 1024 * 1024
 #: the broker's count of deliveries, raised by every read of the DLQ (and set by RabbitMQ, not the worker)
@@ -208,10 +213,12 @@ class Reading(Pass[Seen]):
             try:
                 kept = await asyncio.wait_for(self._inbox.get(), IDLE_CHECK)
             except TimeoutError:
-                # fewer messages than counted at the start (another client took some): stop once none is
-                # ready, or after as long as a basic.get may take
+                # fewer messages than counted at the start: the rest are on their way, or another client took
+                # them. Stop once none is ready and none has come for IN_FLIGHT_WAIT, or after as long as a
+                # basic.get may take
                 ready = await queue_depth(self._channel, self._queue_name)
-                if ready == 0 or time.monotonic() - idle_since > GET_TIMEOUT:
+                idle = time.monotonic() - idle_since
+                if (ready == 0 and idle > IN_FLIGHT_WAIT) or idle > GET_TIMEOUT:
                     self._exhausted = True
                 continue
             idle_since = time.monotonic()
