@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -123,6 +124,15 @@ class Sandbox:
                 f"({MANAGEMENT_ENV_VAR}): {exc}"
             ) from exc
         return with_path(base_url, "/" + quote(name, safe=""))
+
+    async def set_policy(self, name: str, pattern: str, definition: dict[str, object]) -> None:
+        """A queue policy on the vhost of :meth:`new_vhost` (by the management API or ``rabbitmqctl``)."""
+        assert self.vhost is not None, "new_vhost first"
+        if self._management is not None:
+            await self._management.policy(self.vhost, name, pattern, definition)
+            return
+        body = json.dumps(definition)
+        await self._ctl("set_policy", "-p", self.vhost, "--apply-to", "queues", name, pattern, body)
 
     async def _ctl(self, *args: str) -> None:
         assert self._rabbitmqctl is not None
