@@ -24,7 +24,7 @@ import structlog
 from worker.broker import content_header
 from worker.broker.topology import shard_queue_name
 from worker.broker.urls import Nodes
-from worker.config import Settings, connection_problems
+from worker.config import Settings, connection_problems, refused_settings
 from worker.faults import explain, needs_a_person
 from worker.invalidation.outbox import InvalidationOutbox
 from worker.invalidation.redis import InvalidationPublisher
@@ -70,9 +70,10 @@ async def open_services(
     # process-wide, before the first connection: a worker in a test's event loop, not started by
     # worker/cli.py (which installs it for every command), decodes any content header all the same
     content_header.install()
-    problems = connection_problems(settings)
-    if problems:  # a URL that can never work: nothing to wait for
-        raise InvalidSetting("; ".join(problems.values()))
+    # a URL that can never work, an identity setting mistyped: nothing to wait for
+    problems = [*connection_problems(settings).values(), *refused_settings(settings).values()]
+    if problems:
+        raise InvalidSetting("; ".join(problems))
     try:
         nodes = Nodes.from_setting(settings.rabbitmq_url)
     except ValueError as exc:

@@ -21,6 +21,7 @@ from worker.config import (
     environment_help,
     load_settings,
     overridden_env,
+    refused_settings,
 )
 from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
 from worker.observability.logs import configure_logging, guard_std_streams, log_setting_warnings
@@ -90,7 +91,9 @@ COMMANDS: tuple[Action, ...] = (
         description="Connect to Postgres (and look for pending migrations), RabbitMQ (and the work queue) "
         "and "
         "Redis with the current configuration; print what works and what does not, and every setting that "
-        "fell back to its default (a warning: it does not fail the check). Exit 0 when the worker can run "
+        "fell back to its default (a warning: it does not fail the check); an identity setting "
+        "(LTM_SHARD_IDENTITY, LTM_SHARD_USER, LTM_TRUSTED_PUBLISHERS) given a value it does not take fails "
+        "it, as the worker would not start. Exit 0 when the worker can run "
         "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
         "1 otherwise.",
         options=(
@@ -223,17 +226,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         from worker.ops.check import as_json, judge, render, run_checks
 
         results = asyncio.run(run_checks(settings))
+        refused = refused_settings(settings)  # listed as failures by run_checks, not as fallbacks
+        fallbacks = tuple(fallback for fallback in settings.fallbacks if fallback[0] not in refused)
         if args.json:
-            print(json.dumps(as_json(results, settings.fallbacks, settings.notes, all_nodes=args.all_nodes)))
+            print(json.dumps(as_json(results, fallbacks, settings.notes, all_nodes=args.all_nodes)))
         else:
-            print(render(results, settings.fallbacks, settings.notes, all_nodes=args.all_nodes))
+            print(render(results, fallbacks, settings.notes, all_nodes=args.all_nodes))
         return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
         from worker.ops.dlq.cli import run_dlq
 
-        problem = connection_problems(settings, "rabbitmq_url").get("rabbitmq_url")
-        if problem is not None:
-            return _settings_refused("dlq", problem)
+        # the identity settings too: a replay is checked by them (LTM_SHARD_IDENTITY=required refuses what
+        # has no known sender), and the letters' senders are read by LTM_TRUSTED_PUBLISHERS
+        refusals = [
+            *connection_problems(settings, "rabbitmq_url").values(),
+            *refused_settings(settings).values(),
+        ]
+        if refusals:
+            return _settings_refused("dlq", "; ".join(refusals))
         return run_dlq(args, settings)
     if args.command == "shards":
         from worker.ops.shards import run_shards

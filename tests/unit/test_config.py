@@ -1,10 +1,26 @@
-"""Settings that fall back: every one is recorded, with what it takes, and nothing valid is."""
+"""Settings that fall back: every one is recorded, with what it takes, and nothing valid is; the identity
+settings are refused instead (security review 5, N-G)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from worker.config import DEFAULT_HTTP_HOST, Settings, connection_problems, expected_value, load_settings
+from worker.config import (
+    DEFAULT_HTTP_HOST,
+    Settings,
+    connection_problems,
+    expected_value,
+    load_settings,
+    refused_settings,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -204,3 +220,96 @@ def test_the_percent_encoding_advice_comes_only_where_a_password_can_be_the_caus
     [problem] = connection_problems(load_settings({"LTM_POSTGRES_DSN": dsn})).values()
 
     assert ("percent-encode" in problem) is advised
+
+
+# --- the identity settings are refused, never fallen back on (security review 5, N-G) ------------------
+
+
+@pytest.mark.parametrize(
+    ("var", "raw"),
+    [
+        ("LTM_SHARD_IDENTITY", "requried"),
+        ("LTM_SHARD_IDENTITY", "strict"),
+        ("LTM_SHARD_USER", "shard-{id}"),
+        ("LTM_SHARD_USER", "tomori-bot"),
+        ("LTM_TRUSTED_PUBLISHERS", "operator,"),
+        ("LTM_TRUSTED_PUBLISHERS", ",operator"),
+        ("LTM_TRUSTED_PUBLISHERS", "operator,,replayer"),
+        ("LTM_TRUSTED_PUBLISHERS", "operator, ,replayer"),
+        ("LTM_TRUSTED_PUBLISHERS", "oper ator"),
+        ("LTM_TRUSTED_PUBLISHERS", "operator\treplayer"),
+        ("LTM_TRUSTED_PUBLISHERS", "operator,re\u200bplayer"),
+        ("LTM_TRUSTED_PUBLISHERS", "o" * 256),
+    ],
+)
+def test_an_identity_setting_given_a_value_it_does_not_take_is_refused(var: str, raw: str) -> None:
+    settings = load_settings({var: raw})
+
+    refused = refused_settings(settings)
+    assert list(refused) == [var]
+    assert refused[var].startswith(f"{var}={raw!r} is not {expected_value(var)}; refused: ")
+    # an ordinary fallback is not refused
+    assert refused_settings(load_settings({"LTM_LOG_LEVEL": "verbose"})) == {}
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "field", "value"),
+    [
+        ("LTM_SHARD_IDENTITY", " Required ", "shard_identity", "required"),
+        ("LTM_SHARD_IDENTITY", "", "shard_identity", "checked"),
+        ("LTM_SHARD_USER", "tomori-shard-{shard_id}", "shard_user", "tomori-shard-{shard_id}"),
+        ("LTM_TRUSTED_PUBLISHERS", " operator , replayer ", "trusted_publishers", "operator,replayer"),
+        ("LTM_TRUSTED_PUBLISHERS", "opérateur@ops", "trusted_publishers", "opérateur@ops"),
+        ("LTM_TRUSTED_PUBLISHERS", "o" * 255, "trusted_publishers", "o" * 255),
+        ("LTM_TRUSTED_PUBLISHERS", "  ", "trusted_publishers", "operator"),
+    ],
+)
+def test_a_valid_identity_setting_is_taken(var: str, raw: str, field: str, value: str) -> None:
+    settings = load_settings({var: raw})
+
+    assert getattr(settings, field) == value
+    assert (settings.fallbacks, refused_settings(settings)) == ((), {})
+
+
+def worker_command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m worker ARGS`` with only ``env`` among the settings' variables (nothing it reaches)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env={**clean, "LTM_LOG_FORMAT": "json", **env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_worker_run_stops_at_once_on_a_mistyped_shard_identity() -> None:
+    """The review's reproduction: `LTM_SHARD_IDENTITY=requried worker run` warned "invalid setting, using the
+    default" and ran as `checked`. Now it exits 1 before it connects to anything, naming the variable and the
+    values it takes, the way a connection URL that can never work stops it."""
+    done = worker_command("run", LTM_SHARD_IDENTITY="requried")
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = [
+        json.loads(line) for line in done.stdout.splitlines() + done.stderr.splitlines() if line[:1] == "{"
+    ]
+    [error] = [line for line in lines if line["level"] == "error"]
+    assert error["event"] == "cannot start"
+    assert error["error"].startswith(
+        "LTM_SHARD_IDENTITY='requried' is not one of checked, required, shared; refused: this setting never "
+        "falls back to its default ('checked')"
+    )
+    assert not [line for line in lines if line["event"] == "invalid setting, using the default"]
+    assert not [line for line in lines if "waiting" in line["event"] or "unavailable" in line["event"]]
+
+
+def test_worker_dlq_refuses_a_mistyped_trusted_publishers_list() -> None:
+    """`worker dlq` reads the identity settings (a replay under `required`, the letters' senders): it exits 2
+    on a refused one, before it connects, like on a connection URL that can never work."""
+    done = worker_command("dlq", "list", LTM_TRUSTED_PUBLISHERS="operator,")
+
+    assert done.returncode == 2
+    assert done.stderr.startswith("worker dlq: LTM_TRUSTED_PUBLISHERS='operator,' is not RabbitMQ user names")

@@ -70,7 +70,8 @@ def test_settings_written_as_variables_read_back_the_same_without_a_fallback() -
 
 
 def test_fallbacks_come_in_declaration_order() -> None:
-    invalid = {s.var: "-7" for s in declared() if s.env.rule.expected != "a valid value"}
+    # "-7," is a value no rule takes: a negative number, no choice, a list of user names with an empty entry
+    invalid = {s.var: "-7," for s in declared() if s.env.rule.expected != "a valid value"}
     settings = load_settings(dict(reversed(invalid.items())))
 
     assert [var for var, _, _ in settings.fallbacks] == list(invalid)

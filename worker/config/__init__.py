@@ -25,6 +25,7 @@ from worker.config.env import (
     expected_value,
     load_settings,
     overridden_env,
+    refused_settings,
     unknown_variables,
     variable_of,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "overridden_env",
     "parse_port",
     "parse_positive_int",
+    "refused_settings",
     "unknown_variables",
     "url_problem",
     "variable_of",

@@ -5,9 +5,11 @@ Integer settings follow the original bot's parse (``Number.parseInt``: leading d
 is 12); a value that is not an integer > 0 falls back to the default. So does every other setting given a
 value it does not take (a port that is no port, an unknown log format, level or tracing mode): each fallback
 is recorded in ``Settings.fallbacks``, in declaration order, which ``worker run`` and ``worker migrate`` log
-as warnings and ``worker check`` lists. ``Settings.notes`` holds the other warnings, listed the same way: a
-value read other than as written (``12abc``), a Postgres DSN to another host without ``sslmode``, and every
-``LTM_*`` variable no setting reads (with the setting it probably meant).
+as warnings and ``worker check`` lists. The identity settings are ``strict``: a value they do not take is
+refused (:func:`refused_settings`), and ``worker run``, ``worker check`` and ``worker dlq`` stop on it.
+``Settings.notes`` holds the other warnings, listed the same way: a value read other than as written
+(``12abc``), a Postgres DSN to another host without ``sslmode``, and every ``LTM_*`` variable no setting reads
+(with the setting it probably meant).
 
 Plain pydantic, not pydantic-settings: every variable's text goes through a rule that falls back with a
 record instead of failing validation, ``load_settings`` reads any mapping (tests pass their own), the
@@ -45,6 +47,7 @@ __all__ = [
     "expected_value",
     "load_settings",
     "overridden_env",
+    "refused_settings",
     "unknown_variables",
     "variable_of",
 ]
@@ -224,6 +227,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings.model_validate(
         {**values, "fallbacks": tuple(fallbacks), "notes": tuple(notes), "from_files": tuple(from_files)}
     )
+
+
+def refused_settings(settings: Settings) -> dict[str, str]:
+    """``{variable: why}`` for each ``strict`` setting given a value its rule does not take (the identity
+    settings): such a value is refused, never replaced by its default, whose check is weaker than what was
+    meant (``LTM_SHARD_IDENTITY=requried`` would run as ``checked``). One line naming the variable, the value
+    given and what the setting takes; ``worker run`` stops on it (``cannot start``), ``worker check`` fails,
+    ``worker dlq`` exits 2."""
+    strict = {s.var: s for s in declared() if s.env.strict}
+    refused: dict[str, str] = {}
+    for var, raw, default in settings.fallbacks:
+        if var in strict:
+            refused[var] = (
+                f"{var}={raw!r} is not {strict[var].env.rule.expected}; refused: this setting never falls "
+                f"back to its default ({default!r}), which would check less than was meant"
+            )
+    return refused
 
 
 def connection_problems(settings: Settings, *fields: str) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """How a variable's text becomes a setting's value, and the :class:`Env` metadata that names the variable.
 
 A rule falls back instead of failing: a value it does not take raises :class:`Invalid` with the text the
-fallback records, and "not set" is :data:`UNSET` (the field's default). A value it takes, but not as
+fallback records, and "not set" is :data:`UNSET` (the field's default). A setting declared ``strict``
+(:class:`Env`) is refused on such a value instead: the commands that use it stop. A value it takes, but not as
 written (``LTM_CONCURRENCY=3O`` is 3), or one that works but should not be left so (a Postgres DSN to
 another host without ``sslmode``), gets a note (:meth:`Rule.note`): a warning, never a failure. The
 connection URLs are checked by :func:`url_problem`, which never quotes the URL (a password may spill into any
@@ -303,12 +304,46 @@ class ShardUserFormat(Rule):
         return text
 
 
+#: the most bytes an AMQP ``user_id`` (a short string) holds: a longer name is never a message's sender
+MAX_USER_NAME_BYTES = 255
+
+
+class UserNames(Rule):
+    """RabbitMQ user names, comma-separated, blanks around each dropped; empty (all of it) is the default.
+
+    Refused: an empty entry (two commas in a row, a comma at either end), a name with a blank or a character
+    that does not print (a control character, a zero-width one) in it, a name longer than
+    :data:`MAX_USER_NAME_BYTES` bytes (no message's ``user_id`` can hold it). Such a list was mistyped: no
+    RabbitMQ user of it can be what was meant."""
+
+    expected = (
+        "RabbitMQ user names, comma-separated (operator,replayer): no empty entry, no blank or unprintable "
+        f"character inside a name, at most {MAX_USER_NAME_BYTES} bytes each"
+    )
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip()
+        if not text:
+            return UNSET
+        names = [name.strip() for name in text.split(",")]
+        for name in names:
+            if not name or len(name.encode()) > MAX_USER_NAME_BYTES:
+                raise Invalid(raw)
+            if any(char.isspace() or not char.isprintable() for char in name):
+                raise Invalid(raw)
+        return ",".join(names)
+
+
 @dataclass(frozen=True, slots=True)
 class Env:
     """Field metadata: the variable a setting is read from, how, and the ``worker run`` option, if any.
 
     ``note`` follows the default in the README table (``0`` (off)). ``file``: a secret, which may also be read
     from the file that ``<var>_FILE`` names (as the official images of Postgres, RabbitMQ and Redis do).
+    ``strict``: a value the rule does not take is refused instead of falling back (:func:`refused_settings`
+    in worker/config/env.py): for a setting whose default is weaker than what a mistyped value meant (the
+    identity settings: ``LTM_SHARD_IDENTITY=requried`` would run as ``checked``), so ``worker run`` does not
+    start, ``worker check`` fails and ``worker dlq`` exits 2, as on a connection URL that can never work.
     """
 
     var: str
@@ -316,6 +351,7 @@ class Env:
     option: str | None = None
     note: str | None = None
     file: bool = False
+    strict: bool = False
 
     @property
     def file_var(self) -> str:

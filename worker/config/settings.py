@@ -22,6 +22,7 @@ from worker.config.rules import (
     ShardUserFormat,
     Text,
     Url,
+    UserNames,
 )
 
 TracingMode = Literal["off", "otlp", "console"]
@@ -171,22 +172,26 @@ class Settings(BaseModel):
         description="event bodies one worker holds at most (bytes): past it, the worker stops taking from "
         "the common work queue until half is processed or moved to the shards' queues (docs/fair-shares.md)",
     )
-    shard_identity: Annotated[ShardIdentity, Env("LTM_SHARD_IDENTITY", Choice(SHARD_IDENTITIES))] = Field(
+    shard_identity: Annotated[
+        ShardIdentity, Env("LTM_SHARD_IDENTITY", Choice(SHARD_IDENTITIES), strict=True)
+    ] = Field(
         "checked",
         description="whether an event's RabbitMQ user may speak for its `shard_id`: `checked` (one shard's "
         "user may not speak for another shard; no `user_id`, or a user that is no shard's, is accepted as "
         "contract version 1 allows), `required` (it must be the shard's user or a trusted publisher; the "
-        "shipped manifests), `shared` (not checked: one user for every shard); see docs/fair-shares.md",
+        "shipped manifests), `shared` (not checked: one user for every shard); see docs/fair-shares.md. "
+        "Any other value is refused (see below)",
     )
-    shard_user: Annotated[str, Env("LTM_SHARD_USER", ShardUserFormat())] = Field(
+    shard_user: Annotated[str, Env("LTM_SHARD_USER", ShardUserFormat(), strict=True)] = Field(
         DEFAULT_SHARD_USER,
         description="the RabbitMQ user of shard N, with `{shard_id}` standing for N (the rule "
-        "`LTM_SHARD_IDENTITY` checks)",
+        "`LTM_SHARD_IDENTITY` checks); one without `{shard_id}` is refused",
     )
-    trusted_publishers: Annotated[str, Env("LTM_TRUSTED_PUBLISHERS", Text(strip=True))] = Field(
+    trusted_publishers: Annotated[str, Env("LTM_TRUSTED_PUBLISHERS", UserNames(), strict=True)] = Field(
         "operator",
         description="RabbitMQ users, comma-separated, that may publish for any shard (`worker dlq replay` "
-        "runs as one); a replay is checked against the sender recorded on the dead letter",
+        "runs as one); a replay is checked against the sender recorded on the dead letter. Refused: an empty "
+        "entry (`operator,`), a blank or unprintable character inside a name, a name over 255 bytes",
     )
     concurrency: Annotated[int, Env("LTM_CONCURRENCY", PositiveInt(), "--concurrency")] = Field(
         32, gt=0, description="events one worker processes at once"
@@ -231,7 +236,8 @@ class Settings(BaseModel):
         "`pip install 'tomoribot-ltm-worker[tracing]'`)",
     )
     topology: Topology = Field(default_factory=Topology)
-    #: settings that were given but invalid, as (variable, raw value, default used)
+    #: settings that were given but invalid, as (variable, raw value, default used); those of a ``strict``
+    #: setting are refused (worker/config/env.py ``refused_settings``), the default only stands in
     fallbacks: tuple[Fallback, ...] = ()
     #: warnings about settings taken (``3O`` read as 3, a DSN without sslmode) and unknown ``LTM_*`` variables
     notes: tuple[Note, ...] = ()

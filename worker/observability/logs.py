@@ -23,7 +23,7 @@ from typing import IO, Any, TextIO, cast
 import aiormq.exceptions
 import structlog
 
-from worker.config import Settings, expected_value
+from worker.config import Settings, expected_value, refused_settings
 
 #: AMQP reply code of a connection the broker closes on purpose: shutdown, restart, maintenance mode, or an
 #: operator's ``rabbitmqctl close_connection``
@@ -165,7 +165,10 @@ def log_setting_warnings(settings: Settings) -> None:
     then one per note (``Settings.notes``: a value read other than as written, a DSN without ``sslmode``, an
     unknown ``LTM_*`` variable), each with its ``variable`` and the sentence (``note``)."""
     log = structlog.get_logger("worker")
+    refused = refused_settings(settings)  # not a fallback: the command stops on it, and says so itself
     for var, raw, default in settings.fallbacks:
+        if var in refused:
+            continue
         log.warning(
             "invalid setting, using the default",
             variable=var,

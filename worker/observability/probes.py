@@ -25,7 +25,8 @@ async def probe(check: Awaitable[Any], timeout: float = 3.0, *, url: str | None 
 
 
 class InvalidSetting(Exception):
-    """A setting that can never work (a malformed connection string): nothing to wait for."""
+    """A setting that can never work (a malformed connection string, a refused identity setting): nothing to
+    wait for."""
 
 
 async def migrations_problem(dsn: str) -> str | None:

@@ -5,7 +5,8 @@ For a person setting the worker up, or a deploy gate asking "can this worker run
 to its default; or, with ``--json``, the same as one JSON object for a script. Exit 0 when the worker can run:
 Postgres and Redis work and at least one listed RabbitMQ node answers (the worker connects to the first that
 does); every node that does not answer is a warning. ``--all-nodes``: every listed node must answer. Fallbacks
-are warnings, never failures.
+are warnings, never failures; an identity setting given a value it does not take is a failure (``setting``:
+the worker would not start on it, worker/config/env.py ``refused_settings``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import aio_pika
 import redis.asyncio as aioredis
 
 from worker.broker.urls import split_urls
-from worker.config import Fallback, Note, Settings, connection_problems, expected_value
+from worker.config import Fallback, Note, Settings, connection_problems, expected_value, refused_settings
 from worker.faults import explain
 from worker.redact import redact_setting as redact
 from worker.store.migrate import pending_migrations
@@ -120,7 +121,10 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
                 return CheckResult(name, redact(url), False, describe_failure(exc, url))
             return CheckResult(name, redact(url), False, explain(exc, url))
 
-    return list(await asyncio.gather(*(guarded(*c) for c in checks)))
+    results = list(await asyncio.gather(*(guarded(*c) for c in checks)))
+    # an identity setting given a value it does not take: the worker would not start on it
+    results += [CheckResult("setting", var, False, why) for var, why in refused_settings(settings).items()]
+    return results
 
 
 class _Malformed(Exception):
