@@ -24,7 +24,7 @@ from worker.redact import redact_setting, redact_url
 from worker.runtime import heap
 from worker.runtime.backoff import Backoff
 from worker.runtime.consumer import Consumer
-from worker.runtime.slots import Slots
+from worker.runtime.fair import FairShares
 
 log = structlog.get_logger("worker")
 
@@ -39,7 +39,6 @@ class Worker:
         self.settings = settings
         self._stopping = asyncio.Event()
         self._signals = 0
-        self._slots = Slots(settings.concurrency, self._stopping)
         self._consumer: Consumer | None = None
 
     async def run(self, *, signals: bool = True) -> int:
@@ -107,10 +106,12 @@ class Worker:
             # start-up's objects out of the collector's way, and fewer young collections (runtime/heap.py)
             heap.freeze_startup()
             backoff = Backoff()
+            # process-wide, it outlives a connection: what each connection holds gives itself back
+            fair = FairShares(self.settings, self._stopping, services.metrics)
             while not self._stopping.is_set():
                 started = time.monotonic()
                 failure: str | None = None
-                self._consumer = Consumer(services, self._slots, self._stopping)
+                self._consumer = Consumer(services, fair, self._stopping)
                 try:
                     await self._consumer.run()
                 except Exception as exc:  # connection refused, declare failed, channel died mid-start

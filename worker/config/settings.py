@@ -161,16 +161,20 @@ class Settings(BaseModel):
         "one worker ahead of processing (docs/fair-shares.md)",
     )
     shard_queues_max: Annotated[int, Env("LTM_SHARD_QUEUES_MAX", PositiveInt())] = Field(
-        1024,
+        200,
         gt=0,
-        description="shards a worker gives a queue of their own (declared the first time each is seen); the "
-        "shards past it share the common work queue (docs/fair-shares.md)",
+        description="shards given a queue of their own, counted over every worker (rows of "
+        "`ltm_shard_queues`): a shard earns one with its first event that passed the schema and the identity "
+        "rule; the shards past it share the common work queue. 200 keeps a broker with Debian's file limit "
+        "(1,024) a third below the 302 quorum queues it survives (docs/fair-shares.md)",
     )
     held_bytes_max: Annotated[int, Env("LTM_HELD_BYTES_MAX", PositiveInt())] = Field(
         128 * 1024 * 1024,
         gt=0,
-        description="event bodies one worker holds at most (bytes): past it, the worker stops taking from "
-        "the common work queue until half is processed or moved to the shards' queues (docs/fair-shares.md)",
+        description="event bodies one worker holds at most (bytes), and one body more: past it, the worker "
+        "stops consuming every queue (the common one and the shards' own) until half is processed or moved, "
+        "and hands back unread what the broker had already pushed; the common queue's window is this divided "
+        "by the largest body of the last minute, at most LTM_PREFETCH (docs/fair-shares.md)",
     )
     shard_identity: Annotated[
         ShardIdentity, Env("LTM_SHARD_IDENTITY", Choice(SHARD_IDENTITIES), strict=True)

@@ -21,9 +21,11 @@ Ages are clamped at 0: a shard's clock a little ahead of the worker's must not p
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import platform
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +41,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from worker.observability.shards import ShardActivity
+from worker.observability.shards import OTHER_SHARD, ShardActivity
 
 DEPENDENCIES = ("rabbitmq", "postgres", "redis")
 #: an event's age spans milliseconds (a idle worker) to hours (a replay from the DLQ)
@@ -48,6 +50,13 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 
 #: an event's wait by shard (from its publish to the start of its processing): few buckets, one series each
 #: per shard (docs/fair-shares.md)
 SHARD_WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)
+#: the shard label of every shard without a queue of its own: the label set is bounded by the shard queues'
+#: cap (``LTM_SHARD_QUEUES_MAX``) plus this one, whatever shard ids events name
+OTHER_SHARD_LABEL = "other"
+#: a shard's series unused this long are dropped (a shard that is gone stops costing series)
+SHARD_SERIES_KEPT_SECONDS = 3600.0
+#: how often the series are looked over for the unused ones
+_SERIES_SWEEP_SECONDS = 60.0
 #: headers that say a delivery is not the event's first trip through the work queue
 _NOT_FIRST_TRIP = ("x-ltm-attempts", "x-ltm-replay-count")
 
@@ -210,37 +219,102 @@ class Metrics:
             ["shard"],
             registry=self.registry,
         )
-        #: each per-shard metric's series by shard id, looked up once (the hot path asks per event)
-        self._series: dict[tuple[int, int], Any] = {}
+        #: the per-shard metrics, whose series are dropped together when a shard label goes unused
+        self._per_shard = (
+            self.shard_events_received,
+            self.shard_events_answered,
+            self.shard_events_moved,
+            self.shard_events_held,
+            self.shard_wait,
+            self.shard_events_without_user_id,
+        )
+        #: the shards with a label of their own: those with a queue of their own (ltm_shard_queues) and, while
+        #: the queues are under their cap, every shard (its first event asks for its queue)
+        self._labelled: frozenset[int] = frozenset()
+        self._label_any = True
+        #: each per-shard metric's series by label, looked up once (the hot path asks per event)
+        self._series: dict[tuple[int, str], Any] = {}
+        #: when each label was last used, for dropping the series of shards gone quiet
+        self._label_used: dict[str, float] = {}
+        self._clock: Callable[[], float] = time.monotonic
+        self._next_sweep = self._clock() + _SERIES_SWEEP_SECONDS
+        #: events held by shard, and under which label they were counted (the label's gauge is their sum)
+        self._held: dict[int, tuple[str, int]] = {}
+        self._held_by_label: dict[str, int] = {}
         #: the same per-shard counts for `worker shards`, written to Postgres (worker/observability/shards.py)
         self.activity = ShardActivity(SHARD_WAIT_BUCKETS)
 
-    def _of(self, metric: Any, shard_id: int) -> Any:
-        key = (id(metric), shard_id)
+    def label_shards(self, shard_ids: Iterable[int], *, under_cap: bool) -> None:
+        """The shards with a queue of their own, which get a label of their own; ``under_cap``: the queues
+        are below ``LTM_SHARD_QUEUES_MAX``, so every shard gets one (it is getting its queue). Past the cap
+        every other shard is counted as ``other``: the labels stay as many as the cap allows queues."""
+        self._labelled = frozenset(shard_ids)
+        self._label_any = under_cap
+
+    def shard_label(self, shard_id: int) -> str:
+        """Only ever called for a shard whose event passed the checks (worker/runtime/fair.py)."""
+        return str(shard_id) if self._label_any or shard_id in self._labelled else OTHER_SHARD_LABEL
+
+    def _activity_key(self, label: str) -> int:
+        return OTHER_SHARD if label == OTHER_SHARD_LABEL else int(label)
+
+    def _of(self, metric: Any, label: str) -> Any:
+        now = self._clock()
+        self._label_used[label] = now
+        if now >= self._next_sweep:
+            self._sweep(now)
+        key = (id(metric), label)
         series = self._series.get(key)
         if series is None:
-            series = self._series[key] = metric.labels(str(shard_id))
+            series = self._series[key] = metric.labels(label)
         return series
 
+    def _sweep(self, now: float) -> None:
+        """Drop the series of labels unused for :data:`SHARD_SERIES_KEPT_SECONDS` (none holding events)."""
+        self._next_sweep = now + _SERIES_SWEEP_SECONDS
+        for label, used in list(self._label_used.items()):
+            if now - used < SHARD_SERIES_KEPT_SECONDS or self._held_by_label.get(label):
+                continue
+            del self._label_used[label]
+            for metric in self._per_shard:
+                self._series.pop((id(metric), label), None)
+                with contextlib.suppress(KeyError):
+                    metric.remove(label)
+
     def shard_received(self, shard_id: int) -> None:
-        self._of(self.shard_events_received, shard_id).inc()
-        self.activity.received(shard_id)
+        label = self.shard_label(shard_id)
+        self._of(self.shard_events_received, label).inc()
+        self.activity.received(self._activity_key(label))
 
     def shard_answered(self, shard_id: int) -> None:
-        self._of(self.shard_events_answered, shard_id).inc()
-        self.activity.answered(shard_id)
+        label = self.shard_label(shard_id)
+        self._of(self.shard_events_answered, label).inc()
+        self.activity.answered(self._activity_key(label))
 
-    def shard_held(self, key: object, count: int) -> None:
-        """The events of shard ``key`` this worker holds changed to ``count`` (other keys: no shard)."""
-        if isinstance(key, int):
-            self._of(self.shard_events_held, key).set(count)
-            self.activity.held(key, count)
+    def shard_held(self, key: Hashable, count: int) -> None:
+        """The events of tenant ``key`` this worker holds changed to ``count`` (a key that is no shard, the
+        deliveries that failed a check, is not counted by shard)."""
+        if not isinstance(key, int) or isinstance(key, bool):
+            return
+        label, before = self._held.get(key, (self.shard_label(key), 0))
+        self._held_by_label[label] = self._held_by_label.get(label, 0) - before
+        if count:
+            label = self.shard_label(key) if not before else label
+            self._held[key] = (label, count)
+            self._held_by_label[label] = self._held_by_label.get(label, 0) + count
+        else:
+            self._held.pop(key, None)
+        total = self._held_by_label.get(label, 0)
+        if not total:
+            self._held_by_label.pop(label, None)
+        self._of(self.shard_events_held, label).set(total)
+        self.activity.held(self._activity_key(label), total)
 
     def shard_moved(self, shard_id: int) -> None:
-        self._of(self.shard_events_moved, shard_id).inc()
+        self._of(self.shard_events_moved, self.shard_label(shard_id)).inc()
 
     def shard_without_user_id(self, shard_id: int) -> None:
-        self._of(self.shard_events_without_user_id, shard_id).inc()
+        self._of(self.shard_events_without_user_id, self.shard_label(shard_id)).inc()
 
     def observe_delivery(
         self,
@@ -263,8 +337,9 @@ class Metrics:
         waited = _seconds_since(start, now)
         self.queue_wait.observe(waited)
         if shard_id is not None:
-            self._of(self.shard_wait, shard_id).observe(waited)
-            self.activity.waited(shard_id, waited)
+            label = self.shard_label(shard_id)
+            self._of(self.shard_wait, label).observe(waited)
+            self.activity.waited(self._activity_key(label), waited)
 
     def observe_answered(self, issued_at: datetime, now: datetime | None = None) -> None:
         """``ltm_event_age_seconds`` for an event whose answer was just acked."""

@@ -25,6 +25,9 @@ from worker.redact import describe
 from worker.store.repository import ActivityRow, forget_shard_activity, write_shard_activity
 
 log = structlog.get_logger("worker")
+#: the row of every shard without a queue of its own (``other`` in the metrics and in ``worker shards``): the
+#: rows stay as bounded as the shard queues' cap, whatever shard ids events name
+OTHER_SHARD = -1
 #: how long a stop waits for the recorder's task, and then for its last write
 CLOSE_SECONDS = 2.0
 

@@ -21,6 +21,7 @@ from worker.broker.topology import shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.observability.metrics import SHARD_WAIT_BUCKETS
+from worker.observability.shards import OTHER_SHARD
 from worker.redact import describe
 from worker.store.pool import connect_once
 from worker.store.repository import read_shard_activity, registered_shards
@@ -83,7 +84,8 @@ async def gather(settings: Settings, minutes: float) -> Report:
             await conn.close()
     except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         problems.append(f"postgres: {describe(exc)}")
-    depths, common = await _depths(settings, sorted({*shards, *(r["shard_id"] for r in rows)}), problems)
+    with_queues = sorted({*shards, *(r["shard_id"] for r in rows if r["shard_id"] != OTHER_SHARD)})
+    depths, common = await _depths(settings, with_queues, problems)
     by_shard = {row["shard_id"]: row for row in rows}
     total_in = sum(int(row["received"]) for row in rows) or 0
     lines = []
@@ -154,6 +156,12 @@ def _seconds(value: float | None) -> str:
     return f"≤ {value:g} s"
 
 
+def shard_name(shard_id: int) -> str:
+    """A shard as the report names it: its number, or ``other`` for every shard without a queue of its own
+    (counted together, so that junk shard ids cost no row each)."""
+    return "other" if shard_id == OTHER_SHARD else str(shard_id)
+
+
 def render(report: Report) -> str:
     common = "?" if report.common_queued is None else str(report.common_queued)
     lines = [
@@ -178,7 +186,7 @@ def render(report: Report) -> str:
     )
     rows = [header] + [
         (
-            str(s.shard_id),
+            shard_name(s.shard_id),
             str(s.received),
             str(s.answered),
             str(s.held),
@@ -197,8 +205,9 @@ def render(report: Report) -> str:
     loud = [s for s in report.shards if s.share_backlog >= LOUD_SHARE and s.waiting >= 100]
     for s in loud:
         lines.append(
-            f"shard {s.shard_id} holds {s.share_backlog:.0%} of the backlog ({s.waiting} events): it "
-            "waits in its own queue, the others are served beside it (docs/fair-shares.md)"
+            f"shard {shard_name(s.shard_id)} holds {s.share_backlog:.0%} of the backlog "
+            f"({s.waiting} events): it waits in its own queue, the others are served beside it "
+            "(docs/fair-shares.md)"
         )
     return "\n".join(lines)
 

@@ -1,13 +1,12 @@
 """One connection's life: channels, topology, consume the common work queue and every shard's own queue,
-serve the shards in turn, then drain on a stop or abandon what is in flight when the connection is lost
-(the broker redelivers it, the ledger answers it).
+carry out what fair shares decide for each delivery, then drain on a stop or abandon what is in flight when
+the connection is lost (the broker redelivers it, the ledger answers it).
 
-Fair shares (docs/fair-shares.md): the common queue pushes up to ``LTM_PREFETCH`` deliveries ahead, so a
-shard's burst leaves it at once and the next shard's event is not stuck behind it; every held delivery waits
-for a slot under its shard (:class:`~worker.runtime.slots.Slots`: one event per shard per turn); once the
-worker is half full, a shard holding more than its share has its next events moved to its own queue
-(:class:`~worker.runtime.hand.Hand`), where it waits under its own bound; and past ``LTM_HELD_BYTES_MAX``
-the worker stops taking from the common queue until half of that is processed or moved.
+What happens to a delivery (served in its tenant's turn, moved to its shard's queue, handed back) is
+decided by :class:`~worker.runtime.fair.FairShares`, in the order docs/fair-shares.md explains; this module
+only carries it out over AMQP. It also keeps the common queue's window to what the byte budget allows
+(:meth:`FairShares.window`), and past ``LTM_HELD_BYTES_MAX`` stops consuming every queue, the common one and
+the shards' own, until half of it is processed or moved.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -27,42 +25,33 @@ from worker.aio import close_quietly, first_of
 from worker.broker.acks import Acks
 from worker.broker.blocking import BrokerBlock
 from worker.broker.blocking import watch as watch_blocks
-from worker.broker.envelope import shard_of
-from worker.broker.headers import from_worker, sender_of
 from worker.broker.publisher import BacklogFull, Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.redact import describe, redact_url
 from worker.runtime.delivery import delivery_tag
-from worker.runtime.hand import Hand
+from worker.runtime.fair import Action, FairShares, Ticket
 from worker.runtime.handler import EventHandler
 from worker.runtime.services import Services
 from worker.runtime.shards import ShardQueues
-from worker.runtime.slots import Slots
-from worker.service.identity import IdentityRule
 
 log = structlog.get_logger("worker")
 
 #: how long abandoned events and batches get to let go of Postgres before their connections are cut
 ABANDON_SECONDS = 5.0
-#: moves awaiting the broker's confirm at once: a loud shard's excess goes to its queue this many at a time,
-#: on a channel of its own, so thousands of copies never queue ahead of another shard's result and notice
-MOVES_IN_FLIGHT = 32
+#: how often the common queue's window is compared with what the byte budget allows now
+WINDOW_CHECK_SECONDS = 0.5
 
 
 class Consumer:
     """Consumes the work queue and the shards' own queues on one connection until the worker stops or the
     connection is lost."""
 
-    def __init__(self, services: Services, slots: Slots, stopping: asyncio.Event) -> None:
+    def __init__(self, services: Services, fair: FairShares, stopping: asyncio.Event) -> None:
         self._services = services
-        self._slots = slots
+        self._fair = fair
         self._stopping = stopping
-        settings = services.settings
-        self._identity = IdentityRule.of(settings)
-        self._hand = Hand(settings.prefetch, settings.held_bytes_max, on_change=services.metrics.shard_held)
         self._inflight: set[asyncio.Task[Any]] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._moving = asyncio.Semaphore(MOVES_IN_FLIGHT)
 
     @property
     def in_flight(self) -> int:
@@ -104,26 +93,28 @@ class Consumer:
         publish_channel = await self._channel(connection, lost, confirms=True)
         watch_blocks((await publish_channel.get_underlay_channel()).connection, block)
         declared = await declare_topology(publish_channel, settings.topology, self._services.policy.tiers())
-        common_channel = await self._channel(connection, lost, prefetch=settings.prefetch)
+        common_channel = await self._channel(connection, lost)
         shard_channel = await self._channel(connection, lost, prefetch=settings.shard_prefetch)
         handler = self._services.handler_for(publish_channel, declared, self._stopping)
         # moves confirm on a channel of their own: a burst of them never delays the results and notices
         move_channel = await self._channel(connection, lost, confirms=True)
         mover = Publisher.for_topology(move_channel, declared)
-        shard_acks = Acks(await shard_channel.get_underlay_channel())
+        from_shard_queue = _Route(handler, mover, Acks(await shard_channel.get_underlay_channel()), None)
         shards = ShardQueues(
             connection=connection,
             consume_channel=shard_channel,
             topology=settings.topology,
             pool=self._services.pool,
-            on_message=partial(self._on_message, handler, mover, shard_acks, None),
+            on_message=partial(self._on_message, from_shard_queue),
             limit=settings.shard_queues_max,
+            spawn=self._spawn,
+            on_recorded=self._services.metrics.label_shards,
         )
-        common_acks = Acks(await common_channel.get_underlay_channel())
+        from_common = _Route(handler, mover, Acks(await common_channel.get_underlay_channel()), shards)
         queue = await common_channel.declare_queue(
             settings.topology.work_queue, durable=True, arguments=work_queue_arguments(settings.topology)
         )
-        common = _Common(queue, partial(self._on_message, handler, mover, common_acks, shards))
+        common = _Common(common_channel, queue, partial(self._on_message, from_common))
         return _Wiring(common_channel, shard_channel, common, shards)
 
     async def _consume(self, wiring: _Wiring, lost: asyncio.Event) -> None:
@@ -137,15 +128,15 @@ class Consumer:
         (await wiring.shard_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
             lambda frame: wiring.shards.cancelled(frame.consumer_tag)
         )
-        await wiring.common.start()
+        await wiring.common.start(self._fair.window())
         self._spawn(wiring.shards.follow())
-        self._spawn(self._hold_to_budget(wiring.common, wiring.shards))
+        self._spawn(self._keep_window(wiring.common, wiring.shards))
         self._services.readiness.set_consuming(True)
         settings = self._services.settings
         log.info(
             "consuming",
             queue=settings.topology.work_queue,
-            prefetch=settings.prefetch,
+            prefetch=wiring.common.window,
             shard_prefetch=settings.shard_prefetch,
             concurrency=settings.concurrency,
             node=redact_url(self._services.nodes.current or ""),
@@ -153,7 +144,7 @@ class Consumer:
 
     async def _stop_gracefully(self, wiring: _Wiring) -> None:
         """A stop: take nothing more, then let what is in flight finish within the grace period."""
-        await wiring.common.stop()
+        await wiring.common.close()
         await wiring.shards.cancel_all()
         await self._drain()
 
@@ -184,64 +175,44 @@ class Consumer:
             log.warning("rabbitmq cancelled the consumer; reconnecting")
             lost.set()
 
-    async def _on_message(
-        self,
-        handler: EventHandler,
-        mover: Publisher,
-        acks: Acks,
-        shards: ShardQueues | None,
-        message: AbstractIncomingMessage,
-    ) -> None:
-        """One delivery: held under its shard, moved to the shard's own queue when the shard holds more than
-        its share (only from the common queue: ``shards`` is given there), else processed in its turn."""
+    async def _on_message(self, route: _Route, message: AbstractIncomingMessage) -> None:
+        """One delivery: admitted (:meth:`FairShares.admit`), then moved, handed back, or processed in its
+        tenant's turn, as the ticket says."""
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
-        key: Hashable = shard_of(message.body)
-        size = len(message.body)
-        self._hand.add(key, size)
+        ticket = self._fair.admit(message, moves_to=route.shards)
         try:
-            if not from_worker(message) and isinstance(key, int):
-                self._services.metrics.shard_received(key)
-            if shards is not None and isinstance(key, int):
-                if not shards.has(key):
-                    self._spawn(shards.ensure(key))  # first sight of the shard: give it its own queue
-                elif self._hand.moves(key) and await self._move(handler, mover, acks, shards, key, message):
-                    return
-            if not await self._slots.take(key):
-                # stopping before this event started: hand it back now, so another worker takes it
-                # without waiting for this one's drain to end
-                with contextlib.suppress(Exception):
-                    await acks.nack(delivery_tag(message), requeue=True)
+            if ticket.first_sight is not None and route.shards is not None:
+                route.shards.ask(ticket.first_sight)  # first sight of the shard: give it its own queue
+            if ticket.action is Action.MOVE and await self._move(route, ticket, message):
                 return
-            try:
-                await handler.handle(message, acks)
-            finally:
-                self._slots.release(key)
+            if ticket.action is Action.HAND_BACK or not await self._fair.turn(ticket):
+                # past the byte budget, or stopping before this event started: hand it back now, so
+                # another worker takes it without waiting for this one's drain to end
+                with contextlib.suppress(Exception):
+                    await route.acks.nack(delivery_tag(message), requeue=True)
+                return
+            await route.handler.handle(message, route.acks, read=ticket.read, sender=ticket.sender)
         except asyncio.CancelledError:
             pass
         finally:
-            self._hand.remove(key, size)
+            self._fair.done(ticket)
             if task is not None:
                 self._inflight.discard(task)
 
-    async def _move(
-        self,
-        handler: EventHandler,
-        mover: Publisher,
-        acks: Acks,
-        shards: ShardQueues,
-        shard_id: int,
-        message: AbstractIncomingMessage,
-    ) -> bool:
-        """Move an event of a shard over its share to the shard's own queue, then ack it; True when it left
-        this worker (moved, or turned away because the shard's queue is full), False to process it here."""
-        sender = sender_of(message, self._identity.trusted)
+    async def _move(self, route: _Route, ticket: Ticket, message: AbstractIncomingMessage) -> bool:
+        """Copy an event of a shard over its share to the shard's own queue, then ack it; True when it left
+        this worker (moved, turned away because the shard's queue is full, or its channel is gone), False to
+        process it here after all."""
+        shard_id = ticket.shard
+        assert shard_id is not None
+        assert route.shards is not None
         try:
-            async with self._moving:
-                await mover.move(message, queue=shards.queue_of(shard_id), sender=sender)
+            async with self._fair.moving:
+                await route.mover.move(message, queue=route.shards.queue_of(shard_id), sender=ticket.sender)
         except BacklogFull as exc:
-            await handler.turn_away(message, acks, describe(exc))
+            await route.handler.turn_away(message, route.acks, describe(exc))
             return True
         except Exception as exc:
             if message.channel.is_closed:
@@ -252,15 +223,27 @@ class Consumer:
             return False
         self._services.metrics.shard_moved(shard_id)
         with contextlib.suppress(Exception):  # a lost channel: redelivered, and answered once by the ledger
-            await acks.ack(delivery_tag(message))
+            await route.acks.ack(delivery_tag(message))
         return True
 
-    async def _hold_to_budget(self, common: _Common, shards: ShardQueues) -> None:
-        """Take nothing more (neither from the common queue nor from the shards' own queues) while the bodies
-        held are over ``LTM_HELD_BYTES_MAX``, until half of that is processed or moved."""
-        hand = self._hand
-        while True:
-            await hand.over_budget_event.wait()
+    async def _keep_window(self, common: _Common, shards: ShardQueues) -> None:
+        """Keep what the worker is pushed within its byte budget: past ``LTM_HELD_BYTES_MAX`` take nothing
+        more (neither from the common queue nor from the shards' own queues) until half of that is processed
+        or moved, then consume again with the window the budget allows; meanwhile follow the window as the
+        bodies' sizes change (a window off by half or more is re-opened at its new size)."""
+        hand = self._fair.hand
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hand.full.wait(), timeout=WINDOW_CHECK_SECONDS)
+            if self._stopping.is_set():
+                return
+            if not hand.full.is_set():
+                window = self._fair.window()
+                if window * 2 <= common.window or window >= common.window * 2:
+                    log.info("the common queue's window follows the bodies' size", prefetch=window)
+                    await common.stop()
+                    await common.start(window)
+                continue
             log.warning(
                 "holding too many event bytes; the queues wait",
                 held_bytes=hand.bytes,
@@ -269,12 +252,12 @@ class Consumer:
             )
             await common.stop()
             await shards.pause()
-            await hand.under_budget.wait()
+            await first_of(hand.room.wait(), self._stopping.wait())
             if self._stopping.is_set():
                 return
-            await common.start()
+            await common.start(self._fair.window())
             await shards.resume()
-            log.info("the queues are consumed again", held_bytes=hand.bytes)
+            log.info("the queues are consumed again", held_bytes=hand.bytes, prefetch=common.window)
 
     async def _drain(self) -> None:
         """Graceful stop: no new deliveries, wait for in-flight events up to the grace period."""
@@ -313,6 +296,18 @@ def _ends_with(closable: AbstractConnection | AbstractChannel, lost: asyncio.Eve
 
 
 @dataclass(frozen=True, slots=True)
+class _Route:
+    """Where a delivery came from, and so how it is settled: its channel's acks; ``shards``, the queues a
+    delivery of the common queue may be moved to (None for a delivery of a shard's own queue, never moved
+    again)."""
+
+    handler: EventHandler
+    mover: Publisher
+    acks: Acks
+    shards: ShardQueues | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Wiring:
     """What one connection consumes with, every part set: the consuming channels (their loss or a consumer
     the broker cancels ends the connection's life), the common queue's consumer and the shards' queues."""
@@ -324,16 +319,25 @@ class _Wiring:
 
 
 class _Common:
-    """The common work queue's consumer, which the byte budget may stop and start again."""
+    """The common work queue's consumer, which the byte budget may stop and start again with another window
+    (its prefetch: set on the channel before each consume, which is when RabbitMQ applies it)."""
 
-    def __init__(self, queue: AbstractQueue, on_message: Any) -> None:
+    def __init__(self, channel: AbstractChannel, queue: AbstractQueue, on_message: Any) -> None:
+        self._channel = channel
         self._queue = queue
         self._on_message = on_message
         self._tag: str | None = None
+        self._closed = False
+        #: the prefetch of the consumer now (or last)
+        self.window = 0
 
-    async def start(self) -> None:
-        if self._tag is None:
-            self._tag = await self._queue.consume(self._on_message, no_ack=False)
+    async def start(self, window: int) -> None:
+        if self._tag is not None or self._closed:
+            return
+        if window != self.window:
+            await self._channel.set_qos(prefetch_count=window)
+            self.window = window
+        self._tag = await self._queue.consume(self._on_message, no_ack=False)
 
     async def stop(self) -> None:
         """No new deliveries; what was delivered stays to be settled."""
@@ -344,3 +348,8 @@ class _Common:
             await self._queue.cancel(tag)
         except Exception as exc:
             log.warning("could not cancel the consumer", error=describe(exc))
+
+    async def close(self) -> None:
+        """Stop for good (a graceful stop): nothing starts it again."""
+        self._closed = True
+        await self.stop()

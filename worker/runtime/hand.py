@@ -1,18 +1,16 @@
-"""What one worker holds: the deliveries it has been given and not yet settled, counted by shard.
+"""What one worker holds: the deliveries it has been given and not yet settled, counted by tenant (a shard
+that passed the checks, or :data:`~worker.runtime.fair.UNCHECKED`), and their body bytes.
 
-The common work queue pushes up to ``LTM_PREFETCH`` deliveries ahead of processing, so that one shard's
-burst is taken off the queue at once and every other shard's next event reaches the worker without waiting
-behind it (:class:`~worker.runtime.slots.Slots` then serves the shards in turn). What the worker holds is
-bounded twice:
+It answers two questions for :class:`~worker.runtime.fair.FairShares`, and does no I/O:
 
-- **A shard's share.** Once the worker holds 3/4 of its prefetch window (or of its byte budget), an event
-  of a shard that holds more than its share (the held events divided among the shards holding any) is
-  moved to that shard's own queue instead of waiting here (:meth:`Hand.moves`): the loud shard waits in its
-  own queue, under its own bound, and the window stays open for the others.
-- **Bytes.** Past ``LTM_HELD_BYTES_MAX`` the worker stops taking from the common queue until it holds half
-  of it again (:attr:`Hand.over_budget`).
-
-No I/O here: the consumer asks and acts (docs/fair-shares.md).
+- **Is a tenant over its share?** (:meth:`Hand.moves`) Once the worker holds 3/4 of its prefetch window (or
+  of its byte budget), a tenant that holds at least its share (the held events divided among the tenants
+  holding any) has its next events moved to its shard's own queue: the loud shard waits there, under its own
+  bound, and the window stays open for the others.
+- **Is the byte budget spent?** (:attr:`Hand.full`) At ``LTM_HELD_BYTES_MAX`` the worker stops consuming
+  every queue, the common one and the shards' own, until it holds half of it again; and whatever the broker
+  had already pushed past the budget and one more body (:meth:`Hand.fits`) is handed back unread, so the
+  bodies held never exceed the budget by more than :data:`MARGIN_BYTES`, whatever the window.
 """
 
 from __future__ import annotations
@@ -20,9 +18,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Hashable
 
+from contracts.models import MAX_BODY_BYTES
+
+#: how far past ``LTM_HELD_BYTES_MAX`` the bodies held may go: one body of the contract's largest size (the
+#: delivery that crossed the budget is held; the next one is handed back)
+MARGIN_BYTES = MAX_BODY_BYTES
+
 
 class Hand:
-    """Held deliveries and their body bytes, in all and per shard key."""
+    """Held deliveries and their body bytes, in all and per tenant key."""
 
     def __init__(
         self,
@@ -32,15 +36,15 @@ class Hand:
         on_change: Callable[[Hashable, int], None] | None = None,
     ) -> None:
         self._window = window
-        self._max_bytes = max_bytes
+        self.max_bytes = max_bytes
         self._count: dict[Hashable, int] = {}
         self.total = 0
         self.bytes = 0
-        #: set while the bytes held are under the budget (taking from the common queue is allowed); cleared
-        #: at the budget, set again at half of it; ``over_budget_event`` is its opposite
-        self.under_budget = asyncio.Event()
-        self.under_budget.set()
-        self.over_budget_event = asyncio.Event()
+        #: set from the moment the bodies held reach the budget until they are back at half of it
+        self.full = asyncio.Event()
+        #: the opposite of :attr:`full` (something to wait on until the worker may take again)
+        self.room = asyncio.Event()
+        self.room.set()
         self._on_change = on_change
 
     def held(self, key: Hashable) -> int:
@@ -48,21 +52,23 @@ class Hand:
 
     @property
     def keys(self) -> int:
-        """Shards holding any event here."""
+        """Tenants holding any event here."""
         return len(self._count)
 
-    @property
-    def over_budget(self) -> bool:
-        return not self.under_budget.is_set()
+    def fits(self, size: int) -> bool:
+        """Whether a body of ``size`` bytes may be held: the bodies held stay within the budget plus
+        :data:`MARGIN_BYTES`. An empty hand takes anything (a body over the contract's limit is read, found
+        too large and dead-lettered, never handed back for ever)."""
+        return self.total == 0 or self.bytes + size <= self.max_bytes + MARGIN_BYTES
 
     def add(self, key: Hashable, size: int) -> None:
         count = self._count.get(key, 0) + 1
         self._count[key] = count
         self.total += 1
         self.bytes += size
-        if self.bytes >= self._max_bytes and self.under_budget.is_set():
-            self.under_budget.clear()
-            self.over_budget_event.set()
+        if self.bytes >= self.max_bytes and not self.full.is_set():
+            self.room.clear()
+            self.full.set()
         if self._on_change is not None:
             self._on_change(key, count)
 
@@ -75,9 +81,9 @@ class Hand:
             count = 0
         self.total -= 1
         self.bytes -= size
-        if self.bytes <= self._max_bytes // 2 and not self.under_budget.is_set():
-            self.over_budget_event.clear()
-            self.under_budget.set()
+        if self.bytes <= self.max_bytes // 2 and self.full.is_set():
+            self.full.clear()
+            self.room.set()
         if self._on_change is not None:
             self._on_change(key, count)
 
@@ -85,6 +91,6 @@ class Hand:
         """Whether a newly held (and counted) event of ``key`` should go to its shard's own queue: the worker
         is three quarters full (events or bytes) and ``key`` holds at least its share of it. A shard alone
         moves too: the window it would fill is the one the next shard's first event arrives through."""
-        if self.total * 4 < self._window * 3 and self.bytes * 4 < self._max_bytes * 3:
+        if self.total * 4 < self._window * 3 and self.bytes * 4 < self.max_bytes * 3:
             return False
         return self.held(key) * self.keys >= self.total

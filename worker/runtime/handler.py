@@ -18,7 +18,7 @@ from contracts.models import ToolCallEvent
 from worker.aio import side_by_side
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
-from worker.broker.headers import attempts_made, sender_of, traceparent_of
+from worker.broker.headers import Sender, attempts_made, sender_of, traceparent_of
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.observability.telemetry import EventTelemetry, EventTrace
@@ -77,12 +77,22 @@ class EventHandler:
         self._topology = topology
         self._stopping = stopping
 
-    async def handle(self, message: AbstractIncomingMessage, acks: Acks) -> None:
+    async def handle(
+        self,
+        message: AbstractIncomingMessage,
+        acks: Acks,
+        *,
+        read: ToolCallEvent | Unreadable | None = None,
+        sender: Sender | None = None,
+    ) -> None:
         """Handle one delivery and settle it through its channel's ``acks`` (cancellation aside: the broker
-        requeues what was not acked)."""
-        delivery = Delivery(message, acks, self._publisher, sender_of(message, self._identity.trusted))
+        requeues what was not acked). ``read`` and ``sender``: the body and its sender as admission found
+        them (:class:`~worker.runtime.fair.FairShares`), read here when not given."""
+        if sender is None:
+            sender = sender_of(message, self._identity.trusted)
+        delivery = Delivery(message, acks, self._publisher, sender)
         try:
-            await self._handle(delivery)
+            await self._handle(delivery, read)
         except Exception as exc:  # a path that forgot a failure: still a bug, but not a stuck delivery
             log.error("unexpected error handling a delivery", error=describe(exc), exc_info=exc)
         await delivery.hand_back(self._stopping)  # one left unsettled (a copy the broker refused)
@@ -102,11 +112,11 @@ class EventHandler:
             self._telemetry.turned_away(ids.shard_id if ids else None, error)
         await delivery.hand_back(self._stopping)
 
-    async def _handle(self, delivery: Delivery) -> None:
+    async def _handle(self, delivery: Delivery, read: ToolCallEvent | Unreadable | None) -> None:
         message = delivery.message
         started = self._telemetry.received(message)
         attempt = attempts_made(message) + 1
-        event = read_event(message.body, message.message_id)
+        event = read if read is not None else read_event(message.body, message.message_id)
         if isinstance(event, Unreadable):
             try:
                 decision = route_unreadable(event)

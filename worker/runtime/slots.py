@@ -58,6 +58,13 @@ class Slots:
         self._free -= 1
         self._running[key] = self._running.get(key, 0) + 1
 
+    def try_take(self, key: Hashable = None) -> bool:
+        """A slot for an event of ``key`` now, if one is free for it and no other key waits for its turn."""
+        if self._stopping.is_set() or self._turns or not self._may_take(key):
+            return False
+        self._took(key)
+        return True
+
     async def take(self, key: Hashable = None) -> bool:
         """Wait for a slot for an event of ``key``; ``False`` when the worker starts stopping first.
 
@@ -66,8 +73,7 @@ class Slots:
         """
         if self._stopping.is_set():
             return False
-        if not self._turns and self._may_take(key):
-            self._took(key)
+        if self.try_take(key):
             return True
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         queue = self._waiting.get(key)

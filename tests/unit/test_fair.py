@@ -1,0 +1,240 @@
+"""The fair-share decision (worker/runtime/fair.py) with fake deliveries, no broker: checks first (nothing per
+shard for a claim that failed the schema or the identity rule), the move, the byte budget, the turn, and the
+window the budget allows."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Hashable
+from typing import Any, cast
+
+import orjson
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from contracts.models import MAX_BODY_BYTES, ToolCallEvent
+from tests.factories import event_body
+from tests.fakes import FakeMessage
+from worker.config import Settings
+from worker.runtime.fair import UNCHECKED, Action, FairShares
+from worker.runtime.hand import MARGIN_BYTES
+
+ARGS = {"memory_content": "Kaede likes dogs", "memory_scope": "server_wide"}
+
+
+class Meter:
+    """What fair shares count per shard."""
+
+    def __init__(self) -> None:
+        self.received: Counter[int] = Counter()
+        self.held: dict[Hashable, int] = {}
+
+    def shard_received(self, shard_id: int) -> None:
+        self.received[shard_id] += 1
+
+    def shard_held(self, key: Hashable, count: int) -> None:
+        self.held[key] = count
+
+
+class Queues:
+    def __init__(self, *shards: int) -> None:
+        self.shards = set(shards)
+
+    def has(self, shard_id: int) -> bool:
+        return shard_id in self.shards
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def body(shard_id: int, **extra: Any) -> bytes:
+    data = event_body(ARGS, persona_id=7, shard_id=shard_id)
+    raw = data if isinstance(data, bytes) else orjson.dumps(data)
+    if extra:
+        raw = orjson.dumps({**orjson.loads(raw), **extra})
+    return raw
+
+
+def delivery(raw: bytes, *, user_id: str | None = None, exchange: str = "tomori.tool_calls") -> Any:
+    return cast(AbstractIncomingMessage, FakeMessage(raw, user_id=user_id, exchange=exchange))
+
+
+def shares(identity: str = "checked", **settings: Any) -> tuple[FairShares, Meter, asyncio.Event, Clock]:
+    meter, stopping, clock = Meter(), asyncio.Event(), Clock()
+    fair = FairShares(Settings(shard_identity=identity, **settings), stopping, meter, clock=clock)
+    return fair, meter, stopping, clock
+
+
+# -- checks first: nothing per shard for a claim that failed a check -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "user_id", "identity"),
+    [
+        (b'{"shard_id": 700}', "shard-0", "required"),  # N-A's one-line body: fails the schema
+        (b'{"shard_id": 700}', None, "checked"),
+        (b"not json", None, "checked"),
+        (body(700), None, "required"),  # a valid event without user_id under required
+        (body(700), "shard-0", "checked"),  # one shard's user speaking for another
+        (body(700), "shard-0", "required"),
+    ],
+    ids=["junk-required", "junk-checked", "not-json", "no-user-required", "another", "another-required"],
+)
+def test_a_claim_that_fails_a_check_gets_no_queue_no_count_and_no_move(
+    raw: bytes, user_id: str | None, identity: str
+) -> None:
+    fair, meter, _, _ = shares(identity, prefetch=4)
+    tickets = [fair.admit(delivery(raw, user_id=user_id), moves_to=Queues(700)) for _ in range(4)]
+    assert {t.tenant for t in tickets} == {UNCHECKED}
+    assert {t.action for t in tickets} == {Action.SERVE}, "a full window moves nothing that failed a check"
+    assert all(t.first_sight is None and t.shard is None for t in tickets)
+    assert not meter.received
+    assert set(meter.held) == {UNCHECKED}, "held under the one tenant of the unchecked, not by shard"
+    assert fair.hand.held(UNCHECKED) == 4
+
+
+@pytest.mark.parametrize(
+    ("user_id", "identity"),
+    [
+        ("shard-3", "required"),
+        ("shard-3", "checked"),
+        (None, "checked"),
+        ("guest", "checked"),
+        (None, "shared"),
+    ],
+)
+def test_an_event_that_passed_both_checks_is_its_shards_and_asks_for_its_queue(
+    user_id: str | None, identity: str
+) -> None:
+    fair, meter, _, _ = shares(identity)
+    ticket = fair.admit(delivery(body(3), user_id=user_id), moves_to=Queues())
+    assert (ticket.tenant, ticket.action, ticket.first_sight) == (3, Action.SERVE, 3)
+    assert meter.received == Counter({3: 1})
+    assert isinstance(ticket.read, ToolCallEvent), "the event, read once, travels on"
+
+
+def test_a_trusted_publishers_replay_is_its_recorded_senders() -> None:
+    fair, _, _, _ = shares("required")
+    replay = FakeMessage(body(3), user_id="operator", headers={"x-ltm-user-id": "shard-4"})
+    assert fair.admit(cast(AbstractIncomingMessage, replay), moves_to=Queues()).tenant is UNCHECKED
+    replay = FakeMessage(body(3), user_id="operator", headers={"x-ltm-user-id": "shard-3"})
+    assert fair.admit(cast(AbstractIncomingMessage, replay), moves_to=Queues()).tenant == 3
+
+
+def test_the_workers_own_copy_is_not_counted_again_and_a_shard_queues_delivery_is_never_moved() -> None:
+    fair, meter, _, _ = shares(prefetch=4)
+    copy = delivery(body(3), exchange="")  # a retry or a moved event, its sender recorded on it
+    ticket = fair.admit(copy, moves_to=None)
+    assert ticket.tenant == 3
+    assert not meter.received
+    for _ in range(5):  # the window past three quarters, shard 3 alone in it
+        assert fair.admit(delivery(body(3), exchange=""), moves_to=None).action is Action.SERVE
+
+
+# -- the move ------------------------------------------------------------------------------------------------
+
+
+def test_below_three_quarters_nothing_moves_then_the_shard_holding_its_share_does() -> None:
+    fair, _, _, _ = shares(prefetch=8)
+    queues = Queues(1, 2)
+    actions = [fair.admit(delivery(body(1)), moves_to=queues).action for _ in range(5)]
+    assert actions == [Action.SERVE] * 5, "5 of 8 held: under three quarters"
+    assert fair.admit(delivery(body(1)), moves_to=queues).action is Action.MOVE, "6 of 8, shard 1 alone"
+    assert fair.admit(delivery(body(2)), moves_to=queues).action is Action.SERVE, "shard 2 holds 1 of 7"
+
+
+def test_a_shard_without_a_queue_is_never_moved_first_sight_asks_for_one() -> None:
+    fair, _, _, _ = shares(prefetch=4)
+    tickets = [fair.admit(delivery(body(5)), moves_to=Queues()) for _ in range(6)]
+    assert {t.action for t in tickets} == {Action.SERVE}
+    assert {t.first_sight for t in tickets} == {5}
+
+
+# -- the byte budget -----------------------------------------------------------------------------------------
+
+
+def test_past_the_budget_and_one_body_a_delivery_is_handed_back_unread_and_not_held() -> None:
+    budget = 4 * MAX_BODY_BYTES
+    fair, meter, _, _ = shares(held_bytes_max=budget)
+    big = body(1, padding="x" * (MAX_BODY_BYTES - 2000))
+    held = []
+    while True:
+        ticket = fair.admit(delivery(big), moves_to=Queues(1))
+        if ticket.action is Action.HAND_BACK:
+            break
+        held.append(ticket)
+    assert fair.hand.bytes <= budget + MARGIN_BYTES
+    assert fair.hand.full.is_set()
+    assert not fair.hand.room.is_set()
+    assert not ticket.held, "handed back, not held"
+    assert ticket.read is None, "handed back unread"
+    assert meter.received[1] == len(held)
+    for ticket in held[: len(held) - 1]:
+        fair.done(ticket)
+    assert fair.hand.room.is_set(), "half the budget processed: the queues may be consumed again"
+
+
+def test_an_empty_hand_takes_even_a_body_over_the_contracts_limit() -> None:
+    fair, _, _, _ = shares(held_bytes_max=1024)
+    ticket = fair.admit(delivery(b"x" * (MAX_BODY_BYTES + MARGIN_BYTES + 1)), moves_to=None)
+    assert ticket.action is Action.SERVE
+    assert ticket.tenant is UNCHECKED
+
+
+def test_the_window_follows_the_largest_body_of_the_last_minute() -> None:
+    fair, _, _, clock = shares(prefetch=8192, held_bytes_max=128 * 1024 * 1024)
+    assert fair.window() == 512, "before any body: as if each were the contract's largest"
+    fair.done(fair.admit(delivery(body(1)), moves_to=None))
+    assert fair.window() == 8192, "bodies of a few hundred bytes: the whole window"
+    fair.done(fair.admit(delivery(body(1, padding="x" * 200_000)), moves_to=None))
+    assert fair.window() == 128 * 1024 * 1024 // len(body(1, padding="x" * 200_000))
+    clock.now += 31
+    fair.done(fair.admit(delivery(body(1)), moves_to=None))
+    assert fair.window() < 8192, "the large body still counts within the minute"
+    clock.now += 31
+    fair.done(fair.admit(delivery(body(1)), moves_to=None))
+    assert fair.window() == 8192, "a minute later only the small ones count"
+    clock.now += 600
+    assert fair.window() == 8192, "idle: the last size known stays"
+
+
+# -- the turn ------------------------------------------------------------------------------------------------
+
+
+async def test_a_turn_is_a_slot_and_done_gives_back_the_slot_and_the_hand() -> None:
+    fair, meter, _, _ = shares(concurrency=2)
+    first = fair.admit(delivery(body(1)), moves_to=None)
+    assert await fair.turn(first)
+    assert first.read is not None, "a free slot: the event read at admission goes on"
+    second = fair.admit(delivery(body(1)), moves_to=None)
+    waiting = asyncio.ensure_future(fair.turn(second))  # the last slot is kept for another shard
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    assert second.read is None, "a waiting event lets go of its parsed body"
+    fair.done(first)
+    assert await waiting
+    fair.done(second)
+    assert fair.hand.total == 0
+    assert meter.held[1] == 0
+    assert not fair.slots.all_taken
+
+
+async def test_a_stop_loses_the_turn_and_keeps_nothing() -> None:
+    fair, _, stopping, _ = shares(concurrency=1)
+    busy = fair.admit(delivery(body(1)), moves_to=None)
+    assert await fair.turn(busy)
+    other = fair.admit(delivery(body(2)), moves_to=None)
+    waiting = asyncio.ensure_future(fair.turn(other))
+    await asyncio.sleep(0)
+    stopping.set()
+    assert await waiting is False
+    fair.done(other)
+    fair.done(busy)
+    assert fair.hand.total == 0
+    assert fair.slots.waiting == 0
