@@ -39,6 +39,8 @@ class Worker:
         self.settings = settings
         self._stopping = asyncio.Event()
         self._signals = 0
+        #: how the worker shares itself out, once it runs (process-wide: it outlives a connection)
+        self.fair: FairShares | None = None
         self._consumer: Consumer | None = None
 
     async def run(self, *, signals: bool = True) -> int:
@@ -107,7 +109,7 @@ class Worker:
             heap.freeze_startup()
             backoff = Backoff()
             # process-wide, it outlives a connection: what each connection holds gives itself back
-            fair = FairShares(self.settings, self._stopping, services.metrics)
+            self.fair = fair = FairShares(self.settings, self._stopping, services.metrics)
             while not self._stopping.is_set():
                 started = time.monotonic()
                 failure: str | None = None

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
 import aio_pika.exceptions
@@ -33,7 +36,10 @@ from worker.broker.topology import declare_topology, shard_queue_name
 from worker.config import Settings, Topology
 from worker.ops.shards import Report, as_json, gather, render
 from worker.runner import Worker
+from worker.runtime.hand import MARGIN_BYTES
 from worker.service.policy import RetryPolicy
+from worker.testing.management import ManagementApi
+from worker.testing.workers import free_port
 
 WAIT = 120.0
 TOPOLOGY = Topology()
@@ -70,7 +76,9 @@ class Shards:
     channels: dict[int, aio_pika.abc.AbstractChannel] = field(default_factory=dict)
 
     async def open(self, *shard_ids: int) -> None:
-        self.connection = connection = await aio_pika.connect(self.url)
+        if self.connection is None:
+            self.connection = await aio_pika.connect(self.url)
+        connection = self.connection
         setup = await connection.channel()
         exchanges = {}
         for name in (
@@ -579,18 +587,30 @@ async def test_past_its_byte_budget_a_worker_takes_nothing_more_until_half_is_do
     running: Running, shards: Shards, world: tuple[str, int]
 ) -> None:
     """LTM_HELD_BYTES_MAX at 100 KB and events of about 10 KB: the worker stops taking from the queues when it
-    holds the budget, takes again at half of it, and answers every event exactly once."""
+    holds the budget, takes again at half of it, never holds more than the budget and one body (security
+    review 5, N-B), and answers every event exactly once."""
     dsn, persona_id = world
     members = [
         member(str(1150000000000001000 + n), f"user{n:02d}", "A name of thirty-two characters!")
         for n in range(60)
     ]
-    await running.start(held_bytes_max=100_000, prefetch=200)
+    worker = await running.start(held_bytes_max=100_000, prefetch=200)
+    assert worker.fair is not None
+    hand, peak = worker.fair.hand, [0]
+
+    async def watch() -> None:
+        while True:
+            peak[0] = max(peak[0], hand.bytes)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
     bodies = [event_body(SAVE, persona_id=persona_id, shard_id=n % 2, members=members) for n in range(300)]
     assert len(json.dumps(bodies[0])) > 8_000
     await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
     ids = [b["event_id"] for b in bodies]
     await eventually(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
+    watcher.cancel()
+    assert 100_000 <= peak[0] <= 100_000 + MARGIN_BYTES
     assert {shards.answers.count(i) for i in ids} == {1}
     assert running.count("holding too many event bytes; the queues wait") >= 1
     assert running.count("the queues are consumed again") >= 1
@@ -638,3 +658,125 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     assert table[1].split()[:3] == ["shard", "in", "answered"]
     assert table[2].split()[:3] == ["0", str(loud.received), "30"]
     assert json.loads(as_json(report))["shards"][0]["shard_id"] == FLOODER
+
+
+# --- no new doors: nothing per shard for a claim that failed a check (security review 5, N-A, N-D) ----------
+
+
+def vhost_of(url: str) -> str:
+    return unquote(urlsplit(url).path[1:])
+
+
+def shard_queues_in(admin: ManagementApi, vhost: str) -> set[str]:
+    return {
+        row["name"]
+        for row in admin.call("GET", f"/queues/{quote(vhost, safe='')}")
+        if re.fullmatch(SHARD_QUEUES, row["name"])
+    }
+
+
+@pytest.fixture
+async def shard_zero(test_services: Services, rabbitmq_url: str) -> AsyncIterator[tuple[str, str]]:
+    """A RabbitMQ user of shard 0's own, on the test's vhost: (its URL, the LTM_SHARD_USER format)."""
+    admin = test_services.broker_admin()
+    if not isinstance(admin, ManagementApi):
+        pytest.skip("needs RabbitMQ's management API to create a user (docs/tests.md)")
+    prefix = f"t{uuid.uuid4().hex[:8]}-shard-"
+    user, password = f"{prefix}0", uuid.uuid4().hex
+    admin.put_user(user, password)
+    admin.set_permissions(vhost_of(rabbitmq_url), user, {"configure": ".*", "write": ".*", "read": ".*"})
+    parts = urlsplit(rabbitmq_url)
+    url = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+    try:
+        yield url, prefix + "{shard_id}"
+    finally:
+        admin.delete_user(user)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+async def test_a_shards_claims_that_fail_a_check_get_no_queue_no_row_and_no_series(
+    running: Running,
+    shards: Shards,
+    world: tuple[str, int],
+    rabbitmq_url: str,
+    test_services: Services,
+    shard_zero: tuple[str, str],
+) -> None:
+    """Security review 5, N-A and N-D, as the review ran them: shard 0, logged in as itself (user_id set,
+    LTM_SHARD_IDENTITY=required), sends one-line bodies {"shard_id": N} for 300 shards and valid events
+    naming 20 other shards. Every one is dead-lettered; no shard queue, no row of ltm_shard_queues and no
+    shard label is made for any of them. Shard 0's own event is saved and earns shard 0 its queue."""
+    dsn, persona_id = world
+    url, user_format = shard_zero
+    port = free_port()
+    await running.start(shard_identity="required", shard_user=user_format, http_port=port)
+    sender = user_format.replace("{shard_id}", "0")
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(TOPOLOGY.tool_calls_exchange, ensure=False)
+
+        async def send(body: bytes) -> None:
+            message = aio_pika.Message(body, user_id=sender, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            await exchange.publish(message, "tool.create_long_term_memory")
+
+        junk = [json.dumps({"shard_id": n}).encode() for n in range(2, 302)]
+        forged = [
+            json.dumps(event_body(SAVE, persona_id=persona_id, shard_id=n)).encode() for n in range(400, 420)
+        ]
+        await asyncio.gather(*(send(body) for body in junk + forged))
+        own = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
+        await send(json.dumps(own).encode())
+    finally:
+        await connection.close()
+    await eventually(lambda: own["event_id"] in shards.answers.results, "shard 0's own event answered")
+    await eventually(
+        lambda: depth_is(rabbitmq_url, TOPOLOGY.dead_letter_queue, 320), "the 320 claims dead-lettered"
+    )
+    assert shards.answers.results[own["event_id"]][0]["status"] == Status.SAVED
+    admin = test_services.broker_admin()
+    assert isinstance(admin, ManagementApi)
+    await eventually(
+        lambda: shard_queues_in(admin, vhost_of(rabbitmq_url)) == {shard_queue_name(TOPOLOGY, FLOODER)},
+        "shard 0's queue, and no other",
+    )
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert [r["shard_id"] for r in await conn.fetch("SELECT shard_id FROM ltm_shard_queues")] == [FLOODER]
+    finally:
+        await conn.close()
+    exposition = await asyncio.to_thread(scrape, port)
+    labels = set(re.findall(r'^ltm_shard_[a-z_]+\{shard="([^"]+)"', exposition, flags=re.M))
+    assert labels == {str(FLOODER)}, f"shard labels: {sorted(labels)[:10]}"
+
+
+async def test_the_shard_queue_cap_holds_across_workers(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """LTM_SHARD_QUEUES_MAX counts the rows of every worker: two workers at a cap of 3, events of 12 shards
+    arriving on both at once, give 3 shards a queue; the others share the common queue and every event is
+    answered once."""
+    dsn, persona_id = world
+    await running.start(shard_queues_max=3)
+    await running.start(shard_queues_max=3)
+    bodies = [event_body(SAVE, persona_id=persona_id, shard_id=n) for n in range(10, 22) for _ in range(5)]
+    await shards.open(*range(10, 22))
+    await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
+    ids = [b["event_id"] for b in bodies]
+    await eventually(lambda: shards.answers.answered(ids) == len(ids), "every event answered")
+    assert {shards.answers.count(i) for i in ids} == {1}
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetchval("SELECT count(*) FROM ltm_shard_queues")
+    finally:
+        await conn.close()
+    assert rows == 3
+    queues = [shard_queue_name(TOPOLOGY, n) for n in range(10, 22)]
+    assert sum([await declared(rabbitmq_url, queue) for queue in queues]) == 3
+    cap = "shard queue cap reached (rows of ltm_shard_queues, all workers); further shards share the "
+    cap += "common queue"
+    assert running.count(cap) >= 1
