@@ -93,6 +93,8 @@ class FakePublisher:
 
     outputs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     dead_letters: list[tuple[str, int]] = field(default_factory=list)
+    #: the worker's extra headers on each dead letter
+    letter_headers: list[dict[str, Any]] = field(default_factory=list)
     retries: list[tuple[str, int, int]] = field(default_factory=list)
     #: exceptions to raise, by operation ("outputs", "dead_letter", "retry")
     fail: dict[str, Exception] = field(default_factory=dict)
@@ -104,10 +106,13 @@ class FakePublisher:
             raise self.fail["outputs"]
         self.outputs.append((str(kwargs["event_id"]), published(result)))
 
-    async def dead_letter(self, message: Any, *, kind: str, error: str, attempts: int, sender: Any) -> None:
+    async def dead_letter(
+        self, message: Any, *, kind: str, error: str, attempts: int, sender: Any, headers: Any = None
+    ) -> None:
         if "dead_letter" in self.fail:
             raise self.fail["dead_letter"]
         self.dead_letters.append((kind, attempts))
+        self.letter_headers.append(dict(headers or {}))
         self.senders.append(sender.recorded())
 
     async def retry_later(

@@ -238,3 +238,13 @@ async def test_a_stop_loses_the_turn_and_keeps_nothing() -> None:
     fair.done(busy)
     assert fair.hand.total == 0
     assert fair.slots.waiting == 0
+
+
+def test_a_shard_over_its_bound_keeps_one_letter_a_minute_with_the_count_of_the_others() -> None:
+    fair, _, _, clock = shares()
+    assert fair.letter_for_turned_away(0) == 0, "the first of the minute keeps its letter"
+    assert [fair.letter_for_turned_away(0) for _ in range(5)] == [None] * 5
+    assert fair.letter_for_turned_away(1) == 0, "every shard has its own minute"
+    clock.now += 60
+    assert fair.letter_for_turned_away(0) == 5, "the next letter counts the five answered without one"
+    assert fair.letter_for_turned_away(0) is None

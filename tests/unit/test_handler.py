@@ -17,6 +17,7 @@ from contracts.models import SAVED_MESSAGE, DeadLetterKind, Status, ToolResult
 from tests.factories import event_body
 from tests.fakes import FakeMessage, FakeProcessor, FakePublisher
 from worker.broker.acks import Acks
+from worker.broker.headers import Sender
 from worker.config import Topology
 from worker.faults import TransientError
 from worker.observability.metrics import Metrics
@@ -285,3 +286,41 @@ async def test_an_unreadable_body_is_counted_as_its_kind_and_logged() -> None:
     assert [(line["event"], line["kind"]) for line in logs] == [
         ("dead-lettered unreadable event", "malformed")
     ]
+
+
+async def turn_away(
+    handler: ChannelHandler, message: FakeMessage, *, sender: Sender, letter: int | None
+) -> None:
+    await handler.handler.turn_away(message, handler.acks, "full", sender=sender, letter=letter)  # type: ignore[arg-type]
+
+
+async def test_an_event_turned_away_without_a_letter_is_answered_then_acked() -> None:
+    """A shard over its bound keeps one dead letter a minute: the others are answered and acked, unkept."""
+    publisher = FakePublisher()
+    message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher, message)
+    sender = Sender(None)
+    await turn_away(handler, message, sender=sender, letter=None)
+    assert message.settled == "ack"
+    assert publisher.dead_letters == []
+    [(_, result)] = publisher.outputs
+    assert result["status"] == Status.INTERNAL_ERROR
+
+
+async def test_an_event_turned_away_keeps_its_letter_with_the_count_or_when_it_cannot_be_answered() -> None:
+    publisher = FakePublisher()
+    message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), publisher, message)
+    await turn_away(handler, message, sender=Sender(None), letter=41)
+    assert publisher.dead_letters == [(DeadLetterKind.SHARD_BACKLOG_FULL, 1)]
+    assert publisher.letter_headers == [{"x-ltm-turned-away": 41}]
+    assert message.settled == "ack"
+
+    unanswerable = FakePublisher(fail={"outputs": TransientError("no route")})
+    message = delivery(EVENT)
+    handler, _ = handler_with(FakeProcessor(saved(EVENT["event_id"])), unanswerable, message)
+    await turn_away(handler, message, sender=Sender(None), letter=None)
+    assert unanswerable.dead_letters == [(DeadLetterKind.SHARD_BACKLOG_FULL, 1)], (
+        "no answer: a letter keeps it"
+    )
+    assert message.settled == "ack"

@@ -30,8 +30,11 @@ FAILED_AT = "x-ltm-failed-at"
 #: the routing key the shard used, kept while the message travels through the retry queues
 ORIGINAL_ROUTING_KEY = "x-ltm-routing-key"
 TRACEPARENT = "traceparent"
+#: on a ``shard_backlog_full`` letter: how many events of its shard were turned away without a letter since
+#: the shard's previous one (a flood keeps one letter a minute: docs/fair-shares.md)
+TURNED_AWAY = "x-ltm-turned-away"
 #: what the worker adds when it dead-letters a message (a replay takes them off again)
-DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS})
+DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, TURNED_AWAY})
 #: headers ``worker dlq replay`` adds
 REPLAYED_AT = "x-ltm-replayed-at"
 REPLAY_COUNT = "x-ltm-replay-count"
@@ -42,7 +45,9 @@ DROPPED = "x-ltm-dropped"
 #: copy the worker makes, since a copy cannot carry another user's ``user_id``; ``""`` when it had none
 USER_ID = "x-ltm-user-id"
 #: the headers only the worker may set: on a delivery that is not the worker's own copy they are ignored
-WORKER_ONLY = frozenset({ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED, USER_ID})
+WORKER_ONLY = frozenset(
+    {ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED, USER_ID, TURNED_AWAY}
+)
 #: what the worker adds to a copy: kept whatever else has to go
 _OURS = frozenset(
     {
@@ -55,6 +60,7 @@ _OURS = frozenset(
         REPLAY_COUNT,
         TRACEPARENT,
         USER_ID,
+        TURNED_AWAY,
     }
 )
 #: bytes of a content header frame besides the properties: frame header and end (8), class, weight, body

@@ -120,11 +120,14 @@ class Publisher:
         error: str,
         attempts: int,
         sender: Sender,
+        headers: Mapping[str, Any] | None = None,
     ) -> None:
         """Copy ``message`` to the dead-letter exchange with the ``x-ltm-*`` headers added (a shard's own
-        ``x-ltm-*`` values are not carried over; ``sender`` is recorded in ``x-ltm-user-id``)."""
+        ``x-ltm-*`` values are not carried over; ``sender`` is recorded in ``x-ltm-user-id``; ``headers``:
+        more of the worker's own)."""
         headers = {
             **own_headers(message),
+            **(headers or {}),
             ERROR: error,
             ERROR_KIND: kind,
             ATTEMPTS: attempts,

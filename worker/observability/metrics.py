@@ -191,6 +191,13 @@ class Metrics:
             ["shard"],
             registry=self.registry,
         )
+        self.shard_events_turned_away = Counter(
+            "ltm_shard_events_turned_away_total",
+            "Events of the shard turned away at its own queue's bound (answered 'try again later'); one a "
+            "minute is kept as a shard_backlog_full dead letter.",
+            ["shard"],
+            registry=self.registry,
+        )
         self.shard_events_held = Gauge(
             "ltm_shard_events_held",
             "Events of the shard this worker holds: delivered to it and not yet settled.",
@@ -224,6 +231,7 @@ class Metrics:
             self.shard_events_received,
             self.shard_events_answered,
             self.shard_events_moved,
+            self.shard_events_turned_away,
             self.shard_events_held,
             self.shard_wait,
             self.shard_events_without_user_id,
@@ -312,6 +320,9 @@ class Metrics:
 
     def shard_moved(self, shard_id: int) -> None:
         self._of(self.shard_events_moved, self.shard_label(shard_id)).inc()
+
+    def shard_turned_away(self, shard_id: int) -> None:
+        self._of(self.shard_events_turned_away, self.shard_label(shard_id)).inc()
 
     def shard_without_user_id(self, shard_id: int) -> None:
         self._of(self.shard_events_without_user_id, self.shard_label(shard_id)).inc()

@@ -132,10 +132,21 @@ class EventTelemetry:
             reason=reason,
         )
 
-    def turned_away(self, shard_id: int | None, error: str) -> None:
-        """An event its shard's own queue had no room for was dead-lettered (``shard_backlog_full``)."""
+    def turned_away(self, shard_id: int | None, error: str, *, letter: int | None) -> None:
+        """An event its shard's own queue had no room for was turned away: dead-lettered as
+        ``shard_backlog_full`` (``letter``: the shard's events turned away without one since its last), or
+        only answered (``letter`` None: one line a letter says how many)."""
+        if shard_id is not None:
+            self._metrics.shard_turned_away(shard_id)
+        if letter is None:
+            return
         self.dead_lettered(DeadLetterKind.SHARD_BACKLOG_FULL)
-        log.warning("shard over its bound: event turned away; dead-lettered", shard_id=shard_id, error=error)
+        log.warning(
+            "shard over its bound: events turned away; one dead letter a minute keeps the record",
+            shard_id=shard_id,
+            answered_without_letter=letter,
+            error=error,
+        )
 
 
 class EventTrace:

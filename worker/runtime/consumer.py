@@ -212,7 +212,10 @@ class Consumer:
             async with self._fair.moving:
                 await route.mover.move(message, queue=route.shards.queue_of(shard_id), sender=ticket.sender)
         except BacklogFull as exc:
-            await route.handler.turn_away(message, route.acks, describe(exc))
+            kept = self._fair.letter_for_turned_away(shard_id)
+            await route.handler.turn_away(
+                message, route.acks, describe(exc), sender=ticket.sender, letter=kept
+            )
             return True
         except Exception as exc:
             if message.channel.is_closed:

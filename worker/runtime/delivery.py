@@ -58,6 +58,7 @@ class Outputs(Protocol):
         error: str,
         attempts: int,
         sender: Sender,
+        headers: Mapping[str, Any] | None = None,
     ) -> None: ...
 
 
@@ -110,7 +111,13 @@ class Delivery:
         await self.ack()
 
     async def dead_letter(
-        self, decision: DeadLetter, error: str, ids: RoutableIds | None, *, traceparent: str | None
+        self,
+        decision: DeadLetter,
+        error: str,
+        ids: RoutableIds | None,
+        *,
+        traceparent: str | None,
+        headers: Mapping[str, Any] | None = None,
     ) -> None:
         """DLQ copy first (confirmed), then the failure result for a waiting shard, then the ack. Raises
         when the broker refuses the DLQ copy: nothing is acked then.
@@ -118,10 +125,15 @@ class Delivery:
         Once the DLQ copy is confirmed the delivery is acked whatever becomes of the failure result: the
         dead letter is the record (a replay answers the shard), and an unacked delivery would come back
         and be dead-lettered again. The DLQ copy keeps the event's own headers; the failure result carries
-        ``traceparent``."""
+        ``traceparent``; ``headers``: more of the worker's own on the DLQ copy."""
         kind = decision.kind
         await self._publisher.dead_letter(
-            self.message, kind=kind, error=error, attempts=decision.attempts, sender=self.sender
+            self.message,
+            kind=kind,
+            error=error,
+            attempts=decision.attempts,
+            sender=self.sender,
+            headers=headers,
         )
         if ids is not None and decision.failure is not None:
             try:
@@ -142,6 +154,29 @@ class Delivery:
                     error=describe(exc),
                 )
         await self.ack()
+
+    async def answer_unkept(
+        self, decision: DeadLetter, ids: RoutableIds | None, *, traceparent: str | None
+    ) -> bool:
+        """Answer the waiting shard with the decision's failure result (confirmed), then ack, keeping no dead
+        letter; False, with nothing acked, when there is no answer to give or the broker did not take it
+        (the caller keeps a dead letter instead: no event goes without a record or an answer)."""
+        if ids is None or decision.failure is None:
+            return False
+        try:
+            await self._publisher.publish_outputs(
+                event_id=ids.event_id,
+                tool_call_id=ids.tool_call_id,
+                shard_id=ids.shard_id,
+                result=decision.failure.result(ids, datetime.now(UTC)),
+                notification=None,
+                traceparent=traceparent,
+            )
+        except Exception as exc:
+            log.warning("failure result not delivered; a dead letter keeps the event", error=describe(exc))
+            return False
+        await self.ack()
+        return True
 
     async def hand_back(self, stopping: asyncio.Event) -> None:
         """Every delivery ends settled: one the handler could neither ack nor route (the broker refused a

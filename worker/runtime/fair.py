@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 MOVES_IN_FLIGHT = 32
 #: how long the largest body seen counts for the window (two halves of this, the older one dropped in turn)
 LARGEST_BODY_SECONDS = 60.0
+#: a shard over its queue's bound keeps one dead letter of its turned-away events per this many seconds; the
+#: others are answered ("try again later") and not kept, so one shard's flood never fills the DLQ
+TURNED_AWAY_LETTER_SECONDS = 60.0
 
 
 class Unchecked:
@@ -137,6 +140,11 @@ class FairShares:
         self._meter = meter
         self._prefetch = settings.prefetch
         self._largest = _LargestBody(clock)
+        self._clock = clock
+        #: per shard turned away at its bound: when its last dead letter was kept, and how many of its events
+        #: were answered without one since
+        self._lettered: dict[int, float] = {}
+        self._unlettered: dict[int, int] = {}
 
     def admit(self, message: AbstractIncomingMessage, *, moves_to: QueueBook | None) -> Ticket:
         """Steps 1-4 of the module docstring for one delivery. ``moves_to``: the shards' queues a delivery
@@ -181,6 +189,21 @@ class FairShares:
         if ticket.held:
             ticket.held = False
             self.hand.remove(ticket.tenant, ticket.size)
+
+    def letter_for_turned_away(self, shard_id: int) -> int | None:
+        """An event of shard ``shard_id`` is turned away (its queue is at its bound): the count of its events
+        turned away without a dead letter since its last one when this one keeps a letter (the first of
+        every :data:`TURNED_AWAY_LETTER_SECONDS`), else None (answered, not kept)."""
+        now = self._clock()
+        last = self._lettered.get(shard_id)
+        if last is not None and now - last < TURNED_AWAY_LETTER_SECONDS:
+            self._unlettered[shard_id] = self._unlettered.get(shard_id, 0) + 1
+            return None
+        for shard, when in list(self._lettered.items()):  # shards quiet for a while: forgotten
+            if now - when >= TURNED_AWAY_LETTER_SECONDS and not self._unlettered.get(shard):
+                del self._lettered[shard]
+        self._lettered[shard_id] = now
+        return self._unlettered.pop(shard_id, 0)
 
     def window(self) -> int:
         """The common queue's prefetch for what the worker has seen lately: the byte budget divided by the

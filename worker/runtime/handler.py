@@ -18,7 +18,7 @@ from contracts.models import ToolCallEvent
 from worker.aio import side_by_side
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds, Unreadable, read_event
-from worker.broker.headers import Sender, attempts_made, sender_of, traceparent_of
+from worker.broker.headers import TURNED_AWAY, Sender, attempts_made, sender_of, traceparent_of
 from worker.broker.topology import retry_queue_name
 from worker.config import Topology
 from worker.observability.telemetry import EventTelemetry, EventTrace
@@ -97,19 +97,30 @@ class EventHandler:
             log.error("unexpected error handling a delivery", error=describe(exc), exc_info=exc)
         await delivery.hand_back(self._stopping)  # one left unsettled (a copy the broker refused)
 
-    async def turn_away(self, message: AbstractIncomingMessage, acks: Acks, error: str) -> None:
-        """An event its shard's own queue has no room for (the shard is over its bound): dead-lettered as
-        ``shard_backlog_full``, its shard answered when its ids can be read; nothing is written."""
-        delivery = Delivery(message, acks, self._publisher, sender_of(message, self._identity.trusted))
+    async def turn_away(
+        self, message: AbstractIncomingMessage, acks: Acks, error: str, *, sender: Sender, letter: int | None
+    ) -> None:
+        """An event its shard's own queue has no room for (the shard is over its bound): its shard answered
+        ("try again later") when its ids can be read, nothing written. ``letter``: None, the event is not
+        kept (the shard's flood keeps one dead letter a minute); else it is dead-lettered as
+        ``shard_backlog_full``, with ``letter`` (the shard's events answered without a letter since its
+        last one) in ``x-ltm-turned-away``."""
+        delivery = Delivery(message, acks, self._publisher, sender)
         event = read_event(message.body, message.message_id)
         ids = event.ids if isinstance(event, Unreadable) else _ids_of(event)
         decision = route_backlog_full(attempts_made(message) + 1, answered=ids is not None)
+        traceparent = traceparent_of(message)
         try:
-            await delivery.dead_letter(decision, error, ids, traceparent=traceparent_of(message))
+            if letter is None and not await delivery.answer_unkept(decision, ids, traceparent=traceparent):
+                letter = 0
+            if letter is not None:
+                await delivery.dead_letter(
+                    decision, error, ids, traceparent=traceparent, headers={TURNED_AWAY: letter}
+                )
         except Exception as exc:
             log.warning("could not turn away an event; it will be redelivered", error=describe(exc))
         else:
-            self._telemetry.turned_away(ids.shard_id if ids else None, error)
+            self._telemetry.turned_away(ids.shard_id if ids else None, error, letter=letter)
         await delivery.hand_back(self._stopping)
 
     async def _handle(self, delivery: Delivery, read: ToolCallEvent | Unreadable | None) -> None:
