@@ -716,7 +716,7 @@ async def test_a_replay_reaches_the_common_key_as_the_operator_with_the_recorded
     shown = await cli("show", event_id, url=broker.url)
     assert shown.code == 0, shown.err
     assert f"replays to: {MAIN_KEY} (replayed 0 time(s) so far)" in shown.out
-    assert "published by: shard-3 (RabbitMQ user, as the worker recorded it)" in shown.out
+    assert "published by: shard-3 (recorded by the worker)" in shown.out
     assert "what to do: the shard had more events waiting than its bound" in shown.out
 
     ran = await cli("replay", url=broker.url)

@@ -294,7 +294,7 @@ async def test_a_letter_says_who_published_it_and_that_a_replay_cannot_help(brok
             get, f"{page.base}letter?{urllib.parse.urlencode({'id': event_id})}", bearer=page.token
         )
     assert status == 200
-    assert "published by</th><td><code>shard-3 (RabbitMQ user, as the worker recorded it)" in text
+    assert "published by</th><td><code>shard-3 (recorded by the worker)" in text
     assert f"replays to</th><td><code>{MAIN_KEY} (replayed 0 time(s) so far)" in text
     advice = re.search(r"<p id=advice class=fails>(.*?)</p>", text)
     assert advice is not None

@@ -90,6 +90,14 @@ def test_migrate_and_dlq_help_list_only_the_settings_they_read() -> None:
         return {line.split()[0] for line in epilog.splitlines() if line.startswith(("  LTM_", "  MAX_"))}
 
     assert listed("migrate") == {"LTM_POSTGRES_DSN", "LTM_LOG_FORMAT", "LTM_LOG_LEVEL"}
-    # `worker dlq` reads the broker, and Postgres for the audit record of a replay or purge
-    assert listed("dlq") == {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN", "LTM_LOG_FORMAT", "LTM_LOG_LEVEL"}
+    # `worker dlq` reads the broker, Postgres for the audit record of a replay or purge, and the identity
+    # settings: who vouches for a letter's sender, and whether a replay of one with none known is refused
+    assert listed("dlq") == {
+        "LTM_RABBITMQ_URL",
+        "LTM_POSTGRES_DSN",
+        "LTM_SHARD_IDENTITY",
+        "LTM_TRUSTED_PUBLISHERS",
+        "LTM_LOG_FORMAT",
+        "LTM_LOG_LEVEL",
+    }
     assert "MAX_SERVER_MEMORIES" in (subcommand("run").epilog or "")

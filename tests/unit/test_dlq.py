@@ -13,7 +13,7 @@ from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
 from worker.ops.dlq.cli import Interruption
-from worker.ops.dlq.operations import StopFn, user_of
+from worker.ops.dlq.operations import Senders, StopFn, user_of
 from worker.ops.dlq.render import json_depth, terminal_safe
 from worker.redact import redact_url
 
@@ -108,24 +108,31 @@ def test_a_broker_dead_letter_is_read_from_x_death() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exchange", "routes_to"), [("tomori.tool_calls", "tool.create_long_term_memory"), ("", "tool.kept")]
+    ("exchange", "letter_key", "routes_to"),
+    [
+        ("tomori.tool_calls", "tool.create_long_term_memory", "tool.create_long_term_memory"),
+        ("", "ltm.create_memory", "tool.kept"),
+        # an x-death the shard wrote itself, naming the default exchange: its routing key gives it away
+        ("", "tool.create_long_term_memory", "tool.create_long_term_memory"),
+    ],
 )
 def test_a_broker_dead_letter_keeps_x_ltm_routing_key_only_from_the_workers_retry_copy(
-    exchange: str, routes_to: str
+    exchange: str, letter_key: str, routes_to: str
 ) -> None:
     """A shard that sets x-ltm-routing-key on an event that reaches the delivery limit does not steer its
-    replay; the worker's own retry copy (through the default exchange) does."""
+    replay; the worker's own retry copy (through the default exchange, back into the work queue by its
+    name) does."""
     death = {
         "count": 1,
         "reason": "delivery_limit",
         "queue": "ltm.create_memory",
         "exchange": exchange,
-        "routing-keys": ["tool.create_long_term_memory" if exchange else "ltm.create_memory"],
+        "routing-keys": [letter_key],
     }
-    headers = {"x-death": [death], "x-ltm-routing-key": "tool.kept" if exchange == "" else "tool.forged"}
-    if exchange:
-        headers["x-ltm-routing-key"] = "tool.some_other_tool"
-    letter = dlq.describe_dead_letter(b"{}", headers, message_id=None, routing_key="x", topology=TOPOLOGY)
+    headers = {"x-death": [death], "x-ltm-routing-key": "tool.kept"}
+    letter = dlq.describe_dead_letter(
+        b"{}", headers, message_id=None, routing_key=letter_key, topology=TOPOLOGY
+    )
     assert letter.routing_key == routes_to
 
 
@@ -167,14 +174,16 @@ def test_replay_headers_drop_failure_and_broker_bookkeeping() -> None:
             "x-ltm-user-id": "shard-3",
         },
         NOW,
+        "shard-4",
     )
     assert headers == {
         "traceparent": "00-abc-def-01",
         "x-ltm-routing-key": "tool.remember_this_fact",
         "x-ltm-replayed-at": "2026-12-02T10:00:00.000Z",
         "x-ltm-replay-count": 3,
-        # the worker's record of who published it travels with the replay: it checks the same identity
-        "x-ltm-user-id": "shard-3",
+        # the sender published_by found travels with the replay (the worker checks it), never the letter's
+        # own header, which is the worker's record only where published_by says so
+        "x-ltm-user-id": "shard-4",
     }
 
 
@@ -195,12 +204,176 @@ def test_a_per_shard_routing_key_replays_to_the_common_key(key: str, replayed_to
     assert (letter.routing_key, letter.replay_key) == (key, replayed_to)
 
 
-def test_the_publishing_user_is_read_from_the_workers_header() -> None:
-    headers = {"x-ltm-error-kind": "unverified_shard", "x-ltm-user-id": b"shard-4"}
-    letter = dlq.describe_dead_letter(b"{}", headers, message_id=None, routing_key="k", topology=TOPOLOGY)
-    assert letter.published_by == "shard-4"
-    bare = dlq.describe_dead_letter(b"{}", {}, message_id=None, routing_key="k", topology=TOPOLOGY)
-    assert bare.published_by is None
+# --- who published a dead letter (security review 5, N-C) ------------------------------------------------
+# The x-death entries are as RabbitMQ 3.10 wrote them for each path (a probe on a vhost of its own: a shard's
+# event over the work queue's delivery limit, one with a forged x-death, the worker's retry copy, its move
+# into a shard's queue, a shard's own-key event over its queue's limit).
+
+WORK, SHARD_QUEUE, RETRY = "ltm.create_memory", "ltm.create_memory.shard.1", "ltm.create_memory.retry.1000"
+COMMON, OWN_KEY = "tool.create_long_term_memory", "tool.create_long_term_memory.shard.1"
+
+
+def death(queue: str, exchange: str, key: str, reason: str = "delivery_limit") -> dict[str, object]:
+    return {"count": 1, "reason": reason, "queue": queue, "exchange": exchange, "routing-keys": [key]}
+
+
+#: a shard's event the broker dead-lettered from the work queue (no worker ran): its own header is forged
+SHARDS_EVENT = {"x-ltm-user-id": "shard-1", "x-death": [death(WORK, "tomori.tool_calls", COMMON)]}
+
+
+@pytest.mark.parametrize(
+    ("headers", "user_id", "routing_key", "user", "source", "said"),
+    [
+        # the worker made the letter: its record counts, "" being its record of no user_id
+        (
+            {"x-ltm-error-kind": "unverified_shard", "x-ltm-user-id": b"shard-4"},
+            None,
+            COMMON,
+            "shard-4",
+            "worker",
+            "shard-4 (recorded by the worker)",
+        ),
+        (
+            {
+                "x-ltm-error-kind": "internal",
+                "x-ltm-user-id": "",
+                "x-death": [death(RETRY, "", RETRY, "expired")],
+            },
+            None,
+            COMMON,
+            None,
+            "worker",
+            "none (no user_id, recorded by the worker)",
+        ),
+        # the broker dead-lettered the worker's own copy: a retry back in the work queue, a move
+        (
+            {
+                "x-ltm-user-id": "shard-1",
+                "x-death": [death(WORK, "", WORK), death(RETRY, "", RETRY, "expired")],
+            },
+            None,
+            WORK,
+            "shard-1",
+            "worker",
+            "shard-1 (recorded by the worker)",
+        ),
+        (
+            {"x-ltm-user-id": "shard-1", "x-death": [death(SHARD_QUEUE, "", SHARD_QUEUE)]},
+            None,
+            SHARD_QUEUE,
+            "shard-1",
+            "worker",
+            "shard-1 (recorded by the worker)",
+        ),
+        # the review's two events: the broker dead-lettered them as shard-0 published them
+        (
+            SHARDS_EVENT,
+            "shard-0",
+            COMMON,
+            "shard-0",
+            "user_id",
+            "shard-0 (the message's user_id, checked by RabbitMQ; its x-ltm-user-id 'shard-1' is not known "
+            "to be the worker's, ignored)",
+        ),
+        (
+            {"x-death": [death(WORK, "tomori.tool_calls", COMMON)]},
+            None,
+            COMMON,
+            None,
+            "unknown",
+            "unknown (no user_id)",
+        ),
+        (
+            SHARDS_EVENT,
+            None,
+            COMMON,
+            None,
+            "unknown",
+            "unknown (no user_id; its x-ltm-user-id 'shard-1' is not known to be the worker's, ignored)",
+        ),
+        # a forged x-death naming the default exchange (RabbitMQ keeps it): the routing key gives it away
+        (
+            {"x-ltm-user-id": "shard-1", "x-death": [death(WORK, "", WORK)]},
+            None,
+            COMMON,
+            None,
+            "unknown",
+            None,
+        ),
+        # a forged x-ltm-error-kind does not make the broker's letter the worker's
+        ({**SHARDS_EVENT, "x-ltm-error-kind": "internal"}, None, COMMON, None, "unknown", None),
+        # a shard's own-key event over its queue's limit
+        (
+            {"x-ltm-user-id": "shard-2", "x-death": [death(SHARD_QUEUE, "tomori.tool_calls", OWN_KEY)]},
+            "shard-1",
+            OWN_KEY,
+            "shard-1",
+            "user_id",
+            None,
+        ),
+    ],
+)
+def test_a_letters_sender_is_the_workers_record_else_the_user_id_rabbitmq_checked(
+    headers: dict[str, object],
+    user_id: str | None,
+    routing_key: str,
+    user: str | None,
+    source: str,
+    said: str | None,
+) -> None:
+    found = dlq.published_by(headers, user_id=user_id, routing_key=routing_key, topology=TOPOLOGY)
+    letter = dlq.describe_dead_letter(
+        b"{}", headers, message_id=None, routing_key=routing_key, topology=TOPOLOGY, user_id=user_id
+    )
+
+    assert (found.user, found.source) == (user, source)
+    assert letter.published_by == found
+    if said is not None:
+        assert found.describe() == said
+    if "x-death" in headers and source != "worker":
+        assert letter.kind == "delivery_limit"  # the broker's reason, whatever x-ltm-error-kind says
+
+
+def test_a_trusted_publishers_record_counts_on_its_own_message_the_broker_dead_lettered() -> None:
+    """A replay (the operator's user_id, the sender it recorded) the broker dead-lettered again stays that
+    sender's, not the operator's own event, when LTM_TRUSTED_PUBLISHERS names the operator."""
+    replayed = {"x-ltm-user-id": "shard-0", "x-death": [death(WORK, "tomori.tool_calls", COMMON)]}
+
+    def sender(headers: dict[str, object], trusted: frozenset[str]) -> dlq.PublishedBy:
+        return dlq.published_by(
+            headers, user_id="operator", routing_key=COMMON, topology=TOPOLOGY, trusted=trusted
+        )
+
+    ops = frozenset({"operator"})
+    assert (sender(replayed, ops).user, sender(replayed, ops).source) == ("shard-0", "trusted_publisher")
+    assert sender(replayed, frozenset()).user == "operator"  # not trusted: its user_id is all that counts
+    none = {**replayed, "x-ltm-user-id": ""}
+    assert sender(none, ops).user is None
+    own = {"x-death": replayed["x-death"]}
+    assert (sender(own, ops).user, sender(own, ops).source) == ("operator", "trusted_publisher")
+
+
+def test_a_replay_of_a_letter_with_no_known_sender_is_refused_under_required_unless_vouched_for() -> None:
+    unknown = dlq.describe_dead_letter(
+        b"{}", SHARDS_EVENT, message_id=None, routing_key=COMMON, topology=TOPOLOGY
+    )
+    known = dlq.describe_dead_letter(
+        b"{}", SHARDS_EVENT, message_id=None, routing_key=COMMON, topology=TOPOLOGY, user_id="shard-0"
+    )
+    required, vouched = Senders(refuse_unknown=True), Senders(refuse_unknown=True, as_trusted_publisher=True)
+
+    why = required.refusal(unknown)
+    assert why is not None
+    assert why.startswith("no known sender (unknown (no user_id; ")
+    assert "--as-trusted-publisher" in why
+    assert required.refusal(known) is None
+    assert required.sender(known, "operator") == "shard-0"
+    assert vouched.refusal(unknown) is None
+    assert vouched.sender(unknown, "operator") == "operator"
+    assert vouched.sender(known, "operator") == "shard-0"  # a known sender stays the sender
+    # checked and shared: replayed with no sender (""), as the event had none
+    assert Senders().refusal(unknown) is None
+    assert Senders().sender(unknown, "operator") == ""
 
 
 @pytest.mark.parametrize(

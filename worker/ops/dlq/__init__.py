@@ -13,7 +13,15 @@ action runs and a Ctrl-C.
 from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
 from worker.ops.dlq.console import EXIT_CODES_HELP, EXIT_INTERRUPTED, Console
 from worker.ops.dlq.history import history_command
-from worker.ops.dlq.letters import Letter, Selection, describe_dead_letter, parse_duration, replay_headers
+from worker.ops.dlq.letters import (
+    Letter,
+    PublishedBy,
+    Selection,
+    describe_dead_letter,
+    parse_duration,
+    published_by,
+    replay_headers,
+)
 from worker.ops.dlq.operations import browse, purge, replay
 from worker.ops.dlq.render import format_age
 from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
@@ -24,6 +32,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "Console",
     "Letter",
+    "PublishedBy",
     "Selection",
     "browse",
     "describe_dead_letter",
@@ -32,6 +41,7 @@ __all__ = [
     "list_command",
     "open_dead_letters",
     "parse_duration",
+    "published_by",
     "purge",
     "purge_command",
     "replay",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from worker.broker.urls import vhost_of
@@ -53,13 +53,22 @@ class Audited:
     _audit: Audit | None = None
 
     async def start(
-        self, action: str, selection: Selection, url: str, topology: Topology, *, limit: int | None = None
+        self,
+        action: str,
+        selection: Selection,
+        url: str,
+        topology: Topology,
+        *,
+        limit: int | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> Operation:
-        """Connect and write the operation's row; :class:`AuditUnavailable` when either fails."""
+        """Connect and write the operation's row; :class:`AuditUnavailable` when either fails. ``options``:
+        what the operator chose besides the selection (``as_trusted_publisher``), kept with the filters."""
         self._audit = await Audit.open(self.dsn)
         filters = selection.describe()
         if limit is not None:
             filters["limit"] = limit
+        filters.update(options or {})
         try:
             return await self._audit.start(
                 action, self.actor, filters, vhost=vhost_of(url), queue=topology.dead_letter_queue
@@ -78,14 +87,16 @@ class Audited:
         *,
         limit: int | None = None,
         stop: StopFn | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> int:
         """Run ``work(operation)`` on record: refused (exit 5) when the record cannot be started, an
         interruption put on record, the record closed by the exit code; ``where``: the selection, the
-        broker's URL and the topology; ``ending()``: the totals, a note and a state, once it has run."""
+        broker's URL and the topology; ``ending()``: the totals, a note and a state, once it has run;
+        ``options``: as for :meth:`start`."""
         selection, url, topology = where
         recorder = Recorder(console)
         try:
-            operation = await self.start(action, selection, url, topology, limit=limit)
+            operation = await self.start(action, selection, url, topology, limit=limit, options=options)
         except AuditUnavailable as exc:
             console.err.write(f"refusing to {action}: {exc}; nothing was {_DONE[action]}\n")
             return EXIT_AUDIT

@@ -20,9 +20,10 @@ from worker.ops.dlq.commands import list_command, purge_command, replay_command,
 from worker.ops.dlq.console import EXIT_INTERRUPTED
 from worker.ops.dlq.history import history_command
 from worker.ops.dlq.letters import Selection
-from worker.ops.dlq.operations import StopFn
+from worker.ops.dlq.operations import Senders, StopFn
 from worker.ops.dlq.options import DLQ, epilog
 from worker.ops.subcommands import AddSettings, add_command
+from worker.service.identity import IdentityRule
 
 
 def add_dlq_parser(
@@ -138,14 +139,25 @@ async def _list(args: argparse.Namespace, settings: Settings, _stop: StopFn | No
     )  # fmt: skip
 
 
+def _trusted(settings: Settings) -> frozenset[str]:
+    """LTM_TRUSTED_PUBLISHERS, as the workers read it: whose record of a letter's sender counts."""
+    return IdentityRule.of(settings).trusted
+
+
 async def _show(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
-    return await show_command(settings.rabbitmq_url, settings.topology, args.event_id, batch=args.batch)
+    return await show_command(
+        settings.rabbitmq_url, settings.topology, args.event_id, batch=args.batch, trusted=_trusted(settings)
+    )
 
 
 async def _replay(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
+    senders = Senders(
+        refuse_unknown=settings.shard_identity == "required", as_trusted_publisher=args.as_trusted_publisher
+    )
     return await replay_command(
         settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, limit=args.limit,
         dry_run=args.dry_run, progress=args.progress, audit=_audited(args, settings), stop=stop,
+        trusted=_trusted(settings), senders=senders,
     )  # fmt: skip
 
 
@@ -169,6 +181,7 @@ async def _ui(args: argparse.Namespace, settings: Settings, _stop: StopFn | None
     return await ui_command(
         settings.rabbitmq_url, settings.postgres_dsn, settings.topology, host=args.host, port=args.port,
         token=args.token, token_file=args.token_file, allow_hosts=args.allow_host, batch=args.batch,
+        trusted=_trusted(settings),
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, gu
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
 from worker.ops.dlq.kinds import replay_helps
 from worker.ops.dlq.letters import Selection
-from worker.ops.dlq.operations import StopFn, Totals, browse, purge, replay
+from worker.ops.dlq.operations import AS_RECORDED, Senders, StopFn, Totals, browse, purge, replay
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.render import (
     Progress,
@@ -37,6 +37,7 @@ async def list_command(
     as_json: bool = False,
     group_by: str | None = None,
     console: Console | None = None,
+    trusted: frozenset[str] = frozenset(),
 ) -> int:
     console = console or Console()
     if group_by is not None:
@@ -45,7 +46,7 @@ async def list_command(
         )
 
     async def run() -> int:
-        async with open_dead_letters(url, topology) as dlq:
+        async with open_dead_letters(url, topology, trusted=trusted) as dlq:
             headed = as_json  # JSON lines have no header; the table's comes with its first row
 
             def emit(found: Seen, now: datetime) -> None:
@@ -102,11 +103,13 @@ async def show_command(
     *,
     batch: int = DEFAULT_BATCH,
     console: Console | None = None,
+    trusted: frozenset[str] = frozenset(),
 ) -> int:
+    """``trusted``: LTM_TRUSTED_PUBLISHERS, by which "published by" is read (letters.py ``published_by``)."""
     console = console or Console()
 
     async def run() -> int:
-        async with open_dead_letters(url, topology) as dlq:
+        async with open_dead_letters(url, topology, trusted=trusted) as dlq:
             shown: list[str] = []
             await browse(
                 dlq,
@@ -139,33 +142,49 @@ async def replay_command(
     audit: Audited | None = None,
     console: Console | None = None,
     stop: StopFn | None = None,
+    trusted: frozenset[str] = frozenset(),
+    senders: Senders = AS_RECORDED,
 ) -> int:
     """``audit``: where the operation is recorded (the CLI always gives one; a dry run records nothing);
-    ``stop``: whether Ctrl-C was pressed (the CLI's :class:`Interruption`), asked between batches."""
+    ``stop``: whether Ctrl-C was pressed (the CLI's :class:`Interruption`), asked between batches;
+    ``trusted``: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read; ``senders``: what becomes of a
+    letter with none known (refused under LTM_SHARD_IDENTITY=required, unless ``--as-trusted-publisher``,
+    which the audit records)."""
     console = console or Console()
     outcome: Totals | None = None
     hopeless: Counter[str] = Counter()
+    unsent = 0
 
     def on_found(found: Found, now: datetime) -> None:
+        nonlocal unsent
         if dry_run:
             console.out.write(list_line(found.letter, now) + "\n")
         if not replay_helps(found.letter.kind):
             hopeless[found.letter.kind] += 1
+        if senders.refusal(found.letter) is not None:
+            unsent += 1
 
     async def run(journal: Operation | None) -> int:
         nonlocal outcome
-        async with open_dead_letters(url, topology) as dlq:
+        async with open_dead_letters(url, topology, trusted=trusted) as dlq:
             meter = _meter("replay", console, progress) if not dry_run else None
             if dry_run:
                 console.out.write(list_header() + "\n")
             try:
                 outcome = await replay(
                     dlq, selection, batch=batch, limit=limit, dry_run=dry_run, on_found=on_found,
-                    progress=meter, journal=journal, stop=stop,
+                    progress=meter, journal=journal, stop=stop, senders=senders,
                 )  # fmt: skip
             finally:
                 if meter is not None:
                     meter.finish()
+            if unsent:
+                verb = "would not be replayed" if dry_run else "were not replayed"
+                console.err.write(
+                    f"note: {unsent} of them have no known sender and {verb}: under "
+                    "LTM_SHARD_IDENTITY=required the worker refuses them; `worker dlq show EVENT_ID` says "
+                    "why, and --as-trusted-publisher replays them as your own events (on record)\n"
+                )
             return _replayed(outcome, dry_run, hopeless, console)
 
     def ending() -> Ending:
@@ -175,7 +194,9 @@ async def replay_command(
     if dry_run or audit is None:
         return await guarded(run(None), url, console)
     where = (selection, url, topology)
-    return await audit.perform("replay", where, console, run, ending, limit=limit, stop=stop)
+    # the operator's choice to vouch for letters with no known sender is on record with the filters
+    chosen = {"as_trusted_publisher": True} if senders.as_trusted_publisher else None
+    return await audit.perform("replay", where, console, run, ending, limit=limit, stop=stop, options=chosen)
 
 
 def _replayed(totals: Totals, dry_run: bool, hopeless: Counter[str], console: Console) -> int:

@@ -97,6 +97,38 @@ async def browse(
         return Totals.of(sweep)
 
 
+@dataclass(frozen=True, slots=True)
+class Senders:
+    """What a replay does with a letter whose sender is unknown (letters.py ``published_by``: the worker
+    recorded none, or the broker dead-lettered an event that had no ``user_id``)."""
+
+    #: leave it in the DLQ, on record as ``not_replayed`` (``LTM_SHARD_IDENTITY=required``: the worker would
+    #: refuse it as ``unverified_shard``)
+    refuse_unknown: bool = False
+    #: ``--as-trusted-publisher``: send it as the replaying user's own event (``x-ltm-user-id`` that user, a
+    #: trusted publisher, which the worker lets speak for any shard); the operator vouches for it
+    as_trusted_publisher: bool = False
+
+    def refusal(self, letter: Letter) -> str | None:
+        """Why ``letter`` is not replayed, or None."""
+        if letter.published_by.user is not None or not self.refuse_unknown or self.as_trusted_publisher:
+            return None
+        return (
+            f"no known sender ({letter.published_by.describe()}): under LTM_SHARD_IDENTITY=required the "
+            "worker would refuse it; --as-trusted-publisher replays it as your own event"
+        )
+
+    def sender(self, letter: Letter, user: str) -> str:
+        """The ``x-ltm-user-id`` the replay of ``letter`` carries, ``user`` replaying it."""
+        if letter.published_by.user is None and self.as_trusted_publisher:
+            return user
+        return letter.published_by.recorded()
+
+
+#: every letter replayed with the sender it has, none known included (``LTM_SHARD_IDENTITY`` checked, shared)
+AS_RECORDED = Senders()
+
+
 async def replay(
     dlq: DeadLetterQueue,
     selection: Selection = Selection(),
@@ -108,12 +140,15 @@ async def replay(
     progress: ProgressFn | None = None,
     journal: Journal | None = None,
     stop: StopFn | None = None,
+    senders: Senders = AS_RECORDED,
 ) -> Totals:
     """Republish the selected dead letters to the work exchange; ack each DLQ copy once confirmed.
 
     Each goes back to ``tomori.tool_calls`` with its original routing key, body and properties (confirms +
     mandatory); a crash between the confirm and the ack leaves the event in both queues, which the worker's
-    idempotency makes harmless. ``stop`` is asked before each batch is taken and before it moves."""
+    idempotency makes harmless. Each carries its sender as ``published_by`` found it (``senders`` says what
+    becomes of one with none known: a letter it refuses stays, on record as ``not_replayed``). ``stop`` is
+    asked before each batch is taken and before it moves."""
     publish_channel = None if dry_run else await dlq.work_exchange()
     try:
         exchange = (
@@ -137,7 +172,14 @@ async def replay(
                     if journal is not None:
                         await journal.taking(taken(found))
                     frame_max = frame_max_of(await publish_channel.get_underlay_channel())
-                    confirmed, refused = await _republish(exchange, found, frame_max, user_of(dlq.url))
+                    kept = [
+                        (item, why) for item in found if (why := senders.refusal(item.letter)) is not None
+                    ]
+                    going = [item for item in found if senders.refusal(item.letter) is None]
+                    confirmed, refused = await _republish(
+                        exchange, going, frame_max, user_of(dlq.url), senders
+                    )
+                    refused += kept
                     failures.extend((item.letter.event_id, why) for item, why in refused)
                     if journal is not None:
                         # before the acks: a letter acked is always on record as replayed
@@ -160,7 +202,7 @@ async def replay(
 
 
 async def _republish(
-    exchange: AbstractExchange, found: Sequence[Found], frame_max: int, user: str
+    exchange: AbstractExchange, found: Sequence[Found], frame_max: int, user: str, senders: Senders
 ) -> tuple[list[Found], list[tuple[Found, str]]]:
     """Publish every one at once and wait for the confirms; the ones the broker confirmed, and the others
     with why."""
@@ -168,7 +210,7 @@ async def _republish(
     results = await asyncio.gather(
         *(
             exchange.publish(
-                replay_message(item.message, now, frame_max, user),
+                replay_message(item.message, now, frame_max, user, senders.sender(item.letter, user)),
                 item.letter.replay_key,
                 mandatory=True,
                 timeout=PUBLISH_TIMEOUT,
@@ -200,14 +242,13 @@ def _publish_failure(exc: Exception, letter: Letter) -> str:
 
 
 def replay_message(
-    message: AbstractIncomingMessage, now: datetime, frame_max: int, user: str
+    message: AbstractIncomingMessage, now: datetime, frame_max: int, user: str, sender: str
 ) -> aio_pika.Message:
-    """The original body and properties with the replay headers, within the frame, published as ``user``
-    (AMQP ``user_id``: the broker accepts only the publishing connection's own user there, and a worker that
-    requires identities takes the replay as that operator's)."""
-    return copy_message(
-        message, replay_headers(dict(message.headers or {}), now), frame_max=frame_max, user_id=user
-    )
+    """The original body and properties with the replay headers (``x-ltm-user-id``: ``sender``), within the
+    frame, published as ``user`` (AMQP ``user_id``: the broker accepts only the publishing connection's own
+    user there, and a worker takes a trusted publisher's replay as the sender it records)."""
+    headers = replay_headers(dict(message.headers or {}), now, sender)
+    return copy_message(message, headers, frame_max=frame_max, user_id=user)
 
 
 def user_of(url: str) -> str:

@@ -52,6 +52,8 @@ _CONNECTION = (
     ),
 )
 _DATABASE = (Setting("postgres_dsn"),)
+#: who may vouch for a letter's sender (letters.py ``published_by``): ``show``, the page, ``replay``
+_SENDERS = (Setting("trusted_publishers"),)
 _AUDITED = (
     option(
         "--by",
@@ -126,8 +128,9 @@ DLQ = Command(
             "show",
             "print a dead letter in full",
             "Print every dead letter with this event id in full: properties, headers, body (as JSON "
-            "when it parses). The queue is left as it was.",
-            (*_CONNECTION, option("event_id", metavar="EVENT_ID")),
+            "when it parses), and who published it and how that is known (recorded by the worker, the "
+            "message's user_id as RabbitMQ checked it, or unknown). The queue is left as it was.",
+            (*_CONNECTION, *_SENDERS, option("event_id", metavar="EVENT_ID")),
         ),
         Action(
             "replay",
@@ -137,15 +140,28 @@ DLQ = Command(
             "-attempts and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ "
             "copy is removed only after the broker confirmed the republished one, so an interrupted replay "
             "loses nothing (at worst an event is in both queues; the worker's idempotency makes that "
-            "harmless). Recorded in the audit tables (worker dlq history) before anything moves: no record, "
-            "no replay. A dry run reads only the queue and records nothing.",
+            "harmless). Each carries as x-ltm-user-id the sender `show` names (the worker's record, else the "
+            "letter's user_id as RabbitMQ checked it), never a header the worker did not write; under "
+            "LTM_SHARD_IDENTITY=required a letter with no known sender is not replayed unless "
+            "--as-trusted-publisher says so. Recorded in the audit tables (worker dlq history) before "
+            "anything moves: no record, no replay. A dry run reads only the queue and records nothing.",
             (
                 *_CONNECTION,
                 *_DATABASE,
+                Setting("shard_identity"),
+                *_SENDERS,
                 *_FILTERS,
                 *_AUDITED,
                 option("--limit", type=_positive_int, metavar="N", help="move at most N dead letters"),
                 option("--dry-run", action="store_true", help="list what would move; move nothing"),
+                option(
+                    "--as-trusted-publisher",
+                    action="store_true",
+                    help="replay the letters that have no known sender (no user_id, none recorded by the "
+                    "worker) as your own events: your RabbitMQ user, a trusted publisher, may speak for any "
+                    "shard, so you vouch for each of them. Without it, under LTM_SHARD_IDENTITY=required "
+                    "they stay in the DLQ (not_replayed). Recorded in the audit (worker dlq history)",
+                ),
                 _PROGRESS,
             ),
         ),
@@ -201,6 +217,7 @@ DLQ = Command(
             (
                 *_CONNECTION,
                 *_DATABASE,
+                *_SENDERS,
                 option("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)"),
                 option("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)"),
                 option(
@@ -226,5 +243,9 @@ DLQ = Command(
 
 def epilog(action: Action | None) -> str:
     """The exit codes and the environment variables the action reads (all of them for ``worker dlq``)."""
-    settings = action.settings if action else ("rabbitmq_url", "postgres_dsn")
+    settings = (
+        action.settings
+        if action
+        else ("rabbitmq_url", "postgres_dsn", "shard_identity", "trusted_publishers")
+    )
     return EXIT_CODES_HELP + environment_help(*settings, *_LOGS)

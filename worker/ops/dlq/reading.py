@@ -151,9 +151,19 @@ async def read(
             batch=batch,
             limit=limit,
             now=now,
+            trusted=dlq.trusted,
         )
     reading = Reading(
-        channel, dlq.name, dlq.topology, selection, keep, expected=expected, batch=batch, limit=limit, now=now
+        channel,
+        dlq.name,
+        dlq.topology,
+        selection,
+        keep,
+        expected=expected,
+        batch=batch,
+        limit=limit,
+        now=now,
+        trusted=dlq.trusted,
     )
     await reading.start()
     return reading
@@ -198,7 +208,7 @@ class Reading(Pass[Seen]):
         """Reduce the delivery now: the body goes with it unless a whole view selected it."""
         self._highest = max(self._highest, delivered.delivery_tag or 0)
         message = IncomingMessage(delivered, no_ack=False)
-        letter = read_dead_letter(message, self._topology)
+        letter = read_dead_letter(message, self._topology, self._trusted)
         self._inbox.put_nowait(
             self._keep(message, letter) if self._selection.matches(letter, self.now) else None
         )

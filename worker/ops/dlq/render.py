@@ -131,8 +131,7 @@ def format_message(seen: Seen, now: datetime) -> str:
         f"what to do: {safe(replay_note(letter.kind))}",
         f"replays to: {safe(letter.replay_key or '?')} (replayed {letter.replay_count} time(s) so far)",
     ]
-    if letter.published_by is not None:
-        lines.append(f"published by: {safe(letter.published_by)} (RabbitMQ user, as the worker recorded it)")
+    lines.append(f"published by: {safe(letter.published_by.describe())}")
     lines += [
         f"read from the DLQ: {read_count(seen)}",
         "delivery:",

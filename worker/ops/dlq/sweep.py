@@ -62,12 +62,21 @@ class Found:
 class DeadLetterQueue:
     """A connection to the broker on which the DLQ is known to exist."""
 
-    def __init__(self, connection: AbstractConnection, url: str, topology: Topology, depth: int) -> None:
+    def __init__(
+        self,
+        connection: AbstractConnection,
+        url: str,
+        topology: Topology,
+        depth: int,
+        trusted: frozenset[str] = frozenset(),
+    ) -> None:
         self.connection = connection
         self.url = url
         self.topology = topology
         #: messages ready in the DLQ when it was opened
         self.depth = depth
+        #: LTM_TRUSTED_PUBLISHERS: whose record of a letter's sender counts (letters.py ``published_by``)
+        self.trusted = trusted
 
     @property
     def name(self) -> str:
@@ -94,6 +103,7 @@ class DeadLetterQueue:
             batch=batch,
             limit=limit,
             now=now or datetime.now(UTC),
+            trusted=self.trusted,
         )
 
     async def open_pass(self, batch: int) -> tuple[AbstractChannel, int]:
@@ -120,8 +130,11 @@ class DeadLetterQueue:
 
 
 @contextlib.asynccontextmanager
-async def open_dead_letters(url: str, topology: Topology) -> AsyncIterator[DeadLetterQueue]:
-    """Connect and check (passive declare on a throwaway channel) that the DLQ exists."""
+async def open_dead_letters(
+    url: str, topology: Topology, *, trusted: frozenset[str] = frozenset()
+) -> AsyncIterator[DeadLetterQueue]:
+    """Connect and check (passive declare on a throwaway channel) that the DLQ exists; ``trusted``:
+    LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (letters.py ``published_by``)."""
     try:
         # several nodes listed: the first that answers serves the whole command
         connection, url = await connect_any(url, timeout=CONNECT_TIMEOUT)
@@ -140,7 +153,7 @@ async def open_dead_letters(url: str, topology: Topology) -> AsyncIterator[DeadL
             ) from None
         finally:
             await close_quietly(probe)
-        yield DeadLetterQueue(connection, url, topology, depth)
+        yield DeadLetterQueue(connection, url, topology, depth, trusted)
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(connection.close(), timeout=5)
@@ -174,10 +187,12 @@ class Pass(Generic[Kept]):
         batch: int,
         limit: int | None,
         now: datetime,
+        trusted: frozenset[str] = frozenset(),
     ) -> None:
         self._channel = channel
         self._queue_name = queue_name
         self._topology = topology
+        self._trusted = trusted
         self._selection = selection
         self._keep = keep
         self.expected = expected
@@ -210,7 +225,7 @@ class Pass(Generic[Kept]):
         """Count a message taken; add what the pass keeps of it to ``found`` if the selection picks its
         dead letter."""
         self.scanned += 1
-        letter = read_dead_letter(message, self._topology)
+        letter = read_dead_letter(message, self._topology, self._trusted)
         if self._selection.matches(letter, self.now):
             self.selected += 1
             found.append(self._keep(message, letter))

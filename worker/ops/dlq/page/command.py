@@ -33,9 +33,10 @@ async def ui_command(
     allow_hosts: Sequence[str] = (),
     batch: int = DEFAULT_BATCH,
     out: TextIO | None = None,
+    trusted: frozenset[str] = frozenset(),
 ) -> int:
     """Serve the page until interrupted. Exit 2 when it cannot start (no token off loopback, a token too
-    weak, the port)."""
+    weak, the port). ``trusted``: LTM_TRUSTED_PUBLISHERS, by which a letter's "published by" is read."""
     out = out or sys.stdout
     try:
         secret, made_here = read_token(token, token_file, host)
@@ -48,7 +49,7 @@ async def ui_command(
         return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coroutine, VIEW_TIMEOUT), loop).result()
 
     try:
-        server = UiServer((host, port), Reader(url, dsn, topology, batch), run, sys.stderr)
+        server = UiServer((host, port), Reader(url, dsn, topology, batch, trusted), run, sys.stderr)
     except OSError as exc:
         print(f"worker dlq ui: cannot listen on {host}:{port}: {describe(exc)}", file=sys.stderr)
         return 2

@@ -39,11 +39,13 @@ class Reader:
     dsn: str
     topology: Topology
     batch: int = DEFAULT_BATCH
+    #: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (letters.py ``published_by``)
+    trusted: frozenset[str] = frozenset()
 
     async def snapshot(self, selection: Selection = Selection(), limit: int | None = None) -> Snapshot:
         started = time.monotonic()
         letters: list[Letter] = []
-        async with open_dead_letters(self.url, self.topology) as dlq:
+        async with open_dead_letters(self.url, self.topology, trusted=self.trusted) as dlq:
             totals = await browse(
                 dlq,
                 selection,
@@ -64,7 +66,7 @@ class Reader:
         """Every dead letter with this event id, as ``show`` finds them (headers and body kept), and how many
         were scanned."""
         found: list[tuple[Seen, datetime]] = []
-        async with open_dead_letters(self.url, self.topology) as dlq:
+        async with open_dead_letters(self.url, self.topology, trusted=self.trusted) as dlq:
             totals = await browse(
                 dlq,
                 Selection(event_ids=frozenset({event_id})),

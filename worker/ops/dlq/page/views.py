@@ -222,8 +222,7 @@ def _letter(seen: Seen, now: datetime, event_id: str) -> str:
         ("failed at", f"{time_text(letter.failed_at)} ({format_age(letter.age(now))} ago)"),
         ("shard", "-" if letter.shard_id is None else letter.shard_id),
     ]
-    if letter.published_by is not None:
-        summary.append(("published by", f"{letter.published_by} (RabbitMQ user, as the worker recorded it)"))
+    summary.append(("published by", letter.published_by.describe()))
     summary += [
         ("replays to", f"{letter.replay_key or '?'} (replayed {letter.replay_count} time(s) so far)"),
         ("read from the DLQ", read_count(seen)),
