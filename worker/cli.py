@@ -93,7 +93,8 @@ COMMANDS: tuple[Action, ...] = (
         "Redis with the current configuration; print what works and what does not, and every setting that "
         "fell back to its default (a warning: it does not fail the check); an identity setting "
         "(LTM_SHARD_IDENTITY, LTM_SHARD_USER, LTM_TRUSTED_PUBLISHERS) given a value it does not take fails "
-        "it, as the worker would not start. Exit 0 when the worker can run "
+        "it, as the worker would not start. With --management-url, also the shards' own queues: one that "
+        "carries a dead-letter argument fails the check (CONTRACT.md section 2). Exit 0 when the worker can run "
         "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
         "1 otherwise.",
         options=(
@@ -115,6 +116,15 @@ COMMANDS: tuple[Action, ...] = (
                 help="fail unless every RabbitMQ node listed in LTM_RABBITMQ_URL answers (by default one "
                 "answering node is enough, as it is for the worker; the others are warnings)",
             ),
+            option(
+                "--management-url",
+                metavar="URL",
+                help="RabbitMQ's management API (http://rabbitmq:15672): also read the shards' own queues "
+                "(tomori.shard.<n>.results, .notifications) and fail on any that carries an x-dead-letter-* "
+                "argument, which would hand its messages on to another shard's queue. The user and password "
+                "are the URL's, else LTM_RABBITMQ_URL's (that user needs the management or monitoring tag). "
+                "Without it that check is skipped, said on a skip line: AMQP cannot read a queue's arguments",
+            ),
         ),
     ),
     Action(
@@ -130,6 +140,22 @@ COMMANDS: tuple[Action, ...] = (
             Setting("rabbitmq_url"),
             option("--minutes", type=float, default=15.0, help="how far back to add up (15)"),
             option("--json", action="store_true", help="one JSON object instead of the table"),
+            option(
+                "--forget",
+                type=int,
+                nargs="+",
+                metavar="SHARD",
+                help="instead of the report: remove the own queues of these shards, gone after resharding; "
+                "each shard's row of ltm_shard_queues first (or the workers declare the queue again), then "
+                "its queue if it is empty; a shard heard from within --quiet-minutes, or whose queue holds "
+                "events, is left, row and all. Exit 1 when any was left",
+            ),
+            option(
+                "--quiet-minutes",
+                type=float,
+                default=10.0,
+                help="with --forget: a shard any worker saw an event of this recently is not gone (10)",
+            ),
         ),
     ),
 )
@@ -223,15 +249,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
             return 1
     if args.command == "check":
-        from worker.ops.check import as_json, judge, render, run_checks
+        from worker.ops.check import SHARD_QUEUES_SKIPPED, as_json, judge, render, run_checks
 
-        results = asyncio.run(run_checks(settings))
+        results = asyncio.run(run_checks(settings, management_url=args.management_url))
         refused = refused_settings(settings)  # listed as failures by run_checks, not as fallbacks
         fallbacks = tuple(fallback for fallback in settings.fallbacks if fallback[0] not in refused)
+        skipped = () if args.management_url else (("shard queues", SHARD_QUEUES_SKIPPED),)
+        report = (results, fallbacks, settings.notes)
         if args.json:
-            print(json.dumps(as_json(results, fallbacks, settings.notes, all_nodes=args.all_nodes)))
+            print(json.dumps(as_json(*report, all_nodes=args.all_nodes, skipped=skipped)))
         else:
-            print(render(results, fallbacks, settings.notes, all_nodes=args.all_nodes))
+            print(render(*report, all_nodes=args.all_nodes, skipped=skipped))
         return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
     if args.command == "dlq":
         from worker.ops.dlq.cli import run_dlq
@@ -251,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
         if problems:
             return _settings_refused("shards", "; ".join(problems.values()))
+        if args.forget:
+            from worker.ops.shard_cleanup import run_forget
+
+            return run_forget(settings, args.forget, quiet_minutes=args.quiet_minutes)
         return run_shards(settings, minutes=args.minutes, json_output=args.json)
     if args.command == "demo":
         from worker.ops.demo import run_demo

@@ -32,11 +32,13 @@ from tests.services import Services
 from tests.support.harness import queue_depth as depth
 from tests.support.wait import eventually
 from worker.broker.headers import USER_ID
-from worker.broker.topology import declare_topology, shard_queue_name
+from worker.broker.topology import declare_shard_queue, declare_topology, shard_queue_name
 from worker.config import Settings, Topology
+from worker.ops.shard_cleanup import forget_shards
 from worker.ops.shards import Report, as_json, gather, render
 from worker.runner import Worker
 from worker.runtime.hand import MARGIN_BYTES
+from worker.runtime.shards import REFRESH_SECONDS
 from worker.service.policy import RetryPolicy
 from worker.testing.management import ManagementApi
 from worker.testing.workers import free_port
@@ -785,3 +787,48 @@ async def test_the_shard_queue_cap_holds_across_workers(
     cap = "shard queue cap reached (rows of ltm_shard_queues, all workers); further shards share the "
     cap += "common queue"
     assert running.count(cap) >= 1
+
+
+async def test_worker_shards_forget_removes_a_gone_shards_row_then_its_queue_and_leaves_one_with_events(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """`worker shards --forget`: with a worker running, a shard heard from lately is left; once it is quiet
+    its empty queue is gone for good (its row went first, so no refresh declares it again); a queue that
+    still holds an event is left, row and all."""
+    dsn, persona_id = world
+    await running.start(metrics_interval_seconds=1)
+    first = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
+    await shards.publish(FLOODER, first)
+    await eventually(lambda: first["event_id"] in shards.answers.results, "shard 0's event answered")
+    await eventually(lambda: declared(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER)), "shard 0's queue")
+
+    async def heard() -> bool:
+        report = await gather(running.settings, minutes=5)
+        return any(line.shard_id == FLOODER and line.received for line in report.shards)
+
+    await eventually(heard, "shard 0's event recorded")
+    [recent] = await forget_shards(running.settings, [FLOODER])
+    assert not recent.removed
+    assert "not gone" in recent.detail
+    assert await declared(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER))
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:  # shard 9: a queue with an event in it (no row: no worker consumes it)
+        channel = await connection.channel()
+        await declare_shard_queue(channel, TOPOLOGY, 9)
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"{}"), routing_key=shard_queue_name(TOPOLOGY, 9)
+        )
+    finally:
+        await connection.close()
+    await eventually(lambda: depth_is(rabbitmq_url, shard_queue_name(TOPOLOGY, 9), 1), "shard 9's event")
+    results = await forget_shards(running.settings, [FLOODER, 9, 4], quiet_minutes=0)
+    assert [(r.shard_id, r.removed) for r in results] == [(FLOODER, True), (9, False), (4, True)]
+    assert "holds 1 event(s)" in results[1].detail
+    await asyncio.sleep(2 * REFRESH_SECONDS)  # two refreshes of the worker's record: none declares it again
+    assert not await declared(rabbitmq_url, shard_queue_name(TOPOLOGY, FLOODER))
+    assert await depth(rabbitmq_url, shard_queue_name(TOPOLOGY, 9)) == 1
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM ltm_shard_queues WHERE shard_id = $1", FLOODER) == 0
+    finally:
+        await conn.close()

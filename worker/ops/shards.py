@@ -126,9 +126,9 @@ async def _depths(
         problems.append(f"rabbitmq: {describe(exc)}")
         return depths, common
     try:
-        common = await _depth(connection, settings.topology.work_queue)
+        common = await queue_depth(connection, settings.topology.work_queue)
         for shard_id in shards:
-            depth = await _depth(connection, shard_queue_name(settings.topology, shard_id))
+            depth = await queue_depth(connection, shard_queue_name(settings.topology, shard_id))
             if depth is not None:
                 depths[shard_id] = depth
     finally:
@@ -136,7 +136,7 @@ async def _depths(
     return depths, common
 
 
-async def _depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int | None:
+async def queue_depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int | None:
     channel = await connection.channel()
     try:
         queue = await channel.declare_queue(name, passive=True)

@@ -1,0 +1,95 @@
+"""``worker shards --forget N ...``: remove the own queues of shards that are gone (after resharding), in the
+order that works while workers run.
+
+Every worker consumes every queue recorded in ``ltm_shard_queues`` and declares it again when it is missing
+(its refresh, every 5 s), so a queue deleted first comes back. The row goes first: then no worker that starts
+or refreshes consumes the queue; then the queue is deleted, which also cancels the consumers of the workers
+still on it. Only a shard that is gone: a shard any worker saw an event of within ``--quiet-minutes`` (10,
+from ``ltm_shard_activity``), or whose queue still holds events, is left as it is, row and all (the workers
+drain it while it has its row). Quorum queues take no ``if-empty`` on a delete, so the queue is checked
+empty after its row is gone, just before the delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aio_pika
+import aio_pika.exceptions
+import asyncpg
+
+from worker.broker.topology import shard_queue_name
+from worker.broker.urls import Nodes
+from worker.config import Settings
+from worker.ops.shards import queue_depth
+from worker.redact import describe
+from worker.store.pool import connect_once
+from worker.store.repository import forget_shard_queue, read_shard_activity, register_shard
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    shard_id: int
+    #: removed (row and queue, or what there was of them), or left (why in ``detail``)
+    removed: bool
+    detail: str
+
+
+#: a shard any worker saw an event of this recently is not gone
+QUIET_MINUTES = 10.0
+
+
+async def forget_shards(
+    settings: Settings, shard_ids: list[int], *, quiet_minutes: float = QUIET_MINUTES
+) -> list[Forgotten]:
+    """Each quiet shard's row, then its queue if it is empty; what became of each."""
+    conn = await connect_once(settings.postgres_dsn)
+    connection = await Nodes.from_setting(settings.rabbitmq_url).connect()
+    try:
+        activity = await read_shard_activity(conn, quiet_minutes * 60)
+        heard = {row["shard_id"] for row in activity if row["received"]}
+        return [
+            await _forget(settings, conn, connection, shard_id)
+            if shard_id not in heard
+            else Forgotten(shard_id, False, f"events of it came in the last {quiet_minutes:g} min: not gone")
+            for shard_id in shard_ids
+        ]
+    finally:
+        await connection.close()
+        await conn.close()
+
+
+async def _forget(
+    settings: Settings, conn: asyncpg.Connection, connection: aio_pika.abc.AbstractConnection, shard_id: int
+) -> Forgotten:
+    name = shard_queue_name(settings.topology, shard_id)
+    depth = await queue_depth(connection, name)
+    if depth:
+        return Forgotten(shard_id, False, f"{name} holds {depth} event(s): left with its row")
+    had_row = await forget_shard_queue(conn, shard_id)
+    if depth is None:
+        row = "row removed" if had_row else "no row either"
+        return Forgotten(shard_id, True, f"no queue {name}; {row}")
+    depth = await queue_depth(connection, name)
+    if depth:  # an event came in meanwhile: the shard is not gone
+        if had_row:
+            await register_shard(conn, shard_id)
+        return Forgotten(shard_id, False, f"{name} took {depth} event(s) meanwhile: left, its row back")
+    channel = await connection.channel()
+    try:
+        await channel.queue_delete(name, if_unused=False, if_empty=False)
+    except aio_pika.exceptions.ChannelClosed as exc:
+        return Forgotten(shard_id, False, f"row removed; {name} was not deleted: {describe(exc)}")
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    return Forgotten(shard_id, True, f"row removed, then {name} (empty) deleted")
+
+
+def run_forget(settings: Settings, shard_ids: list[int], *, quiet_minutes: float = QUIET_MINUTES) -> int:
+    """0 when every shard's queue and row are gone, 1 when any was left (a line says why)."""
+    results = asyncio.run(forget_shards(settings, shard_ids, quiet_minutes=quiet_minutes))
+    for result in results:
+        print(f"shard {result.shard_id}: {'removed' if result.removed else 'left'}: {result.detail}")
+    return 0 if all(result.removed for result in results) else 1
