@@ -2,7 +2,7 @@
 says so, a shard's save answered with a result, a notice and an invalidation, shards confined to their own
 keys, reuse by the next test fast, and a start that fails carrying the logs and leaving nothing behind.
 
-Prints the stack's start time and a second test's reuse time (README "Testing your shard" quotes them).
+Prints the stack's start time and a second test's reuse time (docs/testing-your-shard.md quotes them).
 """
 
 from __future__ import annotations

@@ -1151,7 +1151,7 @@ async def test_the_worker_may_bind_only_the_tool_calls_it_serves(deployed: Deplo
 async def test_known_limit_the_worker_may_still_reach_any_queue_through_the_default_exchange(
     deployed: Deployed,
 ) -> None:
-    """Review row 7, unchanged and documented (README "Known limits"): the worker parks retries through the
+    """Review row 7, unchanged and documented (docs/known-limits.md): the worker parks retries through the
     default exchange, so it has write on `amq.default`, and RabbitMQ checks no queue name there (the write
     regex's queue names are not consulted: a user with write on `ltm.create_memory.retry.1000` but not on
     `amq.default` is refused even that queue). So `worker` can put a message into a shard's queue by name."""

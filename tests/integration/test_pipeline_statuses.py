@@ -281,7 +281,7 @@ async def test_arguments_are_judged_before_critical_state(pool: asyncpg.Pool, ro
 async def test_empty_content_is_judged_after_critical_state_as_the_original_does(
     pool: asyncpg.Pool, rows: BotRows
 ) -> None:
-    """Security review 4, N11, decided (README "Decisions"): SPEC.md's order, the original's, is kept. An
+    """Security review 4, N11, decided (docs/decisions.md): SPEC.md's order, the original's, is kept. An
     empty ``memory_content`` is answered from the state: the rows present, ``invalid_args``; a guild, a
     persona of that guild or an author without a row, the critical-state sentence. Nothing is written."""
     world = await rows.world()

@@ -80,8 +80,9 @@ def header_text(value: Any) -> str | None:
 
 
 def from_worker(message: AbstractIncomingMessage) -> bool:
-    """True for the worker's own retry copy: it comes back through the default exchange, which no shard
-    may publish to."""
+    """True for the worker's own copies: a retry back from its retry queue and an event moved to its shard's
+    own queue both come through the default exchange, which no shard may publish to (the worker's own
+    headers, ``x-ltm-user-id`` among them, are believed only on such a delivery)."""
     return message.exchange == ""
 
 

@@ -204,7 +204,7 @@ class Settings(BaseModel):
         10,
         gt=0,
         description="Postgres connections per worker; at most this many batches of events are at Postgres "
-        'at once (usually one: see "Batches" below)',
+        'at once (usually one: docs/decisions.md, "Batches")',
     )
     shutdown_grace_seconds: Annotated[
         int, Env("LTM_SHUTDOWN_GRACE_SECONDS", PositiveInt(), "--grace-seconds")
