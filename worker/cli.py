@@ -94,7 +94,8 @@ COMMANDS: tuple[Action, ...] = (
         "fell back to its default (a warning: it does not fail the check); an identity setting "
         "(LTM_SHARD_IDENTITY, LTM_SHARD_USER, LTM_TRUSTED_PUBLISHERS) given a value it does not take fails "
         "it, as the worker would not start. With --management-url, also the shards' own queues: one that "
-        "carries a dead-letter argument fails the check (CONTRACT.md section 2). Exit 0 when the worker can run "
+        "carries a dead-letter argument fails the check (CONTRACT.md section 2). Exit 0 when the worker can "
+        "run "
         "(Postgres and Redis work, one listed RabbitMQ node answers; a node that does not is a warning), "
         "1 otherwise.",
         options=(

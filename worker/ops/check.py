@@ -12,17 +12,24 @@ the worker would not start on it, worker/config/env.py ``refused_settings``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import base64
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
 import redis.asyncio as aioredis
 
-from worker.broker.urls import split_urls
+from worker.broker.urls import split_urls, vhost_of
 from worker.config import Fallback, Note, Settings, connection_problems, expected_value, refused_settings
 from worker.faults import explain
+from worker.redact import describe
 from worker.redact import redact_setting as redact
 from worker.store.migrate import pending_migrations
 from worker.store.pool import connect_once, describe_failure
@@ -85,12 +92,118 @@ async def check_redis(settings: Settings) -> CheckResult:
         await client.aclose()
 
 
+# --- the shards' own queues (security review 5, N-E) -------------------------------------------------------
+
+#: a shard's own queues, CONTRACT.md section 2: ``tomori.shard.<id>.results`` and ``.notifications``
+SHARD_QUEUE = re.compile(r"tomori\.shard\.(0|[1-9][0-9]*)\.(results|notifications)")
+#: the arguments that make a queue hand its messages on elsewhere (an exchange, a routing key, a strategy)
+DEAD_LETTER_ARGUMENT = "x-dead-letter-"
+#: what ``worker check`` says when it is not given the management API
+SHARD_QUEUES_SKIPPED = (
+    "not checked for dead-letter arguments: AMQP cannot read a queue's arguments, only RabbitMQ's management "
+    "API can (give --management-url; the user needs the management or monitoring tag)"
+)
+#: the management API is the broker's own: reached directly, never through an HTTP proxy
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def shard_queue_findings(queues: Iterable[Mapping[str, Any]]) -> tuple[int, list[str]]:
+    """How many of ``queues`` (the management API's rows: ``name``, ``arguments``) are a shard's own, and one
+    line per such queue that carries a dead-letter argument: a shard that declares its queue with
+    ``x-dead-letter-exchange: tomori.tool_calls`` and another shard's routing key makes every result and
+    notice of its own land in that shard's queue (RabbitMQ checks write permission on the dead-letter
+    exchange, not the topic permission of the routing key). A shard's queues carry no dead-letter
+    arguments (CONTRACT.md section 2)."""
+    count = 0
+    findings = []
+    for queue in queues:
+        name = str(queue.get("name", ""))
+        if not SHARD_QUEUE.fullmatch(name):
+            continue
+        count += 1
+        arguments = queue.get("arguments") or {}
+        found = sorted(key for key in arguments if str(key).startswith(DEAD_LETTER_ARGUMENT))
+        if found:
+            given = ", ".join(f"{key}={arguments[key]!r}" for key in found)
+            findings.append(f"{name} has {given}: its messages go on elsewhere")
+    return count, findings
+
+
+def _management_target(management_url: str, amqp_url: str) -> tuple[str, str, str]:
+    """The API's base URL and the credentials to call it with: the management URL's own, else the AMQP URL's
+    (the worker's user: aio-pika's ``guest`` when it names none)."""
+    parts = urlsplit(management_url)
+    amqp = urlsplit(amqp_url)
+    user = unquote(parts.username if parts.username else amqp.username or "guest")
+    password = unquote(
+        parts.password
+        if parts.password is not None
+        else amqp.password
+        if amqp.password is not None
+        else "guest"
+    )
+    base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment=""))
+    return base.rstrip("/"), user, password
+
+
+def _list_queues(base: str, user: str, password: str, vhost: str) -> list[dict[str, Any]]:
+    """``GET /api/queues/<vhost>?columns=name,arguments`` (blocking)."""
+    request = urllib.request.Request(f"{base}/api/queues/{quote(vhost, safe='')}?columns=name,arguments")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    try:
+        with _NO_PROXY.open(request, timeout=TIMEOUT) as response:
+            answer = json.loads(response.read())
+    except ValueError:
+        raise _Malformed("the management API's answer is not JSON: is it the right URL?") from None
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise _Malformed(
+                f"the management API refused user {user!r} (HTTP {exc.code}): it needs the management or "
+                "monitoring tag, and access to the vhost"
+            ) from None
+        if exc.code == 404:
+            raise _Malformed(f"the management API has no vhost {vhost!r} (HTTP 404)") from None
+        raise _Malformed(f"the management API answered HTTP {exc.code}") from None
+    except (OSError, urllib.error.URLError) as exc:  # refused, unresolvable, timed out, TLS
+        raise _Malformed(f"the management API did not answer: {describe(exc)}") from None
+    if not isinstance(answer, list):
+        raise _Malformed("the management API's answer is not a list of queues: is it the right URL?")
+    return [row for row in answer if isinstance(row, dict)]
+
+
+async def check_shard_queues(management_url: str, settings: Settings) -> CheckResult:
+    """Every shard's own queue on the worker's vhost, read through the management API: a ``FAIL`` naming each
+    one that carries an ``x-dead-letter-*`` argument (its results and notices go on to wherever it points, a
+    shard's work queue included: security review 5, N-E)."""
+    amqp_url = split_urls(settings.rabbitmq_url)[0]
+    vhost = vhost_of(amqp_url)
+    base, user, password = _management_target(management_url, amqp_url)
+    queues = await asyncio.to_thread(_list_queues, base, user, password, vhost)
+    count, findings = shard_queue_findings(queues)
+    target = redact(management_url)
+    if findings:
+        detail = (
+            "; ".join(findings)
+            + " (a shard's queues carry no dead-letter arguments, CONTRACT.md section 2: delete the queue "
+            "and have the shard declare it again without them, and look at that shard's user)"
+        )
+        return CheckResult("shard queues", target, False, detail)
+    return CheckResult(
+        "shard queues",
+        target,
+        True,
+        f"{count} shard queue(s) in vhost {vhost!r}, none with dead-letter arguments",
+    )
+
+
 #: the setting each dependency is reached through
 _SETTINGS = {"postgres": "postgres_dsn", "rabbitmq": "rabbitmq_url", "redis": "redis_url"}
 
 
-async def run_checks(settings: Settings) -> list[CheckResult]:
-    """Every dependency, each with its own timeout; a failure becomes a result naming the error.
+async def run_checks(settings: Settings, *, management_url: str | None = None) -> list[CheckResult]:
+    """Every dependency, each with its own timeout; a failure becomes a result naming the error. With
+    ``management_url`` (RabbitMQ's management API), the shards' own queues too (:func:`check_shard_queues`).
 
     A URL that can never work is reported as it is (one line naming the variable) and not tried: the client
     libraries' errors about it quote what a password spilt into."""
@@ -106,6 +219,8 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
             checks += [(name, url, partial(check_rabbitmq_node, url)) for url in split_urls(value)]
         else:
             checks.append((name, value, check_postgres if name == "postgres" else check_redis))
+    if management_url is not None and "rabbitmq_url" not in malformed:
+        checks.append(("shard queues", management_url, partial(check_shard_queues, management_url)))
 
     async def guarded(
         name: str, url: str, check: Callable[[Settings], Awaitable[CheckResult]]
@@ -128,7 +243,8 @@ async def run_checks(settings: Settings) -> list[CheckResult]:
 
 
 class _Malformed(Exception):
-    """A connection setting that can never work; the message names its variable."""
+    """A check that failed in words of its own, the detail as it is: a connection setting that can never
+    work (the message names its variable), the management API's refusal."""
 
 
 async def _refused(problem: str, settings: Settings) -> CheckResult:
@@ -174,15 +290,18 @@ def render(
     notes: tuple[Note, ...] = (),
     *,
     all_nodes: bool = False,
+    skipped: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """The report for a terminal: a line pair per dependency (``warn`` for a node that did not answer while
-    another did), a ``warn`` line per fallback and per note, the verdict."""
+    another did), a ``skip`` line pair per check not made (``skipped``: what, why), a ``warn`` line per
+    fallback and per note, the verdict."""
     verdict = judge(results, all_nodes=all_nodes)
     warned = {id(r) for r in verdict.warnings}
     lines = []
     for r in results:
         mark = "ok  " if r.ok else "warn" if id(r) in warned else "FAIL"
         lines.append(f"{mark}  {r.dependency:<9} {r.target}\n      {r.detail}")
+    lines.extend(f"skip  {what}\n      {why}" for what, why in skipped)
     lines.extend(f"warn  {fallback_line(fallback)}" for fallback in fallbacks)
     lines.extend(f"warn  {note}" for _, note in notes)
     failed = list(dict.fromkeys(r.dependency for r in verdict.failures))
@@ -210,10 +329,12 @@ def as_json(
     notes: tuple[Note, ...] = (),
     *,
     all_nodes: bool = False,
+    skipped: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """The report for a script (``worker check --json``); ``ok`` is the verdict the exit code gives,
     ``warnings`` the nodes that did not answer while another did (with ``--all-nodes`` they fail instead),
-    ``fallbacks`` and ``notes`` the settings' warnings (never failures)."""
+    ``fallbacks`` and ``notes`` the settings' warnings (never failures), ``skipped`` the checks not made
+    (``check``, ``why``)."""
     verdict = judge(results, all_nodes=all_nodes)
     failing = {id(r) for r in verdict.failures}
     by_dependency: dict[str, list[CheckResult]] = {}
@@ -230,6 +351,7 @@ def as_json(
             for var, raw, default in fallbacks
         ],
         "notes": [{"variable": var, "note": note} for var, note in notes],
+        "skipped": [{"check": what, "why": why} for what, why in skipped],
     }
 
 
