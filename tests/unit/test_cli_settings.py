@@ -54,7 +54,8 @@ def test_check_and_migrate_take_only_their_connection_options() -> None:
             o for a in subcommand(name)._actions for o in a.option_strings if o.endswith(("-dsn", "-url"))
         }
 
-    assert options("check") == {"--postgres-dsn", "--rabbitmq-url", "--redis-url"}
+    # and --management-url, which is no setting: the management API that the shard-queue check reads
+    assert options("check") == {"--postgres-dsn", "--rabbitmq-url", "--redis-url", "--management-url"}
     assert options("migrate") == {"--postgres-dsn"}
     args = _parser().parse_args(["check", "--redis-url", "redis://cache:6379/1"])
     assert settings_for(args, {"LTM_REDIS_URL": "redis://other/0"}).redis_url == "redis://cache:6379/1"
