@@ -27,7 +27,7 @@ import pytest
 import structlog
 
 from contracts.models import DeadLetterKind, Status
-from tests.factories import BotRows, event_body, member
+from tests.factories import GUILD, BotRows, event_body, member
 from tests.services import Services
 from tests.support.harness import queue_depth as depth
 from tests.support.wait import eventually
@@ -210,24 +210,50 @@ async def ledger(dsn: str) -> Counter[str]:
         await conn.close()
 
 
-async def flood(shards: Shards, persona_id: int, count: int, **publish: Any) -> list[str]:
-    """``count`` events of the flooding shard, as fast as the broker confirms them (500 in flight)."""
-    bodies = [event_body(SAVE, persona_id=persona_id, shard_id=FLOODER) for _ in range(count)]
+async def seed_guilds(dsn: str, guilds: list[str]) -> dict[str, int]:
+    """A server and its persona for each of ``guilds`` (beside the world's): guild -> persona id."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = BotRows(conn)
+        return {guild: (await rows.persona(await rows.server(guild)))[0] for guild in guilds}
+    finally:
+        await conn.close()
+
+
+async def flood(
+    shards: Shards, persona_id: int, count: int, *, guilds: dict[str, int] | None = None, **publish: Any
+) -> list[str]:
+    """``count`` events of the flooding shard, as fast as the broker confirms them (500 in flight), in turn
+    from ``guilds`` (guild -> its persona; the world's guild when not given)."""
+    chosen = list((guilds or {GUILD: persona_id}).items())
+    bodies = [
+        event_body(
+            SAVE, persona_id=chosen[n % len(chosen)][1], shard_id=FLOODER, guild=chosen[n % len(chosen)][0]
+        )
+        for n in range(count)
+    ]
     for start in range(0, count, 500):
         await asyncio.gather(*(shards.publish(FLOODER, b, **publish) for b in bodies[start : start + 500]))
     return [b["event_id"] for b in bodies]
 
 
 async def assert_quiet_shard_overtakes(
-    shards: Shards, persona_id: int, flood_ids: list[str], *, trickle: int = 5, waiting: int = 2
+    shards: Shards,
+    persona_id: int,
+    flood_ids: list[str],
+    *,
+    trickle: int = 5,
+    waiting: int = 2,
+    shard_id: int = QUIET,
+    guild: str = GUILD,
 ) -> list[str]:
-    """The quiet shard's events, sent after the whole flood is in the broker, are each answered while at least
-    1/``waiting`` of the flood still waits for its answer."""
+    """The quiet shard's (or guild's) events, sent after the whole flood is in the broker, are each answered
+    while at least 1/``waiting`` of the flood still waits for its answer."""
     quiet_ids = []
     for _ in range(trickle):
-        body = event_body(SAVE, persona_id=persona_id, shard_id=QUIET)
+        body = event_body(SAVE, persona_id=persona_id, shard_id=shard_id, guild=guild)
         quiet_ids.append(body["event_id"])
-        await shards.publish(QUIET, body)
+        await shards.publish(shard_id, body)
         await eventually(lambda i=body["event_id"]: i in shards.answers.results, "the quiet shard's answer")
         left = len(flood_ids) - shards.answers.answered(flood_ids)
         assert left >= len(flood_ids) // waiting, (
@@ -255,6 +281,56 @@ async def test_a_flood_of_one_shard_does_not_hold_up_another_shards_events(
     written = await ledger(dsn)
     assert set(written) == set(everything), "an event not written, or one written that was not sent"
     assert set(written.values()) == {1}, "an event written twice"
+
+
+QUIET_GUILD = "1150000000000000555"
+
+
+def assert_all_saved_once(shards: Shards, written: Counter[str], everything: list[str]) -> None:
+    assert {shards.answers.count(i) for i in everything} == {1}, "an event answered twice"
+    assert all(shards.answers.results[i][0]["status"] == Status.SAVED for i in everything)
+    assert set(written) == set(everything), "an event not written, or one written that was not sent"
+    assert set(written.values()) == {1}, "an event written twice"
+
+
+@pytest.mark.slow
+async def test_a_guilds_flood_does_not_hold_up_another_guild_of_its_shard(
+    running: Running, shards: Shards, world: tuple[str, int]
+) -> None:
+    """One guild of shard 0 puts 2,000 events on the common queue before another guild of shard 0 sends one at
+    a time: the quiet guild is served in its turn inside its shard, not after its shard's flood."""
+    dsn, persona_id = world
+    quiet_persona = (await seed_guilds(dsn, [QUIET_GUILD]))[QUIET_GUILD]
+    await declare(running.settings)
+    flood_ids = await flood(shards, persona_id, 2000)
+    await running.start()
+    quiet_ids = await assert_quiet_shard_overtakes(
+        shards, quiet_persona, flood_ids, shard_id=FLOODER, guild=QUIET_GUILD
+    )
+    everything = [*flood_ids, *quiet_ids]
+    await eventually(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    assert_all_saved_once(shards, await ledger(dsn), everything)
+
+
+@pytest.mark.slow
+async def test_a_flood_spread_over_many_guilds_of_a_shard_beside_one_quiet_guild(
+    running: Running, shards: Shards, world: tuple[str, int]
+) -> None:
+    """The sybil case: shard 0's 2,000 events come from 200 guilds in turn; a quiet guild of shard 0 waits at
+    most one event of each of them a turn, so it is still answered while most of the flood waits; every
+    event of both is answered and written once."""
+    dsn, persona_id = world
+    guilds = await seed_guilds(dsn, [QUIET_GUILD, *(str(1150000000000010000 + n) for n in range(200))])
+    quiet_persona = guilds.pop(QUIET_GUILD)
+    await declare(running.settings)
+    flood_ids = await flood(shards, persona_id, 2000, guilds=guilds)
+    await running.start()
+    quiet_ids = await assert_quiet_shard_overtakes(
+        shards, quiet_persona, flood_ids, trickle=3, shard_id=FLOODER, guild=QUIET_GUILD
+    )
+    everything = [*flood_ids, *quiet_ids]
+    await eventually(lambda: shards.answers.answered(everything) == len(everything), "every event answered")
+    assert_all_saved_once(shards, await ledger(dsn), everything)
 
 
 @pytest.mark.slow

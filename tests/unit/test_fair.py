@@ -14,10 +14,10 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from contracts.models import MAX_BODY_BYTES, ToolCallEvent
-from tests.factories import event_body
+from tests.factories import GUILD, event_body
 from tests.fakes import FakeMessage
 from worker.config import Settings
-from worker.runtime.fair import UNCHECKED, Action, FairShares
+from worker.runtime.fair import UNCHECKED, Action, FairShares, Guild
 from worker.runtime.hand import MARGIN_BYTES
 
 ARGS = {"memory_content": "Kaede likes dogs", "memory_scope": "server_wide"}
@@ -53,8 +53,8 @@ class Clock:
         return self.now
 
 
-def body(shard_id: int, **extra: Any) -> bytes:
-    data = event_body(ARGS, persona_id=7, shard_id=shard_id)
+def body(shard_id: int, guild: str | None = GUILD, **extra: Any) -> bytes:
+    data = event_body(ARGS, persona_id=7, shard_id=shard_id, guild=guild)
     raw = data if isinstance(data, bytes) else orjson.dumps(data)
     if extra:
         raw = orjson.dumps({**orjson.loads(raw), **extra})
@@ -114,7 +114,7 @@ def test_an_event_that_passed_both_checks_is_its_shards_and_asks_for_its_queue(
 ) -> None:
     fair, meter, _, _ = shares(identity)
     ticket = fair.admit(delivery(body(3), user_id=user_id), moves_to=Queues())
-    assert (ticket.tenant, ticket.action, ticket.first_sight) == (3, Action.SERVE, 3)
+    assert (ticket.tenant, ticket.action, ticket.first_sight) == (Guild(3, GUILD), Action.SERVE, 3)
     assert meter.received == Counter({3: 1})
     assert isinstance(ticket.read, ToolCallEvent), "the event, read once, travels on"
 
@@ -124,14 +124,14 @@ def test_a_trusted_publishers_replay_is_its_recorded_senders() -> None:
     replay = FakeMessage(body(3), user_id="operator", headers={"x-ltm-user-id": "shard-4"})
     assert fair.admit(cast(AbstractIncomingMessage, replay), moves_to=Queues()).tenant is UNCHECKED
     replay = FakeMessage(body(3), user_id="operator", headers={"x-ltm-user-id": "shard-3"})
-    assert fair.admit(cast(AbstractIncomingMessage, replay), moves_to=Queues()).tenant == 3
+    assert fair.admit(cast(AbstractIncomingMessage, replay), moves_to=Queues()).shard == 3
 
 
 def test_the_workers_own_copy_is_not_counted_again_and_a_shard_queues_delivery_is_never_moved() -> None:
     fair, meter, _, _ = shares(prefetch=4)
     copy = delivery(body(3), exchange="")  # a retry or a moved event, its sender recorded on it
     ticket = fair.admit(copy, moves_to=None)
-    assert ticket.tenant == 3
+    assert ticket.shard == 3
     assert not meter.received
     for _ in range(5):  # the window past three quarters, shard 3 alone in it
         assert fair.admit(delivery(body(3), exchange=""), moves_to=None).action is Action.SERVE
@@ -248,3 +248,60 @@ def test_a_shard_over_its_bound_keeps_one_letter_a_minute_with_the_count_of_the_
     clock.now += 60
     assert fair.letter_for_turned_away(0) == 5, "the next letter counts the five answered without one"
     assert fair.letter_for_turned_away(0) is None
+
+
+# -- guilds: the tenants inside a shard ----------------------------------------------------------------------
+
+
+def test_a_guild_is_the_tenant_inside_its_shard_and_a_direct_message_is_its_channels() -> None:
+    fair, meter, _, _ = shares()
+    assert fair.admit(delivery(body(3, guild="1150000000000000777")), moves_to=None).tenant == Guild(
+        3, "1150000000000000777"
+    )
+    direct = fair.admit(delivery(body(3, guild=None)), moves_to=None)
+    assert direct.tenant == Guild(3, "dm:1150000000000000100")
+    assert direct.shard == 3
+    assert meter.held == {3: 2}, "held counted by shard, never by guild"
+
+
+def test_the_loud_guild_of_a_loud_shard_is_moved_and_its_quiet_guilds_stay() -> None:
+    fair, _, _, _ = shares(prefetch=8)
+    queues = Queues(1)
+    loud, quiet = "1150000000000000771", "1150000000000000772"
+    assert fair.admit(delivery(body(1, guild=quiet)), moves_to=queues).action is Action.SERVE
+    actions = [fair.admit(delivery(body(1, guild=loud)), moves_to=queues).action for _ in range(5)]
+    assert actions == [Action.SERVE] * 4 + [Action.MOVE], "6 of 8 held: shard 1 alone, 5 of them the loud's"
+    assert fair.admit(delivery(body(1, guild=quiet)), moves_to=queues).action is Action.SERVE, (
+        "the quiet guild holds 2 of its shard's 8: under its share, it stays"
+    )
+
+
+async def test_inside_a_shard_the_guilds_are_served_in_turn() -> None:
+    """One event per guild per turn: a quiet guild's event, queued behind ten of a loud guild's of the same
+    shard, starts after at most one of them."""
+    fair, _, _, _ = shares(concurrency=3)
+    loud, quiet = "1150000000000000771", "1150000000000000772"
+    busy = [fair.admit(delivery(body(1, guild=loud)), moves_to=None) for _ in range(2)]
+    for ticket in busy:
+        assert await fair.turn(ticket)
+    other = fair.admit(delivery(body(2)), moves_to=None)
+    assert await fair.turn(other)  # all three slots taken
+    order: list[str] = []
+
+    async def wait(guild: str) -> None:
+        ticket = fair.admit(delivery(body(1, guild=guild)), moves_to=None)
+        assert await fair.turn(ticket)
+        order.append(guild)
+
+    waiters = [asyncio.create_task(wait(loud)) for _ in range(10)]
+    await asyncio.sleep(0.01)
+    waiters.append(asyncio.create_task(wait(quiet)))
+    await asyncio.sleep(0.01)
+    for ticket in (*busy, other):
+        fair.done(ticket)
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+    assert order[:2] == [loud, quiet], "the quiet guild waited behind more than one of the loud guild's"
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)

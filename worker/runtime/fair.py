@@ -4,15 +4,16 @@
 1. **The byte budget.** A delivery that would take the bodies held past ``LTM_HELD_BYTES_MAX`` and one more
    body (:meth:`Hand.fits`) is handed back unread: the broker pushed it before the worker stopped consuming.
 2. **Checks first.** The body is read against the contract and its sender judged by the identity rule
-   (``LTM_SHARD_IDENTITY``). Its *tenant* is its shard only when it passed both; every delivery that failed
-   one is served under one tenant of its own, :data:`UNCHECKED`. Nothing per shard (a queue, a row, a
-   counter, a label) is ever made for a claim that failed a check.
+   (``LTM_SHARD_IDENTITY``). Its *tenant* is its guild inside its shard (:class:`Guild`) only when it
+   passed both; every delivery that failed one is served under one tenant of its own, :data:`UNCHECKED`.
+   Nothing per shard (a queue, a row, a counter, a label) is ever made for a claim that failed a check.
 3. **Held and counted**: under its tenant in the :class:`~worker.runtime.hand.Hand`, and as received by its
    shard (not the worker's own copies: a retry, a moved event).
 4. **Its shard's queue** (deliveries of the common queue only): the first sight of a shard asks for its own
-   queue; a shard that has one and holds at least its share of a worker three quarters full is moved there.
-5. **Its turn**: otherwise it waits for a processing slot, the tenants served in turn
-   (:class:`~worker.runtime.slots.Slots`); a stop hands it back instead.
+   queue; a guild of a shard that has one, holding at least its share of its shard's share of a worker three
+   quarters full, is moved there (its shard's other guilds stay).
+5. **Its turn**: otherwise it waits for a processing slot, served in turn at two levels, the shards and each
+   shard's guilds (:class:`~worker.runtime.slots.Slots`); a stop hands it back instead.
 
 :meth:`FairShares.admit` does steps 1-4 and returns a :class:`Ticket` whose :class:`Action` the consumer
 carries out; :meth:`FairShares.turn` is step 5; :meth:`FairShares.done` gives back what the ticket held. No
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 from aio_pika.abc import AbstractIncomingMessage
 
@@ -70,8 +71,30 @@ class Unchecked:
 
 
 UNCHECKED: Final = Unchecked()
-#: whose turn a delivery waits for: a shard that passed the checks, or :data:`UNCHECKED`
-Tenant = int | Unchecked
+
+
+class Guild(NamedTuple):
+    """The tenant of an event that passed the checks: its guild (``context.guild_disc_id``; a direct
+    message's tenant is its channel, ``dm:<channel_disc_id>``) inside its shard."""
+
+    shard: int
+    guild: str
+
+
+#: whose turn a delivery waits for: a guild of a shard, or :data:`UNCHECKED`
+Tenant = Guild | Unchecked
+
+
+def shard_of(tenant: Hashable) -> Hashable:
+    """A tenant's group, the level above it in the turns and the shares: its shard (:data:`UNCHECKED` is a
+    group of its own)."""
+    return tenant.shard if isinstance(tenant, Guild) else tenant
+
+
+def guild_of(event: ToolCallEvent) -> Guild:
+    context = event.context
+    guild = context.guild_disc_id if context.guild_disc_id is not None else f"dm:{context.channel_disc_id}"
+    return Guild(event.shard_id, guild)
 
 
 class Action(Enum):
@@ -104,7 +127,7 @@ class Ticket:
     @property
     def shard(self) -> int | None:
         """The shard of a delivery that passed the checks, else None."""
-        return self.tenant if isinstance(self.tenant, int) else None
+        return self.tenant.shard if isinstance(self.tenant, Guild) else None
 
 
 class QueueBook(Protocol):
@@ -134,8 +157,10 @@ class FairShares:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.identity = IdentityRule.of(settings)
-        self.hand = Hand(settings.prefetch, settings.held_bytes_max, on_change=meter.shard_held)
-        self.slots = Slots(settings.concurrency, stopping)
+        self.hand = Hand(
+            settings.prefetch, settings.held_bytes_max, group_of=shard_of, on_change=meter.shard_held
+        )
+        self.slots = Slots(settings.concurrency, stopping, group_of=shard_of)
         self.moving = asyncio.Semaphore(MOVES_IN_FLIGHT)
         self._meter = meter
         self._prefetch = settings.prefetch
@@ -215,7 +240,7 @@ class FairShares:
         if isinstance(read, Unreadable):
             return UNCHECKED
         refused = self.identity.check(sender.user, read.shard_id, trusted_sender=sender.trusted)
-        return UNCHECKED if refused is not None else read.shard_id
+        return UNCHECKED if refused is not None else guild_of(read)
 
 
 class _LargestBody:
