@@ -741,6 +741,10 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     assert table[1].split()[:3] == ["shard", "in", "answered"]
     assert table[2].split()[:3] == ["0", str(loud.received), "30"]
     assert json.loads(as_json(report))["shards"][0]["shard_id"] == FLOODER
+    # inside the shard, its guilds (one here): events in, held, moved; no metric label per guild
+    [guild] = loud.guilds
+    assert (guild.guild, guild.received, guild.share_in) == (GUILD, loud.received, 1.0)
+    assert json.loads(as_json(report))["shards"][0]["guilds"][0]["guild"] == GUILD
 
 
 # --- no new doors: nothing per shard for a claim that failed a check (security review 5, N-A, N-D) ----------

@@ -29,9 +29,13 @@ class Meter:
     def __init__(self) -> None:
         self.received: Counter[int] = Counter()
         self.held: dict[Hashable, int] = {}
+        self.guilds: dict[tuple[int, str], int] = {}
 
-    def shard_received(self, shard_id: int) -> None:
+    def shard_received(self, shard_id: int, guild: str | None = None) -> None:
         self.received[shard_id] += 1
+
+    def guild_held(self, shard_id: int, guild: str, count: int) -> None:
+        self.guilds[(shard_id, guild)] = count
 
     def shard_held(self, key: Hashable, count: int) -> None:
         self.held[key] = count

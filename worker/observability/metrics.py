@@ -289,10 +289,19 @@ class Metrics:
                 with contextlib.suppress(KeyError):
                     metric.remove(label)
 
-    def shard_received(self, shard_id: int) -> None:
+    def shard_received(self, shard_id: int, guild: str | None = None) -> None:
+        """An event of shard ``shard_id`` (and ``guild``, for `worker shards`' loudest guilds) came in."""
         label = self.shard_label(shard_id)
         self._of(self.shard_events_received, label).inc()
-        self.activity.received(self._activity_key(label))
+        key = self._activity_key(label)
+        self.activity.received(key, guild if key != OTHER_SHARD else None)
+
+    def guild_held(self, shard_id: int, guild: str, count: int) -> None:
+        """This worker holds ``count`` events of ``guild`` of shard ``shard_id`` now (no metric: a label per
+        guild would explode the series; `worker shards` names the loudest)."""
+        key = self._activity_key(self.shard_label(shard_id))
+        if key != OTHER_SHARD:
+            self.activity.guild_held(key, guild, count)
 
     def shard_answered(self, shard_id: int) -> None:
         label = self.shard_label(shard_id)
@@ -318,8 +327,12 @@ class Metrics:
         self._of(self.shard_events_held, label).set(total)
         self.activity.held(self._activity_key(label), total)
 
-    def shard_moved(self, shard_id: int) -> None:
-        self._of(self.shard_events_moved, self.shard_label(shard_id)).inc()
+    def shard_moved(self, shard_id: int, guild: str | None = None) -> None:
+        label = self.shard_label(shard_id)
+        self._of(self.shard_events_moved, label).inc()
+        key = self._activity_key(label)
+        if guild is not None and key != OTHER_SHARD:
+            self.activity.moved(key, guild)
 
     def shard_turned_away(self, shard_id: int) -> None:
         self._of(self.shard_events_turned_away, self.shard_label(shard_id)).inc()

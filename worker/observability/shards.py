@@ -2,7 +2,9 @@
 
 :class:`ShardActivity` counts, per shard, the events that reached this worker, the events it answered and
 their waits (publish to the start of processing, in the buckets of ``ltm_shard_wait_seconds``), and knows
-how many it holds now. :class:`ActivityRecorder` writes one row per shard with anything to say to
+how many it holds now; and inside each shard, per guild, the events in, held and moved, of which each row
+keeps the shard's loudest :data:`LOUDEST_GUILDS` (no metric label per guild: guild ids would explode the
+series). :class:`ActivityRecorder` writes one row per shard with anything to say to
 ``ltm_shard_activity`` every ``LTM_METRICS_INTERVAL_SECONDS`` (migration 0009) and removes rows older than an
 hour; ``worker shards`` (:mod:`worker.ops.shards`) adds up the rows of every worker.
 """
@@ -14,6 +16,7 @@ import bisect
 import os
 import secrets
 import socket
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,12 +25,14 @@ import structlog
 
 from worker.aio import cancel_within, finish_within
 from worker.redact import describe
-from worker.store.repository import ActivityRow, forget_shard_activity, write_shard_activity
+from worker.store.repository import ActivityRow, GuildActivity, forget_shard_activity, write_shard_activity
 
 log = structlog.get_logger("worker")
 #: the row of every shard without a queue of its own (``other`` in the metrics and in ``worker shards``): the
 #: rows stay as bounded as the shard queues' cap, whatever shard ids events name
 OTHER_SHARD = -1
+#: the guilds of a shard each activity row names, loudest first (held, then in, then moved)
+LOUDEST_GUILDS = 5
 #: how long a stop waits for the recorder's task, and then for its last write
 CLOSE_SECONDS = 2.0
 
@@ -37,6 +42,9 @@ class _Counts:
     received: int = 0
     answered: int = 0
     waits: list[int] = field(default_factory=list)
+    #: per guild: events in and moved
+    guild_received: Counter[str] = field(default_factory=Counter)
+    guild_moved: Counter[str] = field(default_factory=Counter)
 
 
 class ShardActivity:
@@ -46,6 +54,8 @@ class ShardActivity:
         self.buckets = tuple(buckets)
         self._counts: dict[int, _Counts] = {}
         self._held: dict[int, int] = {}
+        #: per shard, the events each guild holds now (guilds holding none left out)
+        self._guild_held: dict[int, dict[str, int]] = {}
 
     def _of(self, shard_id: int) -> _Counts:
         counts = self._counts.get(shard_id)
@@ -53,8 +63,23 @@ class ShardActivity:
             counts = self._counts[shard_id] = _Counts(waits=[0] * (len(self.buckets) + 1))
         return counts
 
-    def received(self, shard_id: int) -> None:
-        self._of(shard_id).received += 1
+    def received(self, shard_id: int, guild: str | None = None) -> None:
+        counts = self._of(shard_id)
+        counts.received += 1
+        if guild is not None:
+            counts.guild_received[guild] += 1
+
+    def moved(self, shard_id: int, guild: str) -> None:
+        self._of(shard_id).guild_moved[guild] += 1
+
+    def guild_held(self, shard_id: int, guild: str, count: int) -> None:
+        held = self._guild_held.setdefault(shard_id, {})
+        if count:
+            held[guild] = count
+        else:
+            held.pop(guild, None)
+            if not held:
+                del self._guild_held[shard_id]
 
     def answered(self, shard_id: int) -> None:
         self._of(shard_id).answered += 1
@@ -75,9 +100,24 @@ class ShardActivity:
         for shard_id in sorted(set(counts) | set(self._held)):
             got = counts.get(shard_id) or _Counts(waits=[0] * (len(self.buckets) + 1))
             rows.append(
-                ActivityRow(shard_id, got.received, got.answered, self._held.get(shard_id, 0), got.waits)
+                ActivityRow(
+                    shard_id,
+                    got.received,
+                    got.answered,
+                    self._held.get(shard_id, 0),
+                    got.waits,
+                    self._loudest(shard_id, got),
+                )
             )
         return rows
+
+    def _loudest(self, shard_id: int, got: _Counts) -> list[GuildActivity]:
+        held = self._guild_held.get(shard_id, {})
+        guilds = set(held) | set(got.guild_received) | set(got.guild_moved)
+        loudest = sorted(
+            guilds, key=lambda g: (-held.get(g, 0), -got.guild_received[g], -got.guild_moved[g], g)
+        )[:LOUDEST_GUILDS]
+        return [GuildActivity(g, got.guild_received[g], held.get(g, 0), got.guild_moved[g]) for g in loudest]
 
 
 def worker_name() -> str:

@@ -47,7 +47,7 @@ async def forget_shards(
     conn = await connect_once(settings.postgres_dsn)
     connection = await Nodes.from_setting(settings.rabbitmq_url).connect()
     try:
-        activity = await read_shard_activity(conn, quiet_minutes * 60)
+        activity = await read_shard_activity(conn, quiet_minutes)
         heard = {row["shard_id"] for row in activity if row["received"]}
         return [
             await _forget(settings, conn, connection, shard_id)

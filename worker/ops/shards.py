@@ -9,9 +9,10 @@ beyond the vhost). One line per shard, loudest first, with its share of the even
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aio_pika
@@ -24,10 +25,22 @@ from worker.observability.metrics import SHARD_WAIT_BUCKETS
 from worker.observability.shards import OTHER_SHARD
 from worker.redact import describe
 from worker.store.pool import connect_once
-from worker.store.repository import read_shard_activity, registered_shards
+from worker.store.repository import read_guild_activity, read_shard_activity, registered_shards
 
 #: what the command says when a shard holds this share of the backlog (the alert's threshold too)
 LOUD_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class GuildLine:
+    """One of a shard's loudest guilds: events in and moved over the minutes, held by the workers now, and its
+    share of its shard's events in."""
+
+    guild: str
+    received: int
+    held: int
+    moved: int
+    share_in: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +55,8 @@ class ShardLine:
     wait_p99_s: float | None
     share_in: float
     share_backlog: float
+    #: its loudest guilds (the workers' rows keep each shard's five loudest of every interval)
+    guilds: list[GuildLine] = field(default_factory=list)
 
     @property
     def waiting(self) -> int:
@@ -75,11 +90,13 @@ async def gather(settings: Settings, minutes: float) -> Report:
     problems: list[str] = []
     rows: list[dict[str, Any]] = []
     shards: list[int] = []
+    guilds: dict[int, list[dict[str, Any]]] = {}
     try:
         conn = await connect_once(settings.postgres_dsn)
         try:
             rows = await read_shard_activity(conn, minutes)
             shards = await registered_shards(conn)
+            guilds = await read_guild_activity(conn, minutes)
         finally:
             await conn.close()
     except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
@@ -103,16 +120,33 @@ async def gather(settings: Settings, minutes: float) -> Report:
                 wait_p99_s=quantile(counts, 0.99),
                 share_in=int(row.get("received", 0)) / total_in if total_in else 0.0,
                 share_backlog=0.0,
+                guilds=_guild_lines(guilds.get(shard_id, []), int(row.get("received", 0))),
             )
         )
     backlog = sum(line.waiting for line in lines)
     lines = [
-        ShardLine(**{**asdict(line), "share_backlog": line.waiting / backlog if backlog else 0.0})
-        for line in lines
+        dataclasses.replace(line, share_backlog=line.waiting / backlog if backlog else 0.0) for line in lines
     ]
     lines.sort(key=lambda line: (-line.waiting, -line.received, line.shard_id))
     workers = max((int(row.get("workers", 0)) for row in rows), default=0)
     return Report(minutes, workers, common, lines, problems)
+
+
+#: the guilds of a loud shard the report names
+REPORTED_GUILDS = 3
+
+
+def _guild_lines(rows: list[dict[str, Any]], shard_received: int) -> list[GuildLine]:
+    return [
+        GuildLine(
+            guild=str(row["guild"]),
+            received=int(row["received"]),
+            held=int(row["held"]),
+            moved=int(row["moved"]),
+            share_in=int(row["received"]) / shard_received if shard_received else 0.0,
+        )
+        for row in rows[:REPORTED_GUILDS]
+    ]
 
 
 async def _depths(
@@ -207,8 +241,13 @@ def render(report: Report) -> str:
         lines.append(
             f"shard {shard_name(s.shard_id)} holds {s.share_backlog:.0%} of the backlog "
             f"({s.waiting} events): it waits in its own queue, the others are served beside it "
-            "(docs/fair-shares.md)"
+            '(docs/operating.md, "A loud shard")'
         )
+        for g in s.guilds:
+            lines.append(
+                f"  guild {g.guild}: in {g.received} ({g.share_in:.0%} of the shard's), held {g.held}, "
+                f"moved {g.moved}"
+            )
     return "\n".join(lines)
 
 

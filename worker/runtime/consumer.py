@@ -29,7 +29,7 @@ from worker.broker.publisher import BacklogFull, Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.redact import describe, redact_url
 from worker.runtime.delivery import delivery_tag
-from worker.runtime.fair import Action, FairShares, Ticket
+from worker.runtime.fair import Action, FairShares, Guild, Ticket
 from worker.runtime.handler import EventHandler
 from worker.runtime.services import Services
 from worker.runtime.shards import ShardQueues
@@ -224,7 +224,8 @@ class Consumer:
                 "could not move an event to its shard's queue; processing it here", error=describe(exc)
             )
             return False
-        self._services.metrics.shard_moved(shard_id)
+        guild = ticket.tenant.guild if isinstance(ticket.tenant, Guild) else None
+        self._services.metrics.shard_moved(shard_id, guild)
         with contextlib.suppress(Exception):  # a lost channel: redelivered, and answered once by the ledger
             await route.acks.ack(delivery_tag(message))
         return True

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
+import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from contracts.models import MAX_BODY_BYTES, ToolCallEvent
@@ -53,6 +54,10 @@ LARGEST_BODY_SECONDS = 60.0
 #: a shard over its queue's bound keeps one dead letter of its turned-away events per this many seconds; the
 #: others are answered ("try again later") and not kept, so one shard's flood never fills the DLQ
 TURNED_AWAY_LETTER_SECONDS = 60.0
+#: a guild whose events are moved is named in the log at most once in this many seconds
+MOVING_LOGGED_SECONDS = 600.0
+
+log = structlog.get_logger("worker")
 
 
 class Unchecked:
@@ -139,9 +144,11 @@ class QueueBook(Protocol):
 class ShardMeter(Protocol):
     """Where per-shard counts go (:class:`~worker.observability.metrics.Metrics`)."""
 
-    def shard_received(self, shard_id: int) -> None: ...
+    def shard_received(self, shard_id: int, guild: str | None = None) -> None: ...
 
     def shard_held(self, key: Hashable, count: int) -> None: ...
+
+    def guild_held(self, shard_id: int, guild: str, count: int) -> None: ...
 
 
 class FairShares:
@@ -169,6 +176,8 @@ class FairShares:
         #: per shard turned away at its bound: when its last dead letter was kept, and how many of its events
         #: were answered without one since
         self._lettered: dict[int, float] = {}
+        #: when each guild's first move was last logged
+        self._moving_logged: dict[Guild, float] = {}
         self._unlettered: dict[int, int] = {}
 
     def admit(self, message: AbstractIncomingMessage, *, moves_to: QueueBook | None) -> Ticket:
@@ -184,16 +193,18 @@ class FairShares:
         tenant = self._tenant_of(read, sender)
         ticket = Ticket(Action.SERVE, tenant, size, sender, read, held=True)
         self.hand.add(tenant, size)
-        shard = ticket.shard
-        if shard is None:
+        if not isinstance(tenant, Guild):
             return ticket
+        shard = tenant.shard
+        self._meter.guild_held(shard, tenant.guild, self.hand.held(tenant))
         if not from_worker(message):
-            self._meter.shard_received(shard)
+            self._meter.shard_received(shard, tenant.guild)
         if moves_to is not None:
             if not moves_to.has(shard):
                 ticket.first_sight = shard
             elif self.hand.moves(tenant):
                 ticket.action = Action.MOVE
+                self._moving(tenant)
         return ticket
 
     async def turn(self, ticket: Ticket) -> bool:
@@ -214,6 +225,10 @@ class FairShares:
         if ticket.held:
             ticket.held = False
             self.hand.remove(ticket.tenant, ticket.size)
+            if isinstance(ticket.tenant, Guild):
+                self._meter.guild_held(
+                    ticket.tenant.shard, ticket.tenant.guild, self.hand.held(ticket.tenant)
+                )
 
     def letter_for_turned_away(self, shard_id: int) -> int | None:
         """An event of shard ``shard_id`` is turned away (its queue is at its bound): the count of its events
@@ -229,6 +244,25 @@ class FairShares:
                 del self._lettered[shard]
         self._lettered[shard_id] = now
         return self._unlettered.pop(shard_id, 0)
+
+    def _moving(self, guild: Guild) -> None:
+        """The first move of a guild's events (in :data:`MOVING_LOGGED_SECONDS`) is logged, naming it: who is
+        loud inside a shard, without a metric label per guild."""
+        now = self._clock()
+        last = self._moving_logged.get(guild)
+        if last is not None and now - last < MOVING_LOGGED_SECONDS:
+            return
+        if len(self._moving_logged) >= 1024:  # a flood over many guilds: the oldest are forgotten
+            for old in sorted(self._moving_logged, key=self._moving_logged.__getitem__)[:512]:
+                del self._moving_logged[old]
+        self._moving_logged[guild] = now
+        log.info(
+            "moving a guild's events to its shard's queue: it holds more than its share",
+            shard_id=guild.shard,
+            guild=guild.guild,
+            held=self.hand.held(guild),
+            shard_held=self.hand.held_by_group(guild.shard),
+        )
 
     def window(self) -> int:
         """The common queue's prefetch for what the worker has seen lately: the byte budget divided by the

@@ -7,7 +7,7 @@ statement (:func:`write_many`) commits everything the events write at once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -327,6 +327,16 @@ async def registered_shards(conn: asyncpg.Connection | asyncpg.Pool) -> list[int
 
 
 @dataclass(frozen=True, slots=True)
+class GuildActivity:
+    """What one worker saw of one guild of a shard in one interval (``ltm_shard_activity.guilds``)."""
+
+    guild: str
+    received: int
+    held: int
+    moved: int
+
+
+@dataclass(frozen=True, slots=True)
 class ActivityRow:
     """What one worker saw of one shard in one interval (``ltm_shard_activity``)."""
 
@@ -336,6 +346,8 @@ class ActivityRow:
     held: int
     #: events per wait bucket (the last one: longer than the last bound)
     wait_counts: list[int]
+    #: the shard's loudest guilds (migration 0010)
+    guilds: list[GuildActivity] = field(default_factory=list)
 
 
 #: how long ``ltm_shard_activity`` keeps a row
@@ -348,11 +360,12 @@ async def write_shard_activity(
     """One row per shard of ``rows``, stamped now, for ``worker`` (on a connection of the worker's pool, whose
     ``jsonb`` codec encodes the list)."""
     await conn.execute(
-        "INSERT INTO ltm_shard_activity (sampled_at, worker, shard_id, received, answered, held, wait_counts)"
+        "INSERT INTO ltm_shard_activity"
+        " (sampled_at, worker, shard_id, received, answered, held, wait_counts, guilds)"
         " SELECT now(), $1, r.shard_id, r.received, r.answered, r.held,"
-        " ARRAY(SELECT jsonb_array_elements_text(r.wait_counts)::integer)"
-        " FROM jsonb_to_recordset($2::jsonb)"
-        " AS r(shard_id integer, received integer, answered integer, held integer, wait_counts jsonb)",
+        " ARRAY(SELECT jsonb_array_elements_text(r.wait_counts)::integer), r.guilds"
+        " FROM jsonb_to_recordset($2::jsonb) AS r(shard_id integer, received integer, answered integer,"
+        " held integer, wait_counts jsonb, guilds jsonb)",
         worker,
         [
             {
@@ -361,10 +374,46 @@ async def write_shard_activity(
                 "answered": row.answered,
                 "held": row.held,
                 "wait_counts": row.wait_counts,
+                "guilds": [
+                    {"guild": g.guild, "received": g.received, "held": g.held, "moved": g.moved}
+                    for g in row.guilds
+                ],
             }
             for row in rows
         ],
     )
+
+
+async def read_guild_activity(conn: asyncpg.Connection, minutes: float) -> dict[int, list[dict[str, Any]]]:
+    """Per shard, its guilds named in the rows of the last ``minutes`` (each row keeps its shard's loudest),
+    loudest first: events in and moved, summed; held now, each worker's latest row of the last minute."""
+    rows = await conn.fetch(
+        """
+        WITH recent AS (
+            SELECT * FROM ltm_shard_activity WHERE sampled_at >= now() - make_interval(secs => $1)
+        ), latest AS (
+            SELECT worker, max(sampled_at) AS sampled_at FROM recent GROUP BY worker
+        )
+        SELECT r.shard_id, g.guild,
+               sum(g.received)::bigint AS received,
+               sum(g.moved)::bigint AS moved,
+               coalesce(sum(g.held) FILTER (
+                   WHERE l.worker IS NOT NULL AND r.sampled_at > now() - interval '1 minute'
+               ), 0)::bigint AS held
+        FROM recent r
+        CROSS JOIN LATERAL jsonb_to_recordset(r.guilds) AS g(guild text, received integer, held integer,
+                                                             moved integer)
+        LEFT JOIN latest l ON l.worker = r.worker AND l.sampled_at = r.sampled_at
+        WHERE r.guilds IS NOT NULL
+        GROUP BY r.shard_id, g.guild
+        ORDER BY r.shard_id, held DESC, received DESC, moved DESC, g.guild
+        """,
+        minutes * 60,
+    )
+    guilds: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        guilds.setdefault(row["shard_id"], []).append(dict(row))
+    return guilds
 
 
 async def forget_shard_activity(conn: asyncpg.Connection | asyncpg.Pool) -> None:
