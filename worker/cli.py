@@ -152,6 +152,16 @@ COMMANDS: tuple[Action, ...] = (
                 "events, is left, row and all. Exit 1 when any was left",
             ),
             option(
+                "--declare",
+                type=int,
+                nargs="+",
+                metavar="SHARD",
+                help="instead of the report: give these shards their own queue ahead of their first event (a "
+                "row of ltm_shard_queues under LTM_SHARD_QUEUES_MAX, then the queue and its bindings), so "
+                "shards on the kit publish with their own routing key from the start instead of through the "
+                "common queue. Exit 1 when any was left without",
+            ),
+            option(
                 "--quiet-minutes",
                 type=float,
                 default=10.0,
@@ -280,8 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
         if problems:
             return _settings_refused("shards", "; ".join(problems.values()))
+        if args.declare:
+            from worker.ops.shard_queues import run_declare
+
+            return run_declare(settings, args.declare)
         if args.forget:
-            from worker.ops.shard_cleanup import run_forget
+            from worker.ops.shard_queues import run_forget
 
             return run_forget(settings, args.forget, quiet_minutes=args.quiet_minutes)
         return run_shards(settings, minutes=args.minutes, json_output=args.json)

@@ -34,7 +34,7 @@ from tests.support.wait import eventually
 from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_shard_queue, declare_topology, shard_queue_name
 from worker.config import Settings, Topology
-from worker.ops.shard_cleanup import forget_shards
+from worker.ops.shard_queues import declare_shards, forget_shards
 from worker.ops.shards import Report, as_json, gather, render
 from worker.runner import Worker
 from worker.runtime.hand import MARGIN_BYTES
@@ -912,3 +912,21 @@ async def test_worker_shards_forget_removes_a_gone_shards_row_then_its_queue_and
         assert await conn.fetchval("SELECT count(*) FROM ltm_shard_queues WHERE shard_id = $1", FLOODER) == 0
     finally:
         await conn.close()
+
+
+async def test_worker_shards_declare_takes_the_common_queue_out_of_a_kit_shards_path_from_its_first_event(
+    running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
+) -> None:
+    """`worker shards --declare 0`: shard 0's first event on its own key is routed to its own queue (no
+    return, no fallback through the common queue) and answered; past the cap a shard is left, saying so."""
+    _, persona_id = world
+    worker = await running.start()
+    results = await declare_shards(running.settings.model_copy(update={"shard_queues_max": 1}), [FLOODER, 5])
+    assert [(r.shard_id, r.removed) for r in results] == [(FLOODER, True), (5, False)]
+    assert "cap" in results[1].detail
+    assert worker.fair is not None
+    first = event_body(SAVE, persona_id=persona_id, shard_id=FLOODER)
+    await shards.publish(FLOODER, first, key="tool.create_long_term_memory.shard.0")
+    await eventually(lambda: first["event_id"] in shards.answers.results, "the first event's answer")
+    assert shards.answers.results[first["event_id"]][0]["status"] == Status.SAVED
+    assert not await declared(rabbitmq_url, shard_queue_name(TOPOLOGY, 5))

@@ -294,11 +294,15 @@ async def register_shard(conn: asyncpg.Connection | asyncpg.Pool, shard_id: int)
     )
 
 
-async def claim_shard_queue(pool: asyncpg.Pool, shard_id: int, limit: int) -> bool:
+async def claim_shard_queue(pool: asyncpg.Pool | asyncpg.Connection, shard_id: int, limit: int) -> bool:
     """A row of ``ltm_shard_queues`` for shard ``shard_id``: True when it has one (now or already), False
     when the rows are at ``limit``. Claims are counted one at a time (an advisory lock), so workers racing on
     different shards never pass the cap together."""
-    async with pool.acquire() as conn, conn.transaction():
+    if isinstance(pool, asyncpg.Pool):
+        async with pool.acquire() as conn:
+            return await claim_shard_queue(conn, shard_id, limit)
+    conn = pool
+    async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *_SHARD_QUEUE_CLAIM_LOCK)
         return bool(
             await conn.fetchval(

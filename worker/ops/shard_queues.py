@@ -1,6 +1,14 @@
-"""``worker shards --forget N ...``: remove the own queues of shards that are gone (after resharding), in the
-order that works while workers run.
+"""The shards' own queues by hand: ``worker shards --declare N ...`` gives shards their queue ahead of their
+first event, ``worker shards --forget N ...`` removes the queues of shards that are gone (after resharding),
+in the order that works while workers run.
 
+**Declared ahead.** A shard on the kit publishes with its own routing key once its queue exists, and its first
+events otherwise go through the common queue (the kit falls back to the version-1 key and tries its own again
+30 s later), where a flood published before them is ahead of them. Declaring the deployment's shards ahead
+(the row first, under ``LTM_SHARD_QUEUES_MAX``, then the queue and its bindings) takes the common queue out of
+their path from the first event; every worker consumes the queue within its refresh (5 s).
+
+**Forgotten.**
 Every worker consumes every queue recorded in ``ltm_shard_queues`` and declares it again when it is missing
 (its refresh, every 5 s), so a queue deleted first comes back. The row goes first: then no worker that starts
 or refreshes consumes the queue; then the queue is deleted, which also cancels the consumers of the workers
@@ -19,19 +27,22 @@ import aio_pika
 import aio_pika.exceptions
 import asyncpg
 
-from worker.broker.topology import shard_queue_name
+from worker.broker.topology import declare_shard_queue, shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.ops.shards import queue_depth
 from worker.redact import describe
 from worker.store.pool import connect_once
-from worker.store.repository import forget_shard_queue, read_shard_activity, register_shard
+from worker.store.repository import claim_shard_queue, forget_shard_queue, read_shard_activity, register_shard
 
 
 @dataclass(frozen=True, slots=True)
 class Forgotten:
+    """What became of one shard's queue."""
+
     shard_id: int
-    #: removed (row and queue, or what there was of them), or left (why in ``detail``)
+    #: done (forgotten: row and queue, or what there was of them, removed; declared: row and queue there), or
+    #: left as it was (why in ``detail``)
     removed: bool
     detail: str
 
@@ -87,9 +98,48 @@ async def _forget(
     return Forgotten(shard_id, True, f"row removed, then {name} (empty) deleted")
 
 
+async def declare_shards(settings: Settings, shard_ids: list[int]) -> list[Forgotten]:
+    """Each shard's row (under the cap), then its queue and bindings; what became of each (``removed``
+    meaning done)."""
+    conn = await connect_once(settings.postgres_dsn)
+    connection = await Nodes.from_setting(settings.rabbitmq_url).connect()
+    done: list[Forgotten] = []
+    try:
+        for shard_id in shard_ids:
+            name = shard_queue_name(settings.topology, shard_id)
+            if not await claim_shard_queue(conn, shard_id, settings.shard_queues_max):
+                cap = settings.shard_queues_max
+                done.append(
+                    Forgotten(shard_id, False, f"not declared: the {cap} shard queues of the cap are taken")
+                )
+                continue
+            channel = await connection.channel()
+            try:
+                await declare_shard_queue(channel, settings.topology, shard_id)
+            except aio_pika.exceptions.ChannelClosed as exc:
+                done.append(Forgotten(shard_id, False, f"row kept, {name} not declared: {describe(exc)}"))
+                continue
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+            done.append(Forgotten(shard_id, True, f"{name} declared and bound; the workers consume it"))
+    finally:
+        await connection.close()
+        await conn.close()
+    return done
+
+
+def run_declare(settings: Settings, shard_ids: list[int]) -> int:
+    """0 when every shard has its queue, 1 when any has not (a line says why)."""
+    return _report(asyncio.run(declare_shards(settings, shard_ids)), "declared")
+
+
 def run_forget(settings: Settings, shard_ids: list[int], *, quiet_minutes: float = QUIET_MINUTES) -> int:
     """0 when every shard's queue and row are gone, 1 when any was left (a line says why)."""
-    results = asyncio.run(forget_shards(settings, shard_ids, quiet_minutes=quiet_minutes))
+    return _report(asyncio.run(forget_shards(settings, shard_ids, quiet_minutes=quiet_minutes)), "removed")
+
+
+def _report(results: list[Forgotten], verb: str) -> int:
     for result in results:
-        print(f"shard {result.shard_id}: {'removed' if result.removed else 'left'}: {result.detail}")
+        print(f"shard {result.shard_id}: {verb if result.removed else 'left'}: {result.detail}")
     return 0 if all(result.removed for result in results) else 1
