@@ -20,4 +20,8 @@ if __name__ == "__main__":
         from bench.noisy import main as noisy
 
         sys.exit(noisy(sys.argv[2:]))
+    if sys.argv[1:2] == ["memory"]:  # python -m bench memory: the worker's RSS while Postgres stalls
+        from bench.memory import main as memory
+
+        sys.exit(memory(sys.argv[2:]))
     sys.exit(main(bench_parser().parse_args()))
