@@ -222,6 +222,8 @@ async def test_a_token_guards_the_page_and_nothing_writes(broker: Broker, seeded
             assert headers["Location"] == "/letter?id=x"
             cookie = headers["Set-Cookie"].split(";")[0]
             assert TOKEN not in cookie  # the cookie is derived from the token, not the token
+            # named for the page's port (security review 5, N-H): browsers keep cookies by host, not port
+            assert cookie.startswith(f"ltm_dlq_ui_{urllib.parse.urlsplit(base_url).port}=")
             status, headers, text = await asyncio.to_thread(get, base_url, cookie=cookie)
             assert status == 200
             assert "id=total data-count='5'" in text  # the server's own HTML, before a browser

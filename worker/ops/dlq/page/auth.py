@@ -4,7 +4,9 @@ Every request needs the token, on loopback too: else a page the operator has ope
 read the dead letters for another site (cross-site GETs each cost a full pass over the DLQ, and a site that
 rebinds its name to 127.0.0.1 reads the answers). Without ``--token``/``--token-file`` a random one is made
 and printed in the URL, as Jupyter does. The token is given once (``/?token=...``, then a
-``SameSite=Strict`` cookie, which a browser never sends with another site's request) or as
+``SameSite=Strict`` cookie named for the page's port, ``ltm_dlq_ui_<port>``: browsers keep cookies by host,
+not by port, so every other service on ``localhost`` gets it too, and only the name keeps two pages on two
+ports from overwriting each other's) or as
 ``Authorization: Bearer``. Before any of that, the ``Host`` header must name the address the page listens
 on, ``localhost``, or a name given with ``--allow-host`` (421 otherwise): a rebound name is refused even
 with a valid cookie.
@@ -94,13 +96,20 @@ class Guard:
     names: frozenset[str]
     #: listening on every address (0.0.0.0, ::): any IP address may be the Host too (no name to rebind)
     any_address: bool
+    #: the port the page listens on, in its cookie's name
+    port: int = 0
 
     @classmethod
-    def of(cls, token: str, listen: str, bound: str, allowed: Iterable[str] = ()) -> Guard:
-        """``listen``: the ``--host`` given; ``bound``: the address the server got."""
+    def of(cls, token: str, listen: str, bound: str, allowed: Iterable[str] = (), port: int = 0) -> Guard:
+        """``listen``: the ``--host`` given; ``bound``: the address the server got, on ``port``."""
         names = {"localhost", host_name(listen), host_name(bound), *(host_name(name) for name in allowed)}
         wildcard = _address(bound)
-        return cls(token, frozenset(names), wildcard is not None and wildcard.is_unspecified)
+        return cls(token, frozenset(names), wildcard is not None and wildcard.is_unspecified, port)
+
+    @property
+    def cookie_name(self) -> str:
+        """``ltm_dlq_ui_<port>``: one page's cookie, not another's on another port of the same host."""
+        return f"{COOKIE}_{self.port}"
 
     def answers_to(self, header: str | None) -> bool:
         """Whether a request with this ``Host`` header is for this page (no header: no)."""

@@ -54,7 +54,7 @@ async def ui_command(
         print(f"worker dlq ui: cannot listen on {host}:{port}: {describe(exc)}", file=sys.stderr)
         return 2
     bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
-    server.guard_with(Guard.of(secret, host, bound_host, allow_hosts))
+    server.guard_with(Guard.of(secret, host, bound_host, allow_hosts, bound_port))
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     address = f"http://{shown}:{bound_port}/"
     if made_here:  # the URL is the way in: it carries the token once, then a cookie does

@@ -4,9 +4,11 @@ every view run on the command's event loop.
 
 A connection must send its request line and headers within :data:`HEAD_DEADLINE` seconds, and may be silent
 for at most :data:`IDLE_TIMEOUT` seconds at any point: a client that connects and says nothing (or trickles
-its headers) is cut off, and while it waits the other connections are served. The ``Host`` check and the
-token come before a view, so a request without them never waits for one, and never costs a pass over the
-DLQ. The access log never shows a token.
+its headers) is cut off, and while it waits the other connections are served. At the cap, a newcomer takes
+the place of the oldest connection still waiting for its head: connections that say nothing cannot keep the
+operator out (a browser sends its request at once), only requests being served can fill the page. The
+``Host`` check and the token come before a view, so a request without them never waits for one, and never
+costs a pass over the DLQ. The access log never shows a token.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from worker.ops.dlq.audit import AuditUnavailable
 from worker.ops.dlq.history import Record
 from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection
-from worker.ops.dlq.page.auth import COOKIE, Guard, host_name, without_token
+from worker.ops.dlq.page.auth import Guard, host_name, without_token
 from worker.ops.dlq.page.markup import esc, page
 from worker.ops.dlq.page.reading import Reader
 from worker.ops.dlq.page.views import group_page, history_page, letter_page, overview
@@ -106,7 +108,9 @@ class Handler(BaseHTTPRequestHandler):
             rest = {k: v for k, v in query.items() if k != "token"}
             self.send_response(HTTPStatus.SEE_OTHER)
             self.send_header("Location", path + ("?" + urlencode(rest) if rest else ""))
-            self.send_header("Set-Cookie", f"{COOKIE}={guard.cookie}; HttpOnly; SameSite=Strict; Path=/")
+            self.send_header(
+                "Set-Cookie", f"{guard.cookie_name}={guard.cookie}; HttpOnly; SameSite=Strict; Path=/"
+            )
             self.send_header("Content-Length", "0")
             self.end_headers()
             return False
@@ -114,7 +118,8 @@ class Handler(BaseHTTPRequestHandler):
             cookie = SimpleCookie(self.headers.get("Cookie", ""))
         except CookieError:
             cookie = SimpleCookie()
-        if COOKIE in cookie and guard.is_cookie(cookie[COOKIE].value):
+        name = guard.cookie_name
+        if name in cookie and guard.is_cookie(cookie[name].value):
             return True
         bearer = self.headers.get("Authorization", "")
         if bearer.startswith("Bearer ") and guard.is_token(bearer[7:]):
@@ -174,6 +179,8 @@ class UiServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._one_view = threading.Lock()
         self._heads: dict[Handler, float] = {}
+        #: connections cut off to make room for a newcomer, whose slot went to it
+        self._cut: set[Handler] = set()
         self._heads_lock = threading.Lock()
 
     def guard_with(self, guard: Guard) -> None:
@@ -182,18 +189,41 @@ class UiServer(ThreadingHTTPServer):
     # --- connections -------------------------------------------------------------------------------------
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False) and not self._make_room():
             with contextlib.suppress(OSError):
                 request.sendall(_BUSY)
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
+    def _make_room(self) -> bool:
+        """Cut off the oldest connection still waiting for its head, and take its place (its thread ends at
+        once and gives its slot back then: one thread more meanwhile). False when every connection is being
+        served."""
+        with self._heads_lock:
+            if not self._heads:
+                return False
+            oldest = min(self._heads, key=self._heads.__getitem__)
+            del self._heads[oldest]
+            self._cut.add(oldest)
+        with contextlib.suppress(OSError):  # its read returns at once: it ends
+            oldest.connection.shutdown(socket.SHUT_RDWR)
+        return True
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._slots_release(request)
+
+    def _slots_release(self, request: Any) -> None:
+        """A connection that was cut to make room gave its slot to the newcomer already."""
+        with self._heads_lock:
+            cut = next((h for h in self._cut if h.request is request), None)
+            if cut is not None:
+                self._cut.discard(cut)
+                return
+        self._slots.release()
 
     def watch(self, handler: Handler) -> None:
         with self._heads_lock:
