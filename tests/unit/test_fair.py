@@ -309,3 +309,16 @@ async def test_inside_a_shard_the_guilds_are_served_in_turn() -> None:
     for task in waiters:
         task.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def test_a_body_the_window_would_take_past_the_budget_asks_for_a_narrower_window_at_once() -> None:
+    fair, _, _, _ = shares(prefetch=8192, held_bytes_max=128 * 1024 * 1024)
+    fair.in_use(8192)
+    fair.done(fair.admit(delivery(body(1)), moves_to=None))
+    assert not fair.too_wide.is_set(), "8,192 bodies of this size fit the budget"
+    fair.done(fair.admit(delivery(body(1, padding="x" * 200_000)), moves_to=None))
+    assert fair.too_wide.is_set(), "8,192 bodies of 200 KB would not"
+    fair.in_use(fair.window())
+    assert not fair.too_wide.is_set()
+    fair.done(fair.admit(delivery(body(1, padding="x" * 200_000)), moves_to=None))
+    assert not fair.too_wide.is_set(), "the narrowed window fits them"

@@ -234,16 +234,20 @@ class Consumer:
         """Keep what the worker is pushed within its byte budget: past ``LTM_HELD_BYTES_MAX`` take nothing
         more (neither from the common queue nor from the shards' own queues) until half of that is processed
         or moved, then consume again with the window the budget allows; meanwhile follow the window as the
-        bodies' sizes change (a window off by half or more is re-opened at its new size)."""
-        hand = self._fair.hand
+        bodies' sizes change: narrowed at once when a body arrives that the window times it would take past
+        the budget, widened (and narrowed) on the next check when off by half or more."""
+        fair, hand = self._fair, self._fair.hand
         while not self._stopping.is_set():
+            fair.in_use(common.window)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(hand.full.wait(), timeout=WINDOW_CHECK_SECONDS)
+                await asyncio.wait_for(
+                    first_of(hand.full.wait(), fair.too_wide.wait()), timeout=WINDOW_CHECK_SECONDS
+                )
             if self._stopping.is_set():
                 return
             if not hand.full.is_set():
-                window = self._fair.window()
-                if window * 2 <= common.window or window >= common.window * 2:
+                window, current = fair.window(), common.window
+                if (fair.too_wide.is_set() and window < current) or not current // 2 < window < current * 2:
                     log.info("the common queue's window follows the bodies' size", prefetch=window)
                     await common.stop()
                     await common.start(window)
@@ -259,7 +263,7 @@ class Consumer:
             await first_of(hand.room.wait(), self._stopping.wait())
             if self._stopping.is_set():
                 return
-            await common.start(self._fair.window())
+            await common.start(fair.window())
             await shards.resume()
             log.info("the queues are consumed again", held_bytes=hand.bytes, prefetch=common.window)
 

@@ -39,7 +39,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from contracts.models import MAX_BODY_BYTES, ToolCallEvent
 from worker.broker.envelope import Unreadable, read_event
 from worker.broker.headers import Sender, from_worker, sender_of
-from worker.runtime.hand import Hand
+from worker.runtime.hand import MARGIN_BYTES, Hand
 from worker.runtime.slots import Slots
 from worker.service.identity import IdentityRule
 
@@ -172,6 +172,10 @@ class FairShares:
         self._meter = meter
         self._prefetch = settings.prefetch
         self._largest = _LargestBody(clock)
+        #: set when a body arrives that the common queue's window (:meth:`in_use`) times it would take past
+        #: the budget: the consumer narrows the window at once instead of at its next check
+        self.too_wide = asyncio.Event()
+        self._widest_body = settings.held_bytes_max
         self._clock = clock
         #: per shard turned away at its bound: when its last dead letter was kept, and how many of its events
         #: were answered without one since
@@ -186,6 +190,8 @@ class FairShares:
         again)."""
         size = len(message.body)
         self._largest.saw(size)
+        if size > self._widest_body:
+            self.too_wide.set()
         sender = sender_of(message, self.identity.trusted)
         if not self.hand.fits(size):
             return Ticket(Action.HAND_BACK, UNCHECKED, size, sender, None)
@@ -229,6 +235,11 @@ class FairShares:
                 self._meter.guild_held(
                     ticket.tenant.shard, ticket.tenant.guild, self.hand.held(ticket.tenant)
                 )
+
+    def in_use(self, window: int) -> None:
+        """The common queue's window now: a body larger than the budget divided by it makes it too wide."""
+        self.too_wide.clear()
+        self._widest_body = (self.hand.max_bytes + MARGIN_BYTES) // max(1, window)
 
     def letter_for_turned_away(self, shard_id: int) -> int | None:
         """An event of shard ``shard_id`` is turned away (its queue is at its bound): the count of its events
