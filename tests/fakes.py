@@ -116,7 +116,7 @@ class FakePublisher:
         self.senders.append(sender.recorded())
 
     async def retry_later(
-        self, message: Any, *, queue: str, attempts: int, delay_ms: int, sender: Any
+        self, message: Any, *, queue: str, attempts: int, delay_ms: int, sender: Any, error: str = ""
     ) -> None:
         if "retry" in self.fail:
             raise self.fail["retry"]

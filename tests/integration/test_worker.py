@@ -33,6 +33,8 @@ from tests.support.harness import InvalidationListener, Shard, queue_depth, take
 from tests.support.wait import eventually
 from worker.broker.topology import retry_queue_arguments
 from worker.config import Settings, Topology
+from worker.ops.dlq.kinds import replay_note
+from worker.ops.dlq.letters import describe_dead_letter
 from worker.runner import Worker
 
 #: every wait's deadline: generous, for a loaded machine; a passing test never waits it out
@@ -464,6 +466,30 @@ async def test_a_refused_retry_copy_hands_the_delivery_back(
     assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
     # handed back, redelivered and answered from the ledger: the memory was saved once
     assert await memories(rows) == 1
+
+
+async def test_a_result_with_no_route_says_the_shard_has_no_queue_for_it(
+    workers: Workers, rows: BotRows, rabbitmq_url: str
+) -> None:
+    """Newcomer review 5, N2: a shard that publishes before it declares its results queue gets its event
+    processed, then the result comes back NO_ROUTE on every attempt. The dead letter names the cause (the
+    shard's results queue) and `dlq show` says what to do about it, not about a database fault."""
+    world = await rows.world()
+    worker = await workers.start(retry_max_attempts=2, retry_base_delay_ms=100)
+    body = event(world.persona_id, "no route", shard_id=NOBODY)
+    async with Shard(rabbitmq_url) as shard:
+        await shard.publish(body)
+        [letter] = await take_dead_letters(rabbitmq_url, 1, timeout=WAIT)
+    assert await workers.stop(worker) == 0
+    headers = dict(letter.headers or {})
+    assert headers["x-ltm-error-kind"] == DeadLetterKind.TRANSIENT_EXHAUSTED
+    error = str(headers["x-ltm-error"])
+    assert f"shard {NOBODY} has no queue bound for its results, tomori.shard.{NOBODY}.results" in error
+    assert "x-ltm-first-error" not in headers, "every attempt failed alike: the error says it"
+    described = describe_dead_letter(
+        letter.body, headers, message_id=letter.message_id, routing_key="", topology=Topology()
+    )
+    assert replay_note(described.kind, described.errors).startswith("the shard has no queue bound")
 
 
 # --- every failure ends somewhere a person can see (from tests/e2e/test_failures.py) ----------------------

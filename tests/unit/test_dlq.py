@@ -9,10 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from worker.broker.publisher import no_route
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
 from worker.ops.dlq.cli import Interruption
+from worker.ops.dlq.kinds import replay_note
+from worker.ops.dlq.letters import describe_dead_letter
 from worker.ops.dlq.operations import Senders, StopFn, user_of
 from worker.ops.dlq.render import json_depth, terminal_safe
 from worker.redact import redact_url
@@ -478,3 +481,24 @@ async def test_a_command_that_ends_before_ctrl_c_keeps_its_exit_code() -> None:
         return 1 if not stop() else 99
 
     assert await Interruption().run(command) == 1
+
+
+def test_a_letter_keeps_its_first_attempts_error_and_an_answer_with_no_route_is_named() -> None:
+    """Newcomer review 5, N2: the last attempt failed on a Postgres that was down, the first ones on a result
+    with no route; the letter shows both, and what to do names the shard's missing queue."""
+    unroutable = no_route("tomori.tool_results", "shard.4")
+    assert unroutable.startswith("shard 4 has no queue bound for its results, tomori.shard.4.results")
+    assert no_route("tomori.tool_results", "elsewhere") == (
+        "nothing is bound to 'tomori.tool_results' with key 'elsewhere' (NO_ROUTE)"
+    )
+    headers = {
+        "x-ltm-error": "ConnectionRefusedError: [Errno 111] Connection refused",
+        "x-ltm-error-kind": "transient_exhausted",
+        "x-ltm-attempts": 5,
+        "x-ltm-failed-at": "2026-12-02T08:00:00.000Z",
+        "x-ltm-first-error": f"TransientError: {unroutable}",
+    }
+    letter = describe_dead_letter(b"{}", headers, message_id=None, routing_key="", topology=Topology())
+    assert letter.first_error == f"TransientError: {unroutable}"
+    assert replay_note(letter.kind, letter.errors).startswith("the shard has no queue bound for its answers")
+    assert replay_note(letter.kind, letter.error).startswith("a database or broker fault")

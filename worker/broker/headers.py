@@ -33,8 +33,11 @@ TRACEPARENT = "traceparent"
 #: on a ``shard_backlog_full`` letter: how many events of its shard were turned away without a letter since
 #: the shard's previous one (a flood keeps one letter a minute: docs/fair-shares.md)
 TURNED_AWAY = "x-ltm-turned-away"
+#: the error of an event's first failed attempt, kept on its retry copies and on its dead letter when the last
+#: attempt failed otherwise (a database cut during the last retry hides what failed the first four)
+FIRST_ERROR = "x-ltm-first-error"
 #: what the worker adds when it dead-letters a message (a replay takes them off again)
-DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, TURNED_AWAY})
+DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, TURNED_AWAY, FIRST_ERROR})
 #: headers ``worker dlq replay`` adds
 REPLAYED_AT = "x-ltm-replayed-at"
 REPLAY_COUNT = "x-ltm-replay-count"
@@ -46,7 +49,7 @@ DROPPED = "x-ltm-dropped"
 USER_ID = "x-ltm-user-id"
 #: the headers only the worker may set: on a delivery that is not the worker's own copy they are ignored
 WORKER_ONLY = frozenset(
-    {ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED, USER_ID, TURNED_AWAY}
+    {ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED, USER_ID, TURNED_AWAY, FIRST_ERROR}
 )
 #: what the worker adds to a copy: kept whatever else has to go
 _OURS = frozenset(
@@ -61,6 +64,7 @@ _OURS = frozenset(
         TRACEPARENT,
         USER_ID,
         TURNED_AWAY,
+        FIRST_ERROR,
     }
 )
 #: bytes of a content header frame besides the properties: frame header and end (8), class, weight, body

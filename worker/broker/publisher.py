@@ -32,17 +32,20 @@ from worker.broker.headers import (
     ERROR,
     ERROR_KIND,
     FAILED_AT,
+    FIRST_ERROR,
     ORIGINAL_ROUTING_KEY,
     TRACEPARENT,
     USER_ID,
     Sender,
     copy_message,
     frame_max_of,
+    header_text,
     original_routing_key,
     own_headers,
     rfc3339,
 )
 from worker.broker.topology import Declared
+from worker.config import Topology
 from worker.faults import TransientError
 
 PUBLISH_TIMEOUT = 10.0
@@ -134,17 +137,28 @@ class Publisher:
             FAILED_AT: rfc3339(datetime.now(UTC)),
             USER_ID: sender.recorded(),
         }
+        if header_text(headers.get(FIRST_ERROR)) == error:
+            del headers[FIRST_ERROR]  # every attempt failed alike: the error says it
         # a dead letter waits in the DLQ for an operator: whatever expiration the event had does not follow it
         channel, key = await self._underlay(), original_routing_key(message)
         copy = copy_message(message, headers, frame_max=frame_max_of(channel), expiration=None)
         await publish_confirmed(channel, self._dead_letter.name, key, copy.body, copy.properties)
 
     async def retry_later(
-        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int, sender: Sender
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        queue: str,
+        attempts: int,
+        delay_ms: int,
+        sender: Sender,
+        error: str = "",
     ) -> None:
         """Park ``message`` in a retry queue for ``delay_ms``; it comes back with ``attempts`` and its
-        ``sender`` recorded."""
+        ``sender`` recorded, and the ``error`` of its first failed attempt kept (``x-ltm-first-error``)."""
         headers = {**own_headers(message), ATTEMPTS: attempts, USER_ID: sender.recorded()}
+        if error and not header_text(headers.get(FIRST_ERROR)):
+            headers[FIRST_ERROR] = error[:MAX_FIRST_ERROR]
         headers[ORIGINAL_ROUTING_KEY] = original_routing_key(message)
         # the per-message expiration is the retry delay: the retry queue dead-letters it back when it ends
         channel = await self._underlay()
@@ -188,6 +202,30 @@ def json_properties(
     )
 
 
+#: the AMQP reply code of a mandatory publish no queue was bound for
+NO_ROUTE = 312
+#: how much of a first attempt's error a retry copy keeps
+MAX_FIRST_ERROR = 1000
+#: the exchanges of a shard's answers, and the suffix of the shard's queue each is bound to (CONTRACT.md 2)
+_ANSWER_EXCHANGES = {
+    Topology().results_exchange: "results",
+    Topology().notifications_exchange: "notifications",
+}
+
+
+def no_route(exchange: str, routing_key: str) -> str:
+    """What a publish the broker returned unroutable means: for a result or a notice, the shard has no queue
+    bound for it (a shard declares and binds its queues before it publishes: CONTRACT.md section 2)."""
+    shard, kind = routing_key.removeprefix("shard."), _ANSWER_EXCHANGES.get(exchange)
+    unbound = f"nothing is bound to {exchange!r} with key {routing_key!r} (NO_ROUTE)"
+    if not routing_key.startswith("shard.") or not shard.isdigit() or kind is None:
+        return unbound
+    return (
+        f"shard {shard} has no queue bound for its {kind}, tomori.shard.{shard}.{kind} ({unbound}): the "
+        "shard must declare and bind it before it publishes (CONTRACT.md section 2)"
+    )
+
+
 async def publish_confirmed(
     channel: aiormq.Channel,
     exchange: str,
@@ -217,6 +255,8 @@ async def publish_confirmed(
             raise BacklogFull(
                 f"RabbitMQ refused the publish to {exchange!r} with key {routing_key!r} (nack)"
             ) from exc
+        if isinstance(exc.frame, Basic.Return) and exc.frame.reply_code == NO_ROUTE:
+            raise TransientError(no_route(exchange, routing_key)) from exc
         raise TransientError(
             f"publish to {exchange!r} with key {routing_key!r} was not delivered: {exc}"
         ) from exc

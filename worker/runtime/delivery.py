@@ -47,7 +47,14 @@ class Outputs(Protocol):
     ) -> None: ...
 
     async def retry_later(
-        self, message: AbstractIncomingMessage, *, queue: str, attempts: int, delay_ms: int, sender: Sender
+        self,
+        message: AbstractIncomingMessage,
+        *,
+        queue: str,
+        attempts: int,
+        delay_ms: int,
+        sender: Sender,
+        error: str = "",
     ) -> None: ...
 
     async def dead_letter(
@@ -98,15 +105,17 @@ class Delivery:
             return False
         return True
 
-    async def retry(self, decision: Retry, queue: str) -> None:
-        """Park a copy in the retry queue ``queue`` (confirmed), then ack. Raises when the broker refuses
-        the copy: nothing is acked then."""
+    async def retry(self, decision: Retry, queue: str, error: str = "") -> None:
+        """Park a copy in the retry queue ``queue`` (confirmed), then ack; ``error``, why this attempt failed,
+        is kept on the copy if it is the first. Raises when the broker refuses the copy: nothing is acked
+        then."""
         await self._publisher.retry_later(
             self.message,
             queue=queue,
             attempts=decision.attempts,
             delay_ms=decision.delay_ms,
             sender=self.sender,
+            error=error,
         )
         await self.ack()
 

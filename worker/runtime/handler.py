@@ -225,7 +225,7 @@ class EventHandler:
         leaves it unacked: handed back (:meth:`Delivery.hand_back`), or requeued with a lost channel."""
         try:
             if isinstance(decision, Retry):
-                await delivery.retry(decision, retry_queue_name(self._topology, decision.tier_ms))
+                await delivery.retry(decision, retry_queue_name(self._topology, decision.tier_ms), error)
             else:
                 await delivery.dead_letter(decision, error, _ids_of(event), traceparent=trace.traceparent)
         except Exception as exc:

@@ -77,8 +77,19 @@ _UNKNOWN = Advice(
 )
 
 
-def advice(kind: str) -> Advice:
-    """What to do about dead letters of ``kind`` (neutral advice for a kind not in the tables)."""
+#: a transient fault that was no fault of the worker's: the shard's answer had no queue to go to
+NO_ROUTE = Advice(
+    True,
+    "the shard has no queue bound for its answers (the error names it): a shard declares and binds its "
+    "results and notifications queues before it publishes (CONTRACT.md section 2); replay once it does",
+)
+
+
+def advice(kind: str, error: str = "") -> Advice:
+    """What to do about dead letters of ``kind`` (neutral advice for a kind not in the tables); ``error``,
+    the letter's errors, names a cause a kind alone does not (an answer with no route)."""
+    if kind == "transient_exhausted" and "(NO_ROUTE)" in error:
+        return NO_ROUTE
     return WORKER_KINDS.get(kind) or BROKER_KINDS.get(kind) or _UNKNOWN
 
 
@@ -91,7 +102,7 @@ def hopeless(kinds: Iterable[str]) -> list[str]:
     return [kind for kind in dict.fromkeys(kinds) if not replay_helps(kind)]
 
 
-def replay_note(kind: str) -> str:
+def replay_note(kind: str, error: str = "") -> str:
     """One line for ``show`` and a letter's page: whether a replay helps, and what to do."""
-    found = advice(kind)
+    found = advice(kind, error)
     return f"{FAILS_AGAIN}: {found.hint}" if not found.replay_helps else found.hint

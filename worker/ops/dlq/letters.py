@@ -18,6 +18,7 @@ from worker.broker.headers import (
     ERROR,
     ERROR_KIND,
     FAILED_AT,
+    FIRST_ERROR,
     ORIGINAL_ROUTING_KEY,
     REPLAY_COUNT,
     REPLAYED_AT,
@@ -196,6 +197,13 @@ class Letter:
     replay_count: int = 0
     #: who published the event (:func:`published_by`)
     published_by: PublishedBy = NOBODY
+    #: the error of its first attempt, when the last one failed otherwise (``x-ltm-first-error``)
+    first_error: str = ""
+
+    @property
+    def errors(self) -> str:
+        """Its errors, the first attempt's too: what the advice reads a cause from."""
+        return f"{self.error} {self.first_error}".strip()
 
     @property
     def replay_key(self) -> str:
@@ -269,6 +277,7 @@ def describe_dead_letter(
             message_id=message_id,
             replay_count=replay_count,
             published_by=sender,
+            first_error=header_text(headers.get(FIRST_ERROR)) or "",
         )
 
     # the broker dead-lettered it (over the work queue's delivery limit, or a rejection / TTL / length limit)

@@ -128,7 +128,8 @@ def format_message(seen: Seen, now: datetime) -> str:
         f"event {safe(letter.event_id or '-')}: {safe(letter.kind)}, {attempts} attempt(s), failed at "
         f"{failed_at} ({format_age(letter.age(now))} ago), shard {shard}",
         f"error: {safe(letter.error)}",
-        f"what to do: {safe(replay_note(letter.kind))}",
+        *([f"first attempt's error: {safe(letter.first_error)}"] if letter.first_error else []),
+        f"what to do: {safe(replay_note(letter.kind, letter.errors))}",
         f"replays to: {safe(letter.replay_key or '?')} (replayed {letter.replay_count} time(s) so far)",
     ]
     lines.append(f"published by: {safe(letter.published_by.describe())}")

@@ -243,12 +243,13 @@ def _letter(seen: Seen, now: datetime, event_id: str) -> str:
         for key, value in sorted((str(k), v) for k, v in seen.headers.items())
     ]
     command = f"worker dlq replay --event-id {shlex.quote(event_id)}"
-    found = advice(letter.kind)
+    found = advice(letter.kind, letter.errors)
     what = (
         f"<p id=advice>{esc(found.hint)}</p><p>Replay it: <code class=cmd>{esc(command)}</code></p>"
         if found.replay_helps
-        else f"<p id=advice class=fails>{esc(replay_note(letter.kind))}</p><details><summary class=muted>"
-        f"the replay command all the same</summary><code class=cmd>{esc(command)}</code></details>"
+        else f"<p id=advice class=fails>{esc(replay_note(letter.kind, letter.errors))}</p><details>"
+        f"<summary class=muted>the replay command all the same</summary>"
+        f"<code class=cmd>{esc(command)}</code></details>"
     )
     return (
         f"{pairs(summary)}<h3>What to do</h3>{what}"
