@@ -47,7 +47,8 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from bench.noisy import _moved
+from bench.flood import BOT, CHANNEL, GUILD, TRIGGER, seed
+from bench.noisy import _moved, queue_depths
 from bench.sandbox import Sandbox, management_url_from_env
 from contracts.models import MAX_ALIASES, MAX_LABEL, MAX_PARTICIPANTS
 from sim.process import CHECKOUT, ModuleProcess
@@ -60,12 +61,8 @@ from worker.testing.workers import free_port
 
 TOPOLOGY = Topology()
 SHARD = 0
-GUILD, CHANNEL, AUTHOR, BOT = (
-    "1150000000000000001",
-    "1150000000000000100",
-    "1150000000000000200",
-    "1150000000000000999",
-)
+#: the author of the events: bench.flood's triggering user (its seed makes the guild's and the user's rows)
+AUTHOR = TRIGGER
 #: an alias as long as the review's (a label may be 256 characters)
 ALIAS_CHARS = 253
 #: the contract's cap on a participant's aliases
@@ -305,23 +302,6 @@ async def migrate(checkout: Path, env: dict[str, str]) -> None:
         raise RuntimeError(f"worker migrate exited {process.returncode}: {output.decode()[-2000:]}")
 
 
-async def seed(dsn: str) -> int:
-    """The guild's server and persona, and the author's users row; the persona's id."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        server_id = await conn.fetchval(
-            "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id", GUILD
-        )
-        persona_id: int = await conn.fetchval(
-            "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori') RETURNING persona_id",
-            server_id,
-        )
-        await conn.execute("INSERT INTO users (user_disc_id) VALUES ($1)", AUTHOR)
-        return persona_id
-    finally:
-        await conn.close()
-
-
 @dataclass
 class Stall:
     """Postgres stalled on a connection of the bench's own: the lock taken, then ``seconds`` of sleep."""
@@ -366,25 +346,6 @@ async def publish_all(link: ShardLink, shape: EventShape, count: int, window: in
                 finished.result()
     await asyncio.gather(*pending)
     return ids, time.monotonic() - started
-
-
-async def queue_depths(url: str, queues: list[str]) -> dict[str, int]:
-    connection = await aio_pika.connect(url, timeout=10)
-    depths = {}
-    try:
-        for name in queues:
-            channel = await connection.channel()
-            try:
-                queue = await channel.declare_queue(name, passive=True)
-                depths[name] = queue.declaration_result.message_count or 0
-            except aio_pika.exceptions.ChannelClosed:
-                continue  # not declared: nothing in it
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
-    finally:
-        await connection.close()
-    return depths
 
 
 async def dead_letters(url: str, limit: int, seconds: float = 60.0) -> Counter[str]:

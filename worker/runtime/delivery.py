@@ -22,6 +22,7 @@ from contracts.models import DeadLetterKind, ToolResult
 from worker.broker.acks import Acks
 from worker.broker.envelope import RoutableIds
 from worker.broker.headers import Sender
+from worker.pipeline.outcome import Outcome
 from worker.redact import describe
 from worker.service.policy import DeadLetter, Retry
 
@@ -146,14 +147,7 @@ class Delivery:
         )
         if ids is not None and decision.failure is not None:
             try:
-                await self._publisher.publish_outputs(
-                    event_id=ids.event_id,
-                    tool_call_id=ids.tool_call_id,
-                    shard_id=ids.shard_id,
-                    result=decision.failure.result(ids, datetime.now(UTC)),
-                    notification=None,
-                    traceparent=traceparent,
-                )
+                await self._answer(decision.failure, ids, traceparent)
             except Exception as exc:
                 log.warning(
                     "failure result not delivered; the dead letter keeps the event",
@@ -173,19 +167,23 @@ class Delivery:
         if ids is None or decision.failure is None:
             return False
         try:
-            await self._publisher.publish_outputs(
-                event_id=ids.event_id,
-                tool_call_id=ids.tool_call_id,
-                shard_id=ids.shard_id,
-                result=decision.failure.result(ids, datetime.now(UTC)),
-                notification=None,
-                traceparent=traceparent,
-            )
+            await self._answer(decision.failure, ids, traceparent)
         except Exception as exc:
             log.warning("failure result not delivered; a dead letter keeps the event", error=describe(exc))
             return False
         await self.ack()
         return True
+
+    async def _answer(self, failure: Outcome, ids: RoutableIds, traceparent: str | None) -> None:
+        """The failure result for the waiting shard, confirmed (raises when the broker does not take it)."""
+        await self._publisher.publish_outputs(
+            event_id=ids.event_id,
+            tool_call_id=ids.tool_call_id,
+            shard_id=ids.shard_id,
+            result=failure.result(ids, datetime.now(UTC)),
+            notification=None,
+            traceparent=traceparent,
+        )
 
     async def hand_back(self, stopping: asyncio.Event) -> None:
         """Every delivery ends settled: one the handler could neither ack nor route (the broker refused a
