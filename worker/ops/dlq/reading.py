@@ -140,20 +140,9 @@ async def read(
     keep = whole if details else summary
     channel, expected = await dlq.open_pass(batch)
     now = datetime.now(UTC)
-    if expected > MAX_PREFETCH:  # deeper than a prefetch window: the basic.get pass, same channel
-        return Sweep(
-            channel,
-            dlq.name,
-            dlq.topology,
-            selection,
-            keep,
-            expected=expected,
-            batch=batch,
-            limit=limit,
-            now=now,
-            trusted=dlq.trusted,
-        )
-    reading = Reading(
+    # deeper than a prefetch window: the basic.get pass, on the same channel
+    pass_of = Sweep if expected > MAX_PREFETCH else Reading
+    reading = pass_of(
         channel,
         dlq.name,
         dlq.topology,
@@ -165,7 +154,8 @@ async def read(
         now=now,
         trusted=dlq.trusted,
     )
-    await reading.start()
+    if isinstance(reading, Reading):
+        await reading.start()
     return reading
 
 
