@@ -16,6 +16,24 @@ event on the version-1 key has given each shard its queue); ``--same-shard`` sen
 B's guild: how far one guild is kept from another guild of the same shard; ``--shards-report`` prints what
 ``worker shards`` shows 3 s into the flood. Nothing is asserted: the figures
 are for the README and the closing note.
+
+Besides B's latency over the whole flood, the line "of which sent in the flood's first second" is B's
+latency over the events B published within 1 s of the flood's start (what a flood already in the common queue
+costs a shard before the workers have sorted it). More tenants and workers:
+
+- ``--loud K``: K flooding tenants, shards 0..K-1, each in a guild of its own and each publishing ``--flood``
+  events at once with its own ``--window``; B is shard K (with ``--same-shard``: another guild of shard 0,
+  so ``--same-shard --loud 2`` is a loud guild in each of two shards beside a quiet guild of the first).
+  Each loud tenant's drain time is printed;
+- ``--workers N``: N worker processes (each its own HTTP port and log), all consuming before anything is
+  published; the moved count is summed over them. ``--kill-after S`` SIGKILLs the last one S seconds into
+  the flood, the others go on (the broker redelivers its deliveries, the ledger answers them: every event
+  must still be written once);
+- ``--declare``: ``worker shards --declare`` every shard used, after the workers consume and before the
+  warm-up (with ``--path kit`` the warm-up then goes on the shards' own keys: their queues exist from the
+  start, as a deployment that declares ahead has them);
+- ``--logs DIR``: keep the workers' logs in DIR and print, per worker, its warnings and errors by message and
+  how many events it answered from the ledger, then the broker's redeliveries per queue (management API).
 """
 
 from __future__ import annotations
@@ -25,6 +43,7 @@ import asyncio
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +54,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import asyncpg
@@ -42,21 +62,63 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
 from bench.flood import percentile
-from bench.sandbox import Sandbox
+from bench.sandbox import Sandbox, management_url_from_env
 from sim.process import CHECKOUT, ModuleProcess
-from sim.shard import EVENT_TYPE, ShardLink
+from sim.shard import EVENT_TYPE, TOOL_ROUTING_KEY, ShardLink
 from worker.broker.topology import shard_queue_name
 from worker.config import Topology, env_of
 from worker.store.migrate import apply_migrations
+from worker.testing.management import ManagementApi
 from worker.testing.workers import free_port
 
 TOPOLOGY = Topology()
 SHARDS_REPORT_AFTER = 3.0
 BOT = "1150000000000000999"
 AUTHOR = "1150000000000000200"
-#: shard ids of the flood (A) and the trickle (B), and each one's guild
-SHARD_A, SHARD_B = 0, 1
-GUILDS = {SHARD_A: "1150000000000000001", SHARD_B: "1150000000000000002"}
+#: the guild of the first loud tenant (A, shard 0) and B's guild; the other loud tenants' guilds follow
+GUILD_A, GUILD_B = "1150000000000000001", "1150000000000000002"
+#: B's latency is also given over the events it sent this soon after the flood's start
+FIRST_SECOND = 1.0
+#: the management API's statistics lag this much (collect_statistics_interval is 5 s by default)
+STATS_SECONDS = 6.0
+
+
+def loud_guild(index: int) -> str:
+    """The guild of loud tenant ``index`` (0 is A's, as before there were several)."""
+    return GUILD_A if index == 0 else str(int(GUILD_A) + 10 + index)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who publishes: a shard, from one guild of it."""
+
+    shard_id: int
+    guild: str
+
+
+@dataclass(frozen=True)
+class Cast:
+    """The loud tenants, B, and every shard and guild used."""
+
+    loud: list[Tenant]
+    quiet: Tenant
+
+    @classmethod
+    def of(cls, loud: int, same_shard: bool) -> Cast:
+        tenants = [Tenant(i, loud_guild(i)) for i in range(loud)]
+        return cls(tenants, Tenant(0 if same_shard else loud, GUILD_B))
+
+    @property
+    def shards(self) -> list[int]:
+        return sorted({t.shard_id for t in (*self.loud, self.quiet)})
+
+    @property
+    def guilds(self) -> list[str]:
+        return [*(t.guild for t in self.loud), self.quiet.guild]
+
+    def warm_guild(self, shard_id: int) -> str:
+        """The guild a shard's warm-up event comes from (a loud one's own, else B's)."""
+        return next((t.guild for t in self.loud if t.shard_id == shard_id), self.quiet.guild)
 
 
 @dataclass
@@ -92,19 +154,20 @@ class Answers:
 
 @dataclass
 class Seeded:
-    personas: dict[int, int]
+    #: by guild
+    personas: dict[str, int]
 
 
-async def seed(dsn: str) -> Seeded:
-    """A server and a persona per shard's guild, and the author's users row."""
+async def seed(dsn: str, guilds: list[str]) -> Seeded:
+    """A server and a persona per guild, and the author's users row."""
     conn = await asyncpg.connect(dsn)
     try:
         personas = {}
-        for shard, guild in GUILDS.items():
+        for guild in guilds:
             server_id = await conn.fetchval(
                 "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id", guild
             )
-            personas[shard] = await conn.fetchval(
+            personas[guild] = await conn.fetchval(
                 "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori')"
                 " RETURNING persona_id",
                 server_id,
@@ -115,7 +178,7 @@ async def seed(dsn: str) -> Seeded:
         await conn.close()
 
 
-def event(shard_id: int, guild_of: int, persona_id: int, n: int) -> tuple[str, bytes]:
+def event(shard_id: int, guild: str, persona_id: int, n: int) -> tuple[str, bytes]:
     event_id = str(uuid.uuid4())
     body = {
         "schema_version": 1,
@@ -126,7 +189,7 @@ def event(shard_id: int, guild_of: int, persona_id: int, n: int) -> tuple[str, b
         "shard_id": shard_id,
         "arguments": {"memory_content": f"{{user}} knows fact number {n}", "memory_scope": "server_wide"},
         "context": {
-            "guild_disc_id": GUILDS[guild_of],
+            "guild_disc_id": guild,
             "channel_disc_id": "1150000000000000100",
             "thread_id": None,
             "triggering_user_disc_id": AUTHOR,
@@ -148,12 +211,18 @@ class Shard:
         self.kit_path = kit_path
         self.sent: dict[str, float] = {}
 
-    async def send(self, event_id: str, body: bytes) -> None:
+    @property
+    def key(self) -> str:
         key = "tool.create_long_term_memory"
         if self.kit_path:
             key += f".shard.{self.link.shard_id}"
+        return key
+
+    async def send(self, event_id: str, body: bytes) -> None:
         self.sent[event_id] = time.monotonic()
-        await self.link.publish(body, routing_key=key, message_id=event_id, type=EVENT_TYPE, mandatory=True)
+        await self.link.publish(
+            body, routing_key=self.key, message_id=event_id, type=EVENT_TYPE, mandatory=True
+        )
 
 
 async def trickle(shard: Shard, make: Any, rate: float, until: asyncio.Event, at_least: float) -> list[str]:
@@ -185,17 +254,21 @@ def latency_line(name: str, shard: Shard, answers: Answers, ids: list[str]) -> s
     )
 
 
-def processing_line(name: str, log_path: Path, ids: list[str]) -> str:
-    """The worker's own time for ``ids`` (its "event processed" lines' ``duration_ms``: from the start of
+def processing_line(name: str, log_paths: list[Path], ids: list[str]) -> str:
+    """The workers' own time for ``ids`` (their "event processed" lines' ``duration_ms``: from the start of
     processing to the ack): what is left of the latency is the broker, the wait for a slot and the shard."""
     wanted = set(ids)
     took = []
-    for raw in log_path.read_text(errors="replace").splitlines():
-        if '"event processed"' not in raw:
-            continue
-        line = orjson.loads(raw)
-        if line.get("event_id") in wanted:
-            took.append(float(line["duration_ms"]))
+    for log_path in log_paths:
+        for raw in log_path.read_text(errors="replace").splitlines():
+            if '"event processed"' not in raw:
+                continue
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue  # a line cut short by a SIGKILL
+            if line.get("event_id") in wanted:
+                took.append(float(line["duration_ms"]))
     if not took:
         return f"{name}: no lines"
     p50, p99 = statistics.median(took), percentile(took, 0.99)
@@ -222,6 +295,7 @@ async def queue_depths(url: str, queues: list[str]) -> dict[str, int]:
 
 
 async def run(args: argparse.Namespace) -> int:
+    cast = Cast.of(args.loud, args.same_shard)
     sandbox = Sandbox(args.postgres_dsn)
     workdir = Path(tempfile.mkdtemp(prefix="ltm-noisy-"))
     redis_port = free_port()
@@ -241,102 +315,173 @@ async def run(args: argparse.Namespace) -> int:
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    worker: ModuleProcess | None = None
+    workers: list[ModuleProcess] = []
+    killed: ModuleProcess | None = None
     links: list[ShardLink] = []
     try:
         dsn = await sandbox.new_database("_noisy")
         url = await sandbox.new_vhost(args.rabbitmq_url)
         await apply_migrations(dsn)
-        seeded = await seed(dsn)
+        seeded = await seed(dsn, cast.guilds)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
         env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=f"redis://127.0.0.1:{redis_port}/0"))
-        http_port = free_port()
-        env.update(
-            {"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1", "LTM_HTTP_PORT": str(http_port)}
-        )
+        env.update({"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1"})
         if args.shards_report:
             env["LTM_METRICS_INTERVAL_SECONDS"] = "1"  # the activity rows `worker shards` adds up
         for setting in args.set or []:
             name, _, value = setting.partition("=")
             env[name] = value
         checkout: Path = args.checkout or CHECKOUT
-        worker = ModuleProcess(
-            "worker", ["run", "--log-format", "json"], env, workdir / "worker.log", "worker", cwd=checkout
+        http_ports = [free_port() for _ in range(args.workers)]
+        log_paths = (
+            [workdir / "worker.log"]
+            if args.workers == 1
+            else [workdir / f"worker-{i + 1}.log" for i in range(args.workers)]
         )
-        worker.start()
+        for i, (port, log_path) in enumerate(zip(http_ports, log_paths, strict=True)):
+            name = "worker" if args.workers == 1 else f"worker {i + 1}"
+            worker_env = {**env, "LTM_HTTP_PORT": str(port)}
+            worker = ModuleProcess(
+                "worker", ["run", "--log-format", "json"], worker_env, log_path, name, cwd=checkout
+            )
+            workers.append(worker.start())
+        env["LTM_HTTP_PORT"] = str(http_ports[0])  # `worker shards`: the first worker's settings
         answers = Answers()
-        shards = {}
-        for shard_id in (SHARD_A, SHARD_B):
+        shards: dict[int, Shard] = {}
+        for shard_id in cast.shards:
             link = ShardLink(url, shard_id, robust=False)
             await link.open(answers.on_result, answers.on_notice, no_ack=True, declare_exchanges=True)
             links.append(link)
             shards[shard_id] = Shard(link, args.path == "kit")
-        await worker.wait_for_log("consuming", timeout=120)
-        flooder, trickler = shards[SHARD_A], shards[SHARD_B]
-        b_shard = SHARD_A if args.same_shard else SHARD_B
-        if args.same_shard:
-            trickler = Shard(links[0], args.path == "kit")
+        for worker in workers:
+            await worker.wait_for_log("consuming", timeout=120)
+        if args.declare:
+            print(await _declare(env, checkout, cast.shards), flush=True)
+        flooders = [shards[t.shard_id] for t in cast.loud]
+        b = cast.quiet
+        trickler = shards[b.shard_id] if not args.same_shard else Shard(shards[0].link, args.path == "kit")
 
         def b_event(n: int) -> tuple[str, bytes]:
-            return event(b_shard, SHARD_B, seeded.personas[SHARD_B], 1_000_000 + n)
+            return event(b.shard_id, b.guild, seeded.personas[b.guild], 1_000_000 + n)
 
         # warm-up: one event per shard on the version-1 key, so each has its own queue before the kit path
+        # (declared ahead, a shard on the kit publishes on its own key from the first)
         warm = []
-        for shard_id in (SHARD_A, SHARD_B):
-            event_id, body = event(shard_id, shard_id, seeded.personas[shard_id], -1 - shard_id)
-            await shards[shard_id].link.publish(body, message_id=event_id, type=EVENT_TYPE, mandatory=True)
+        for shard_id in cast.shards:
+            guild = cast.warm_guild(shard_id)
+            event_id, body = event(shard_id, guild, seeded.personas[guild], -1 - shard_id)
+            key = shards[shard_id].key if args.declare else TOOL_ROUTING_KEY
+            await shards[shard_id].link.publish(
+                body, routing_key=key, message_id=event_id, type=EVENT_TYPE, mandatory=True
+            )
             warm.append(event_id)
         await answers.wait(warm, 60)
         await asyncio.sleep(1.0)  # the shard queues are declared beside the first events
 
-        print(
+        line = (
             f"worker of {checkout}; path {args.path}; B {'in' if args.same_shard else 'beside'} shard A; "
-            f"B at {args.rate:g}/s; A floods {args.flood}; settings {' '.join(args.set or []) or 'defaults'}",
-            flush=True,
+            f"B at {args.rate:g}/s; A floods {args.flood}; settings {' '.join(args.set or []) or 'defaults'}"
         )
+        if args.workers != 1 or args.loud != 1 or args.kill_after is not None or args.declare:
+            line += (
+                f"; {args.workers} worker(s); {args.loud} loud tenant(s), shards "
+                f"{', '.join(str(t.shard_id) for t in cast.loud)}, each flooding {args.flood} from one "
+                f"guild; B is shard {b.shard_id}"
+                + (
+                    f"; the last worker killed {args.kill_after:g} s into the flood"
+                    if args.kill_after is not None
+                    else ""
+                )
+                + ("; shards declared ahead" if args.declare else "")
+            )
+        print(line, flush=True)
         done = asyncio.Event()
         done.set()
         quiet_ids = await trickle(trickler, b_event, args.rate, done, args.quiet_seconds)
         await answers.wait(quiet_ids, 60)
         print(latency_line("B quiet          ", trickler, answers, quiet_ids), flush=True)
-        print(processing_line("  of which in process", workdir / "worker.log", quiet_ids), flush=True)
+        print(processing_line("  of which in process", log_paths, quiet_ids), flush=True)
 
         drained = asyncio.Event()
-        a_ids: list[str] = []
+        loud_ids: list[list[str]] = [[] for _ in cast.loud]
         started = time.monotonic()
 
-        async def flood() -> float:
+        async def flood(index: int) -> float:
+            tenant, flooder, ids = cast.loud[index], flooders[index], loud_ids[index]
+            persona = seeded.personas[tenant.guild]
             pending: set[asyncio.Future[None]] = set()
             for n in range(args.flood):
-                event_id, body = event(SHARD_A, SHARD_A, seeded.personas[SHARD_A], n)
-                a_ids.append(event_id)
+                event_id, body = event(tenant.shard_id, tenant.guild, persona, n)
+                ids.append(event_id)
                 pending.add(asyncio.ensure_future(flooder.send(event_id, body)))
                 if len(pending) >= args.window:
                     _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             await asyncio.gather(*pending)
             published = time.monotonic() - started
-            await answers.wait(a_ids, args.timeout)
-            drained.set()
+            await answers.wait(ids, args.timeout)
             return published
 
-        flooding = asyncio.ensure_future(flood())
+        async def floods() -> list[float]:
+            try:
+                return list(await asyncio.gather(*(flood(i) for i in range(len(cast.loud)))))
+            finally:
+                drained.set()
+
+        async def kill_last(after: float) -> float:
+            await asyncio.sleep(after)
+            workers[-1].kill()
+            return time.monotonic() - started
+
+        flooding = asyncio.ensure_future(floods())
+        killing = asyncio.ensure_future(kill_last(args.kill_after)) if args.kill_after is not None else None
         reporting = asyncio.ensure_future(_shards_report(env, checkout)) if args.shards_report else None
         b_ids = await trickle(trickler, b_event, args.rate, drained, 0)
         published = await flooding
+        if killing is not None:
+            if not killing.done():
+                killing.cancel()
+                print(
+                    f"the last worker was not killed: the flood drained before {args.kill_after:g} s",
+                    flush=True,
+                )
+            else:
+                killed = workers[-1]
+                print(
+                    f"{killed.name} (pid {killed.pid}) SIGKILLed {killing.result():.2f} s into the flood",
+                    flush=True,
+                )
         if reporting is not None:
             print(await reporting, flush=True)
         await answers.wait(b_ids, 60)
-        a_done = [answers.arrived[i] for i in a_ids if i in answers.arrived]
-        print(latency_line("B beside A's flood", trickler, answers, b_ids), flush=True)
-        print(processing_line("  of which in process", workdir / "worker.log", b_ids), flush=True)
+        first_ids = [i for i in b_ids if trickler.sent[i] - started < FIRST_SECOND]
+        beside = "B beside A's flood" if len(cast.loud) == 1 else "B beside the floods"
+        print(latency_line(beside, trickler, answers, b_ids), flush=True)
+        print(processing_line("  of which in process", log_paths, b_ids), flush=True)
         print(
-            f"A's flood: {len(a_done)}/{len(a_ids)} answered; published in {published:.2f} s, drained "
-            f"{(max(a_done) - started) if a_done else float('nan'):.2f} s after its first publish",
+            latency_line("  of which sent in the flood's first second", trickler, answers, first_ids),
             flush=True,
         )
-        moved = await _moved(http_port)
-        if moved is not None:
-            print(f"events the worker moved to their shard's own queue: {moved}", flush=True)
+        for index, (tenant, ids) in enumerate(zip(cast.loud, loud_ids, strict=True)):
+            done_at = [answers.arrived[i] for i in ids if i in answers.arrived]
+            name = "A" if len(cast.loud) == 1 else f"A{index} (shard {tenant.shard_id}, guild {tenant.guild})"
+            drain = (max(done_at) - started) if done_at else float("nan")
+            print(
+                f"{name}'s flood: {len(done_at)}/{len(ids)} answered; published in {published[index]:.2f} s, "
+                f"drained {drain:.2f} s after its first publish",
+                flush=True,
+            )
+        running = [(w, port) for w, port in zip(workers, http_ports, strict=True) if w is not killed]
+        counts = [await _moved(port) for _, port in running]
+        moved = [n for n in counts if n is not None]
+        if moved and args.workers == 1:
+            print(f"events the worker moved to their shard's own queue: {moved[0]}", flush=True)
+        elif moved:
+            print(
+                f"events the workers moved to their shard's own queue: {sum(moved)} "
+                f"(summed over the {len(moved)} worker(s) still running: {', '.join(map(str, moved))})",
+                flush=True,
+            )
+        a_ids = [i for ids in loud_ids for i in ids]
         every = [*warm, *quiet_ids, *a_ids, *b_ids]
         missing = [i for i in every if i not in answers.arrived]
         doubled = [i for i in every if answers.copies[i] > 1]
@@ -344,7 +489,7 @@ async def run(args: argparse.Namespace) -> int:
         queues = [
             TOPOLOGY.work_queue,
             TOPOLOGY.dead_letter_queue,
-            *(shard_queue_name(TOPOLOGY, s) for s in (SHARD_A, SHARD_B)),
+            *(shard_queue_name(TOPOLOGY, s) for s in cast.shards),
         ]
         left = {name: n for name, n in (await queue_depths(url, queues)).items() if n}
         rows = await _ledger_rows(dsn)
@@ -353,18 +498,93 @@ async def run(args: argparse.Namespace) -> int:
             f"{rows} ledger rows; queues left non-empty: {left or 'none'}",
             flush=True,
         )
-        worker.check_alive()
+        if args.logs is not None:
+            for log_path in log_paths:
+                print(_log_summary(log_path), flush=True)
+            print(await _redeliveries(args.rabbitmq_url, sandbox.vhost, queues), flush=True)
+        for worker in workers:
+            if worker is not killed:
+                worker.check_alive()
         return 0 if not missing and not left and rows == len(every) else 1
     finally:
         for link in links:
             await link.close(delete_queues=True)
-        if worker is not None:
+        for worker in workers:
             worker.kill()
         redis.kill()
         await redis.wait()
         for problem in await sandbox.close():
             print(problem, file=sys.stderr)
+        if args.logs is not None:
+            _keep_logs(workdir, args.logs)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _keep_logs(workdir: Path, keep: Path) -> None:
+    keep.mkdir(parents=True, exist_ok=True)
+    for log_path in workdir.glob("worker*.log"):
+        shutil.copy(log_path, keep / log_path.name)
+
+
+async def _declare(env: dict[str, str], checkout: Path, shard_ids: list[int]) -> str:
+    """``worker shards --declare`` the shards (the workers' settings), what it printed; raise if it failed."""
+    command = ["worker", "shards", "--declare", *map(str, shard_ids)]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", *command,
+        cwd=checkout, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    text = f"$ {' '.join(command)}\n{out.decode().rstrip()}"
+    if process.returncode != 0:
+        raise RuntimeError(f"{text}\n(exit {process.returncode})")
+    return text
+
+
+def _log_summary(log_path: Path) -> str:
+    """One worker's log: events answered (of them from the ledger), its warnings and errors by message."""
+    processed = replayed = 0
+    notable: Counter[str] = Counter()
+    for raw in log_path.read_text(errors="replace").splitlines():
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            if raw.strip():
+                notable[f"(not JSON) {raw.strip()[:100]}"] += 1
+            continue
+        if not isinstance(line, dict):
+            continue
+        message = str(line.get("event", ""))
+        if message == "event processed":
+            processed += 1
+            replayed += bool(line.get("replayed"))
+        level = str(line.get("level", "")).lower()
+        if level in ("warning", "error", "critical", "exception"):
+            notable[f"{level}: {message}"] += 1
+    listed = "; ".join(f"{n} x {m}" for m, n in notable.most_common()) or "none"
+    return (
+        f"{log_path.name}: {processed} events answered ({replayed} from the ledger); "
+        f"warnings and errors: {listed}"
+    )
+
+
+async def _redeliveries(rabbitmq_url: str, vhost: str | None, queues: list[str]) -> str:
+    """The broker's redeliveries per queue (``message_stats.redeliver``: handed back, or lost with a channel
+    or a worker), from the management API once its statistics caught up."""
+    if vhost is None:
+        return "broker redeliveries: no vhost of the bench's own"
+    parts = urlsplit(rabbitmq_url)
+    base = management_url_from_env() or f"http://{parts.hostname or '127.0.0.1'}:15672"
+    api = ManagementApi.from_url(base, unquote(parts.username or "guest"), unquote(parts.password or "guest"))
+    await asyncio.sleep(STATS_SECONDS)
+    found = {}
+    try:
+        for name in queues:
+            state = await asyncio.to_thread(api.queue, vhost, name)
+            stats = (state or {}).get("message_stats") or {}
+            found[name] = int(stats.get("redeliver", 0) or 0)
+    except Exception as exc:
+        return f"broker redeliveries: the management API at {base} did not answer ({exc})"
+    return "broker redeliveries: " + (", ".join(f"{q} {n}" for q, n in found.items() if n) or "none")
 
 
 async def _shards_report(env: dict[str, str], checkout: Path) -> str:
@@ -422,11 +642,56 @@ def main(argv: list[str] | None = None) -> int:
         help="print `worker shards` 3 s into the flood (the worker records its activity every second)",
     )
     parser.add_argument("--checkout", help="run the worker of another checkout (side-by-side comparisons)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (1)")
+    parser.add_argument(
+        "--kill-after",
+        type=float,
+        metavar="SECONDS",
+        help="SIGKILL the last worker this many seconds into the flood (off; needs --workers 2 or more)",
+    )
+    parser.add_argument(
+        "--loud",
+        type=int,
+        default=1,
+        help="flooding tenants, shards 0..K-1 each from one guild, each publishing --flood (1); B is shard "
+        "K, or with --same-shard another guild of shard 0",
+    )
+    parser.add_argument(
+        "--declare",
+        action="store_true",
+        help="`worker shards --declare` every shard used before the warm-up (with --path kit the warm-up "
+        "then goes on the shards' own keys)",
+    )
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        metavar="DIR",
+        help="keep the workers' logs in DIR; print their warnings and errors and the broker's redeliveries",
+    )
     parser.add_argument("--postgres-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
     args = parser.parse_args(argv)
     args.checkout = Path(args.checkout).resolve() if args.checkout else None
+    if args.workers < 1 or args.loud < 1:
+        parser.error("--workers and --loud take 1 or more")
+    if args.kill_after is not None and (args.workers < 2 or args.kill_after < 0):
+        parser.error("--kill-after needs --workers 2 or more (someone must go on) and SECONDS of 0 or more")
+    if args.declare and args.checkout is not None and not _declares(args.checkout):
+        parser.error(f"--declare: `worker shards --help` of {args.checkout} has no --declare")
     return asyncio.run(run(args))
+
+
+def _declares(checkout: Path) -> bool:
+    """Whether the checkout's ``worker shards`` takes ``--declare``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", "shards", "--help"],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--declare" in done.stdout
 
 
 if __name__ == "__main__":
