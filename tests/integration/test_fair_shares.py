@@ -869,6 +869,7 @@ async def test_the_shard_queue_cap_holds_across_workers(
     assert running.count(cap) >= 1
 
 
+@pytest.mark.slow
 async def test_worker_shards_forget_removes_a_gone_shards_row_then_its_queue_and_leaves_one_with_events(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
@@ -914,6 +915,7 @@ async def test_worker_shards_forget_removes_a_gone_shards_row_then_its_queue_and
         await conn.close()
 
 
+@pytest.mark.slow
 async def test_worker_shards_declare_takes_the_common_queue_out_of_a_kit_shards_path_from_its_first_event(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
