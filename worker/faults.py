@@ -127,8 +127,37 @@ def needs_a_person(problem: str) -> bool:
 
 def explain(exc: BaseException, url: str | None = None) -> str:
     """One line for ``exc``, met connecting to (or talking with) the dependency at ``url``: :func:`refusal`'s
-    sentence when a person must act, else :func:`describe`'s ``Type: message``. Passwords never show."""
-    return refusal(exc, url) or describe(exc)
+    sentence when a person must act, else :func:`describe`'s ``Type: message``, with a hint where nothing
+    answered (a refused connection, a silent one). Passwords never show."""
+    return refusal(exc, url) or _with_hint(exc, url)
+
+
+#: the dependency a URL's scheme names, for the hints
+_DEPENDENCIES = {
+    "postgresql": "Postgres",
+    "postgres": "Postgres",
+    "redis": "Redis",
+    "rediss": "Redis",
+    "amqp": "RabbitMQ",
+    "amqps": "RabbitMQ",
+}
+
+
+def _with_hint(exc: BaseException, url: str | None) -> str:
+    """:func:`describe`'s line, and what to look at when nothing answered at the URL's host and port."""
+    said = describe(exc)
+    scheme = (url or "").partition("://")[0].lower()
+    name = _DEPENDENCIES.get(scheme)
+    host, port = _host_and_port(url)
+    if name is None or not host:
+        return said
+    where = f"{unquote(host)}:{port}" if port else unquote(host)
+    chain = _chain(exc)
+    if any(isinstance(current, ConnectionRefusedError) for current in chain):
+        return f"{said} (nothing listens at {where}: is {name} running there? check the host and port)"
+    if any(isinstance(current, TimeoutError) for current in chain) and "(no message)" in said:
+        return f"{name} at {where} did not answer in time (connecting, logging in): overloaded or stopped?"
+    return said
 
 
 def refusal(exc: BaseException, url: str | None = None) -> str | None:
