@@ -414,7 +414,8 @@ def test_a_lone_surrogate_in_the_tool_call_id_cannot_be_answered() -> None:
 @pytest.mark.parametrize(
     ("raw", "why"),
     [
-        (b'{"a": "\xff\xfe"}', "not UTF-8 JSON"),
+        (b'{"a": "\xff\xfe"}', "not UTF-8 JSON: not UTF-8 (byte 0xff at offset 7)"),
+        (b"\x1b[31mred\x1b[0m \xff\xfe", "not UTF-8 (byte 0xff at offset 13)"),  # newcomer review 5, N9
         (b'{"a": 1,}', "not UTF-8 JSON"),
         (b"[1, 2]", "JSON list is not an object"),
         (b"null", "JSON null is not an object"),

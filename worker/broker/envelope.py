@@ -190,8 +190,11 @@ def _tolerant(body: bytes, refused: orjson.JSONDecodeError) -> Any:
     malformed = Unreadable(DeadLetterKind.MALFORMED, f"not UTF-8 JSON: {_one_line(str(refused))}")
     try:
         text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return malformed
+    except UnicodeDecodeError as exc:  # say where, not orjson's wording (it speaks of surrogates)
+        bad = body[exc.start : exc.end]
+        return Unreadable(
+            DeadLetterKind.MALFORMED, f"not UTF-8 JSON: not UTF-8 (byte 0x{bad[0]:02x} at offset {exc.start})"
+        )
     if str(refused).startswith("depth limit exceeded"):
         around = _around_arguments(body, refused.pos)
         if around is None:
