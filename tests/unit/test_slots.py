@@ -89,3 +89,33 @@ async def test_the_last_free_slot_is_kept_for_a_shard_that_holds_none() -> None:
     assert not third.done()
     slots.release("loud")  # now the loud shard holds one, and two are free
     assert await asyncio.wait_for(third, timeout=1)
+
+
+async def test_two_levels_the_shards_in_turn_and_inside_a_shard_its_guilds_in_turn() -> None:
+    """Keys (shard, guild), grouped by shard: a freed slot goes to the next shard, and inside it to the next
+    guild; a shard's many guilds together take one shard's turns."""
+    stopping = asyncio.Event()
+    slots = Slots(1, stopping, group_of=lambda key: key[0])
+    assert await slots.take(("x", "busy"))
+    order: list[tuple[str, str]] = []
+
+    async def wait(key: tuple[str, str]) -> None:
+        assert await slots.take(key)
+        order.append(key)
+        slots.release(key)
+
+    keys = [("a", "loud")] * 3 + [("a", "g1"), ("a", "g2"), ("b", "quiet")]
+    waiters = []
+    for key in keys:
+        waiters.append(asyncio.create_task(wait(key)))
+        await asyncio.sleep(0)
+    slots.release(("x", "busy"))
+    await asyncio.wait_for(asyncio.gather(*waiters), timeout=5)
+    assert order == [
+        ("a", "loud"),
+        ("b", "quiet"),  # shard b's turn comes after one event of shard a, whatever a's guilds hold
+        ("a", "g1"),
+        ("a", "g2"),
+        ("a", "loud"),
+        ("a", "loud"),
+    ]
