@@ -19,7 +19,9 @@ are for the README and the closing note.
 
 Besides B's latency over the whole flood, the line "of which sent in the flood's first second" is B's
 latency over the events B published within 1 s of the flood's start (what a flood already in the common queue
-costs a shard before the workers have sorted it). More tenants and workers:
+costs a shard before the workers have sorted it); "to the broker's confirm" is the part of it from the publish
+to the broker's confirm (under ``--same-shard`` B publishes on A's connection and channel, behind A's
+``--window`` publishes in flight, as one shard's guilds share its connection). More tenants and workers:
 
 - ``--loud K``: K flooding tenants, shards 0..K-1, each in a guild of its own and each publishing ``--flood``
   events at once with its own ``--window``; B is shard K (with ``--same-shard``: another guild of shard 0,
@@ -210,6 +212,7 @@ class Shard:
         self.link = link
         self.kit_path = kit_path
         self.sent: dict[str, float] = {}
+        self.confirmed: dict[str, float] = {}
 
     @property
     def key(self) -> str:
@@ -223,6 +226,7 @@ class Shard:
         await self.link.publish(
             body, routing_key=self.key, message_id=event_id, type=EVENT_TYPE, mandatory=True
         )
+        self.confirmed[event_id] = time.monotonic()
 
 
 async def trickle(shard: Shard, make: Any, rate: float, until: asyncio.Event, at_least: float) -> list[str]:
@@ -252,6 +256,16 @@ def latency_line(name: str, shard: Shard, answers: Answers, ids: list[str]) -> s
         f"{name}: {len(waits)}/{len(ids)} answered, ms p50 {statistics.median(waits):.0f} "
         f"p99 {percentile(waits, 0.99):.0f} max {max(waits):.0f}"
     )
+
+
+def publishing_line(name: str, shard: Shard, ids: list[str]) -> str:
+    """The publish to the broker's confirm of ``ids``: what of the latency is the shard's own connection
+    (under ``--same-shard`` B's events wait there behind A's publishes in flight) and the queue's write."""
+    waits = [(shard.confirmed[i] - shard.sent[i]) * 1000 for i in ids if i in shard.confirmed]
+    if not waits:
+        return f"{name}: none confirmed"
+    p50, p99 = statistics.median(waits), percentile(waits, 0.99)
+    return f"{name}: ms p50 {p50:.0f} p99 {p99:.0f} max {max(waits):.0f}"
 
 
 def processing_line(name: str, log_paths: list[Path], ids: list[str]) -> str:
@@ -457,10 +471,12 @@ async def run(args: argparse.Namespace) -> int:
         beside = "B beside A's flood" if len(cast.loud) == 1 else "B beside the floods"
         print(latency_line(beside, trickler, answers, b_ids), flush=True)
         print(processing_line("  of which in process", log_paths, b_ids), flush=True)
+        print(publishing_line("  of which to the broker's confirm", trickler, b_ids), flush=True)
         print(
             latency_line("  of which sent in the flood's first second", trickler, answers, first_ids),
             flush=True,
         )
+        print(publishing_line("    of those, to the broker's confirm", trickler, first_ids), flush=True)
         for index, (tenant, ids) in enumerate(zip(cast.loud, loud_ids, strict=True)):
             done_at = [answers.arrived[i] for i in ids if i in answers.arrived]
             name = "A" if len(cast.loud) == 1 else f"A{index} (shard {tenant.shard_id}, guild {tenant.guild})"
