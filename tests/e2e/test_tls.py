@@ -1,8 +1,8 @@
 """The worker over TLS to Postgres, RabbitMQ and Redis, each a private server that accepts nothing else.
 
 The servers (tests/e2e/tls.py) present certificates of a CA made for this module and want a client
-certificate of the same CA; the worker's URLs verify them and present theirs the way README "TLS to Postgres,
-RabbitMQ and Redis" says: ``sslmode=verify-full&sslrootcert=...&sslcert=...&sslkey=...``,
+certificate of the same CA; the worker's URLs verify them and present theirs the way docs/tls.md "TLS to
+Postgres, RabbitMQ and Redis" says: ``sslmode=verify-full&sslrootcert=...&sslcert=...&sslkey=...``,
 ``amqps://...?cafile=...&certfile=...&keyfile=...``,
 ``rediss://...?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...``. A URL naming another CA is refused,
 and the refusal is handled the same way for all three: ``worker check`` fails with "TLS certificate not

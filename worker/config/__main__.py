@@ -1,4 +1,4 @@
-"""``python -m worker.config``: the README's configuration table, rendered from the settings' declaration."""
+"""``python -m worker.config``: docs/configuration.md's table, rendered from the settings' declaration."""
 
 from worker.config.render import configuration_table
 

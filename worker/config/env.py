@@ -88,7 +88,7 @@ def _walk(model: type[BaseModel], path: tuple[str, ...]) -> Iterator[DeclaredSet
 
 @cache
 def declared() -> tuple[DeclaredSetting, ...]:
-    """Every setting read from the environment, in declaration order (the README table's order)."""
+    """Every setting read from the environment, in declaration order (docs/configuration.md's table)."""
     return tuple(_walk(Settings, ()))
 
 

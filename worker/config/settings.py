@@ -116,7 +116,7 @@ class Settings(BaseModel):
     ] = Field(
         DEFAULT_POSTGRES_DSN,
         description="Postgres connection string (libpq URI; the multi-host form "
-        '`postgresql://u:p@pg-a,pg-b/db?target_session_attrs=read-write` works, see "Past one machine")',
+        "`postgresql://u:p@pg-a,pg-b/db?target_session_attrs=read-write` works: docs/scaling-out.md)",
     )
     #: 0 (off) also works through a transaction-pooling PgBouncer, which a cache breaks (worker/store/pool.py)
     postgres_statement_cache_size: Annotated[
@@ -126,7 +126,7 @@ class Settings(BaseModel):
         ge=0,
         description="asyncpg's prepared statements cached per connection; off works through a "
         "transaction-pooling PgBouncer, `100` saves Postgres CPU where the worker connects directly "
-        '(see "Past one machine")',
+        "(docs/scaling-out.md)",
     )
     rabbitmq_url: Annotated[
         str, Env("LTM_RABBITMQ_URL", Url(AMQP_SCHEMES, listed=True), "--rabbitmq-url", file=True)

@@ -1,5 +1,5 @@
 // startLtmStack(): RabbitMQ with the contract's topology and users, Postgres migrated, Redis (containers, through
-// testcontainers) and `worker run` processes, for a shard's own integration tests. See README.md "Testing".
+// testcontainers) and `worker run` processes, for a shard's own integration tests. See README.md "Testing your shard".
 import { spawn, execFileSync } from "node:child_process";
 import { createHash, randomBytes, randomInt } from "node:crypto";
 import { accessSync, constants, existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
