@@ -21,7 +21,8 @@ Besides B's latency over the whole flood, the line "of which sent in the flood's
 latency over the events B published within 1 s of the flood's start (what a flood already in the common queue
 costs a shard before the workers have sorted it); "to the broker's confirm" is the part of it from the publish
 to the broker's confirm (under ``--same-shard`` B publishes on A's connection and channel, behind A's
-``--window`` publishes in flight, as one shard's guilds share its connection). More tenants and workers:
+``--window`` publishes in flight, as one shard's guilds share its connection), then from the confirm to the
+result (the broker's delivery and the workers', each event's own). More tenants and workers:
 
 - ``--loud K``: K flooding tenants, shards 0..K-1, each in a guild of its own and each publishing ``--flood``
   events at once with its own ``--window``; B is shard K (with ``--same-shard``: another guild of shard 0,
@@ -258,14 +259,22 @@ def latency_line(name: str, shard: Shard, answers: Answers, ids: list[str]) -> s
     )
 
 
-def publishing_line(name: str, shard: Shard, ids: list[str]) -> str:
+def publishing_line(name: str, shard: Shard, answers: Answers, ids: list[str]) -> str:
     """The publish to the broker's confirm of ``ids``: what of the latency is the shard's own connection
-    (under ``--same-shard`` B's events wait there behind A's publishes in flight) and the queue's write."""
-    waits = [(shard.confirmed[i] - shard.sent[i]) * 1000 for i in ids if i in shard.confirmed]
-    if not waits:
+    (under ``--same-shard`` B's events wait there behind A's publishes in flight) and the queue's write; then
+    the confirm to the result, each event's own: the broker's delivery and the workers'."""
+    ms = 1000
+
+    def spread(waits: list[float]) -> str:
+        p50, p99 = statistics.median(waits), percentile(waits, 0.99)
+        return f"ms p50 {p50:.0f} p99 {p99:.0f} max {max(waits):.0f}"
+
+    confirmed = [i for i in ids if i in shard.confirmed]
+    if not confirmed:
         return f"{name}: none confirmed"
-    p50, p99 = statistics.median(waits), percentile(waits, 0.99)
-    return f"{name}: ms p50 {p50:.0f} p99 {p99:.0f} max {max(waits):.0f}"
+    line = f"{name}: {spread([(shard.confirmed[i] - shard.sent[i]) * ms for i in confirmed])}"
+    after = [(answers.arrived[i] - shard.confirmed[i]) * ms for i in confirmed if i in answers.arrived]
+    return f"{line}; from the confirm to the result: {spread(after)}" if after else line
 
 
 def processing_line(name: str, log_paths: list[Path], ids: list[str]) -> str:
@@ -471,12 +480,14 @@ async def run(args: argparse.Namespace) -> int:
         beside = "B beside A's flood" if len(cast.loud) == 1 else "B beside the floods"
         print(latency_line(beside, trickler, answers, b_ids), flush=True)
         print(processing_line("  of which in process", log_paths, b_ids), flush=True)
-        print(publishing_line("  of which to the broker's confirm", trickler, b_ids), flush=True)
+        print(publishing_line("  of which to the broker's confirm", trickler, answers, b_ids), flush=True)
         print(
             latency_line("  of which sent in the flood's first second", trickler, answers, first_ids),
             flush=True,
         )
-        print(publishing_line("    of those, to the broker's confirm", trickler, first_ids), flush=True)
+        print(
+            publishing_line("    of those, to the broker's confirm", trickler, answers, first_ids), flush=True
+        )
         for index, (tenant, ids) in enumerate(zip(cast.loud, loud_ids, strict=True)):
             done_at = [answers.arrived[i] for i in ids if i in answers.arrived]
             name = "A" if len(cast.loud) == 1 else f"A{index} (shard {tenant.shard_id}, guild {tenant.guild})"
