@@ -249,8 +249,7 @@ class Consumer:
                 window, current = fair.window(), common.window
                 if (fair.too_wide.is_set() and window < current) or not current // 2 < window < current * 2:
                     log.info("the common queue's window follows the bodies' size", prefetch=window)
-                    await common.stop()
-                    await common.start(window)
+                    await common.resize(window)
                 continue
             log.warning(
                 "holding too many event bytes; the queues wait",
@@ -346,6 +345,20 @@ class _Common:
             await self._channel.set_qos(prefetch_count=window)
             self.window = window
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
+
+    async def resize(self, window: int) -> None:
+        """Consume with another window without a gap: the new consumer starts before the old one is
+        cancelled (for a moment both take deliveries), so no event waits on the change."""
+        if self._tag is None or self._closed or window == self.window:
+            return
+        old = self._tag
+        await self._channel.set_qos(prefetch_count=window)
+        self.window = window
+        self._tag = await self._queue.consume(self._on_message, no_ack=False)
+        try:
+            await self._queue.cancel(old)
+        except Exception as exc:
+            log.warning("could not cancel the consumer", error=describe(exc))
 
     async def stop(self) -> None:
         """No new deliveries; what was delivered stays to be settled."""
