@@ -383,6 +383,13 @@ async def run(args: argparse.Namespace) -> int:
         flooders = [shards[t.shard_id] for t in cast.loud]
         b = cast.quiet
         trickler = shards[b.shard_id] if not args.same_shard else Shard(shards[0].link, args.path == "kit")
+        if args.same_shard and args.own_channel:
+            # B's publishes on a connection of their own, as shard 0's: they no longer wait behind A's on one
+            # channel (what a shard whose guilds publish on channels of their own would see)
+            own = ShardLink(url, 0, robust=False)
+            await own.open(answers.on_result, answers.on_notice, no_ack=True, declare_exchanges=True)
+            links.append(own)
+            trickler = Shard(own, args.path == "kit")
 
         def b_event(n: int) -> tuple[str, bytes]:
             return event(b.shard_id, b.guild, seeded.personas[b.guild], 1_000_000 + n)
@@ -661,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=1000, help="A's publishes awaiting a confirm (1000)")
     parser.add_argument("--path", choices=("v1", "kit"), default="v1", help="how the shards publish (v1)")
     parser.add_argument("--same-shard", action="store_true", help="B's trickle as shard A, in B's guild")
+    parser.add_argument(
+        "--own-channel",
+        action="store_true",
+        help="with --same-shard: B publishes on a connection of its own (as shard A), not behind A's",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="give up on the flood after (300 s)")
     parser.add_argument("--set", action="append", metavar="LTM_X=V", help="a worker setting (repeatable)")
     parser.add_argument(
