@@ -82,6 +82,8 @@ class ShardQueues:
         #: every claim (the metrics' labels follow them)
         self._on_recorded: OnRecorded = on_recorded or _ignore
         self._warned_full = False
+        #: the rows were at the cap when last read or claimed: no shard is asked for until a refresh
+        self._at_cap = False
         #: while set, no shard queue is consumed (the worker holds its byte budget: Consumer)
         self.paused = False
 
@@ -100,6 +102,8 @@ class ShardQueues:
         """Shard ``shard_id`` was seen, with an event that passed the checks, and has no queue here: claim,
         declare and consume one in the background, unless that is under way or was refused lately."""
         if shard_id in self._tags or shard_id in self._starting or shard_id in self._refused or self.paused:
+            return
+        if self._at_cap:  # until a refresh shows room: no claim (a query) per new shard id an event names
             return
         self._spawn(self.ensure(shard_id, claim=True))
 
@@ -170,6 +174,7 @@ class ShardQueues:
         recorded = await registered_shards(self._pool)
         self._refused.clear()
         self._recorded = frozenset(recorded)
+        self._at_cap = len(self._recorded) >= self._limit
         self._on_recorded(self._recorded, under_cap=len(self._recorded) < self._limit)
         for shard_id in recorded:
             await self.ensure(shard_id)
@@ -195,6 +200,8 @@ class ShardQueues:
             )
         if claimed:
             self._recorded |= {shard_id}
+        else:
+            self._at_cap = True
         self._on_recorded(self._recorded, under_cap=claimed and len(self._recorded) < self._limit)
         return claimed
 
