@@ -469,14 +469,17 @@ async def test_history_says_which_replayed_letters_came_back(
 
 async def test_each_help_names_only_the_settings_it_reads() -> None:
     logs = {"LTM_LOG_FORMAT", "LTM_LOG_LEVEL"}  # every command logs
+    # who published a letter reads LTM_TRUSTED_PUBLISHERS; a replay under LTM_SHARD_IDENTITY=required refuses
+    # a letter without a known sender
+    identity = {"LTM_SHARD_IDENTITY", "LTM_TRUSTED_PUBLISHERS"}
     reads = {
-        (): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        (): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | identity | logs,
         ("list",): {"LTM_RABBITMQ_URL"} | logs,
-        ("show",): {"LTM_RABBITMQ_URL"} | logs,
-        ("replay",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        ("show",): {"LTM_RABBITMQ_URL", "LTM_TRUSTED_PUBLISHERS"} | logs,
+        ("replay",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | identity | logs,
         ("purge",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
         ("history",): {"LTM_POSTGRES_DSN", "LTM_RABBITMQ_URL"} | logs,  # the DLQ: which replays came back
-        ("ui",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        ("ui",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN", "LTM_TRUSTED_PUBLISHERS"} | logs,
     }
     for action, expected in reads.items():
         process = await start_dlq(*action, "--help", stdout=asyncio.subprocess.PIPE)
@@ -484,5 +487,5 @@ async def test_each_help_names_only_the_settings_it_reads() -> None:
         assert process.returncode == 0
         text = out.decode()
         named = {word.strip(",.:;()") for word in text.split() if word.startswith(("LTM_", "MAX_"))}
-        named = {name.removesuffix("_FILE") for name in named}
+        named = {name.partition("=")[0].removesuffix("_FILE") for name in named}  # LTM_X=value names LTM_X
         assert named == expected, (action, named)
