@@ -102,7 +102,9 @@ async def test_an_unroutable_result_is_an_error_and_a_replay_delivers_it(stack: 
     async with Shard(stack.rabbitmq_url, shard_id=3) as other_shard:
         await other_shard.publish(body)
         [letter] = await take_dead_letters(stack.rabbitmq_url, 1, timeout=30)
-    assert_headers(letter.headers, DeadLetterKind.TRANSIENT_EXHAUSTED, 2, "was not delivered")
+    assert_headers(
+        letter.headers, DeadLetterKind.TRANSIENT_EXHAUSTED, 2, "shard 99 has no queue bound for its results"
+    )
     assert await stack.rows.conn.fetchval("SELECT count(*) FROM server_memories") == 1
     assert await stack.rows.conn.fetchval("SELECT status FROM ltm_processed_events") == Status.SAVED
     assert worker.count("transient fault; retrying later") == 1

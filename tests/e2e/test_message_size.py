@@ -1,6 +1,7 @@
 """Sizes bounded before memory: a broker with the shipped ``max_message_size`` refuses bodies the contract
-forbids, so a flood of 16 MiB bodies never reaches a worker, whose memory stays where prefetch x 256 KiB puts
-it. A private single-node broker with the shipped setting (the machine's own broker is left as it is)."""
+forbids, so a flood of 16 MiB bodies never reaches a worker, whose memory stays where its byte budget and one
+body of 256 KiB put it. A private single-node broker with the shipped setting (the machine's own broker is
+left as it is)."""
 
 from __future__ import annotations
 
