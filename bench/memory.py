@@ -48,7 +48,7 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
 from bench.flood import BOT, CHANNEL, GUILD, TRIGGER, seed
-from bench.noisy import _moved, queue_depths
+from bench.noisy import _moved, queue_depths, worker_log_lines
 from bench.sandbox import Sandbox, management_url_from_env
 from contracts.models import MAX_ALIASES, MAX_LABEL, MAX_PARTICIPANTS
 from sim.process import CHECKOUT, ModuleProcess
@@ -405,21 +405,10 @@ def read_log(path: Path, budget_lines: int = 12) -> LogSummary:
     counted = dict.fromkeys(COUNTED, 0)
     notable: Counter[str] = Counter()
     budget: list[str] = []
-    for raw in path.read_text(errors="replace").splitlines():
-        try:
-            line = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            if raw.strip():
-                notable[f"(not JSON) {raw.strip()[:120]}"] += 1
-            continue
-        if not isinstance(line, dict):
-            continue
+    for line in worker_log_lines(path, notable):
         message = str(line.get("event", ""))
         if message in counted:
             counted[message] += 1
-        level = str(line.get("level", "")).lower()
-        if level in ("warning", "error", "critical", "exception"):
-            notable[f"{level}: {message}"] += 1
         if message in BYTE_BUDGET_LINES and len(budget) < budget_lines:
             figures = {
                 k: v

@@ -53,6 +53,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -574,26 +575,32 @@ async def _declare(env: dict[str, str], checkout: Path, shard_ids: list[int]) ->
     return text
 
 
-def _log_summary(log_path: Path) -> str:
-    """One worker's log: events answered (of them from the ledger), its warnings and errors by message."""
-    processed = replayed = 0
-    notable: Counter[str] = Counter()
+def worker_log_lines(log_path: Path, notable: Counter[str]) -> Iterator[dict[str, Any]]:
+    """The JSON lines of a worker's log; a line that is not JSON, and every warning or error (by its message),
+    counted in ``notable``."""
     for raw in log_path.read_text(errors="replace").splitlines():
         try:
             line = orjson.loads(raw)
         except orjson.JSONDecodeError:
             if raw.strip():
-                notable[f"(not JSON) {raw.strip()[:100]}"] += 1
+                notable[f"(not JSON) {raw.strip()[:120]}"] += 1
             continue
         if not isinstance(line, dict):
             continue
-        message = str(line.get("event", ""))
-        if message == "event processed":
-            processed += 1
-            replayed += bool(line.get("replayed"))
         level = str(line.get("level", "")).lower()
         if level in ("warning", "error", "critical", "exception"):
-            notable[f"{level}: {message}"] += 1
+            notable[f"{level}: {line.get('event', '')}"] += 1
+        yield line
+
+
+def _log_summary(log_path: Path) -> str:
+    """One worker's log: events answered (of them from the ledger), its warnings and errors by message."""
+    processed = replayed = 0
+    notable: Counter[str] = Counter()
+    for line in worker_log_lines(log_path, notable):
+        if line.get("event") == "event processed":
+            processed += 1
+            replayed += bool(line.get("replayed"))
     listed = "; ".join(f"{n} x {m}" for m, n in notable.most_common()) or "none"
     return (
         f"{log_path.name}: {processed} events answered ({replayed} from the ledger); "

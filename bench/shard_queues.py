@@ -53,19 +53,30 @@ BOUNDS_POLICY = "ltm-shard-queue-bounds"
 STATE_TIMEOUT = 10.0
 
 
-async def memory() -> dict[str, int]:
-    """The local broker's memory by category (bytes), from ``rabbitmq-diagnostics memory_breakdown``."""
+async def diagnostics(command: str, timeout: float = 120.0) -> Any:
+    """``rabbitmq-diagnostics -q <command> --formatter json`` of the CLI's node (``RABBITMQ_NODENAME``, or its
+    default), parsed; killed past ``timeout``."""
     process = await asyncio.create_subprocess_exec(
         "rabbitmq-diagnostics",
         "-q",
-        "memory_breakdown",
+        command,
         "--formatter",
         "json",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    out, _ = await asyncio.wait_for(process.communicate(), 120)
-    data = json.loads(out)
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    return json.loads(out)
+
+
+async def memory() -> dict[str, int]:
+    """The local broker's memory by category (bytes), from ``rabbitmq-diagnostics memory_breakdown``."""
+    data = await diagnostics("memory_breakdown")
     return {key: int(value["bytes"]) for key, value in data.items() if isinstance(value, dict)}
 
 
@@ -160,22 +171,8 @@ async def handles() -> dict[str, int]:
     """The node's file-handle budget, used and limit, as ``rabbitmq-diagnostics status`` reports it
     (``total_used``, ``total_limit``, ``sockets_used``, ``sockets_limit``): what quorum queues and client
     sockets share before RabbitMQ 4.0. The CLI's node: ``RABBITMQ_NODENAME``, or its default."""
-    process = await asyncio.create_subprocess_exec(
-        "rabbitmq-diagnostics",
-        "-q",
-        "status",
-        "--formatter",
-        "json",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), STATE_TIMEOUT)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    return {key: int(value) for key, value in json.loads(out)["file_descriptors"].items()}
+    status = await diagnostics("status", STATE_TIMEOUT)
+    return {key: int(value) for key, value in status["file_descriptors"].items()}
 
 
 async def node_state(management: ManagementApi | None) -> dict[str, Any]:

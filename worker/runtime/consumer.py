@@ -214,7 +214,7 @@ class Consumer:
         except BacklogFull as exc:
             kept = self._fair.letter_for_turned_away(shard_id)
             await route.handler.turn_away(
-                message, route.acks, describe(exc), sender=ticket.sender, letter=kept
+                message, route.acks, describe(exc), sender=ticket.sender, letter=kept, read=ticket.read
             )
             return True
         except Exception as exc:

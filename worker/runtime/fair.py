@@ -180,9 +180,9 @@ class FairShares:
         #: per shard turned away at its bound: when its last dead letter was kept, and how many of its events
         #: were answered without one since
         self._lettered: dict[int, float] = {}
+        self._unlettered: dict[int, int] = {}
         #: when each guild's first move was last logged
         self._moving_logged: dict[Guild, float] = {}
-        self._unlettered: dict[int, int] = {}
 
     def admit(self, message: AbstractIncomingMessage, *, moves_to: QueueBook | None) -> Ticket:
         """Steps 1-4 of the module docstring for one delivery. ``moves_to``: the shards' queues a delivery

@@ -68,11 +68,6 @@ class Hand:
         return self._group_count.get(group, 0)
 
     @property
-    def keys(self) -> int:
-        """Tenants holding any event here."""
-        return len(self._count)
-
-    @property
     def groups(self) -> int:
         """Groups (shards) holding any event here."""
         return len(self._group_count)

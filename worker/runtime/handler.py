@@ -98,15 +98,22 @@ class EventHandler:
         await delivery.hand_back(self._stopping)  # one left unsettled (a copy the broker refused)
 
     async def turn_away(
-        self, message: AbstractIncomingMessage, acks: Acks, error: str, *, sender: Sender, letter: int | None
+        self,
+        message: AbstractIncomingMessage,
+        acks: Acks,
+        error: str,
+        *,
+        sender: Sender,
+        letter: int | None,
+        read: ToolCallEvent | Unreadable | None = None,
     ) -> None:
         """An event its shard's own queue has no room for (the shard is over its bound): its shard answered
         ("try again later") when its ids can be read, nothing written. ``letter``: None, the event is not
         kept (the shard's flood keeps one dead letter a minute); else it is dead-lettered as
         ``shard_backlog_full``, with ``letter`` (the shard's events answered without a letter since its
-        last one) in ``x-ltm-turned-away``."""
+        last one) in ``x-ltm-turned-away``. ``read``: the body as admission read it (else read here)."""
         delivery = Delivery(message, acks, self._publisher, sender)
-        event = read_event(message.body, message.message_id)
+        event = read if read is not None else read_event(message.body, message.message_id)
         ids = event.ids if isinstance(event, Unreadable) else _ids_of(event)
         decision = route_backlog_full(attempts_made(message) + 1, answered=ids is not None)
         traceparent = traceparent_of(message)

@@ -7,7 +7,7 @@ worker's rows (one claim at a time, under an advisory lock), then declares the q
 shard's own routing keys (``tool.<name>.shard.<N>``, which the kit publishes with) and consumes it. Every
 worker reads the rows every few seconds and consumes every queue in them, so a shard's queue is drained by
 the others when the worker that filled it dies. Rows first, both ways: no queue without its row (a claim
-refused at the cap declares nothing), and ``worker shards forget`` deletes the row before the queue, or the
+refused at the cap declares nothing), and ``worker shards --forget`` deletes the row before the queue, or the
 workers would declare it again. Declares run on a channel of their own: a refused declare (a queue
 re-declared with other arguments) closes that channel only, and the shard's events stay on the common path.
 """
