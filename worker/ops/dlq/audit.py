@@ -10,10 +10,13 @@ the record is never missing a letter that left the queue; an operation cut short
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import getpass
 import socket
+import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,13 +25,22 @@ import asyncpg
 import orjson
 
 from worker.broker.headers import rfc3339
+from worker.ops.dlq.doubt import pending_elsewhere, sent_before
+from worker.ops.dlq.record import (
+    LEASE_SECONDS,
+    LETTERS,
+    OPERATIONS,
+    came_back,
+    pairs,
+    replayed,
+    taken_again,
+    twice,
+)
 from worker.redact import describe
 from worker.redact import redact_url as redact
 from worker.store.pool import connect_once
 
 CONNECT_TIMEOUT = 10.0
-OPERATIONS = "public.ltm_dlq_operations"
-LETTERS = "public.ltm_dlq_operation_letters"
 #: rows written per statement
 CHUNK = 1000
 
@@ -63,6 +75,8 @@ class Audit:
     def __init__(self, conn: asyncpg.Connection, dsn: str) -> None:
         self._conn = conn
         self.dsn = dsn
+        #: one statement at a time on the connection: the heartbeat writes beside the letters' rows
+        self._turn = asyncio.Lock()
 
     @classmethod
     async def open(cls, dsn: str) -> Audit:
@@ -74,7 +88,9 @@ class Audit:
         try:
             exists = await conn.fetchval(
                 "SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute"
-                " WHERE attrelid = to_regclass($2) AND attname = 'replay_count' AND NOT attisdropped)",
+                " WHERE attrelid = to_regclass($2) AND attname = 'replay_count' AND NOT attisdropped)"
+                " AND EXISTS (SELECT 1 FROM pg_attribute"
+                " WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_at' AND NOT attisdropped)",
                 OPERATIONS,
                 LETTERS,
             )
@@ -84,8 +100,8 @@ class Audit:
         if not exists:
             await conn.close()
             raise AuditUnavailable(
-                f"the audit tables ({OPERATIONS}, migrations 0007 and 0008) do not exist in {redact(dsn)}: "
-                "run `worker migrate` first"
+                f"the audit tables ({OPERATIONS}, migrations 0007, 0008 and 0011) do not exist in "
+                f"{redact(dsn)}: run `worker migrate` first"
             )
         return cls(conn, dsn)
 
@@ -95,26 +111,20 @@ class Audit:
         except Exception:
             self._conn.terminate()
 
-    async def start(
-        self, action: str, actor: str, filters: Mapping[str, Any], *, vhost: str, queue: str
-    ) -> Operation:
-        """Write the operation's row (``started``) and return it."""
-        operation = Operation(self, uuid.uuid4(), action)
-        await self._write(
-            f"INSERT INTO {OPERATIONS} (operation_id, action, actor, filters, vhost, queue)"
-            " VALUES ($1, $2, $3, $4::jsonb, $5, $6)",
-            operation.id,
-            action,
-            actor,
-            orjson.dumps(dict(filters)).decode(),
-            vhost,
-            queue,
-        )
-        return operation
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """The connection, in a transaction and to itself (the heartbeat waits)."""
+        async with self._turn, self._conn.transaction():
+            yield self._conn
 
     async def _write(self, sql: str, *args: Any) -> None:
+        await self.query(sql, *args)
+
+    async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        """Run a statement of the record; :class:`AuditUnavailable` when it fails."""
         try:
-            await self._conn.execute(sql, *args)
+            async with self._turn:
+                return list(await self._conn.fetch(sql, *args))
         except Exception as exc:
             raise AuditUnavailable(
                 f"cannot write the audit record to Postgres at {redact(self.dsn)}: {describe(exc)}"
@@ -130,10 +140,10 @@ class Audit:
         """The latest operations, newest first, with their letters counted by outcome and how many of the
         letters they replayed came back (``in_dlq``: the (event id, replay count) of the letters in the DLQ
         now, besides what later operations recorded)."""
-        events, counts = _pairs(in_dlq)
+        events, counts = pairs(in_dlq)
         rows = await self._conn.fetch(
             f"""
-            SELECT o.*, coalesce(l.outcomes, '{{}}'::jsonb) AS outcomes, back.n AS came_back
+            SELECT o.*, coalesce(l.outcomes, '{{}}'::jsonb) AS outcomes, back.n AS came_back, twice.n AS twice
             FROM {OPERATIONS} o
             LEFT JOIN LATERAL (
                 SELECT jsonb_object_agg(outcome, n) AS outcomes
@@ -142,8 +152,12 @@ class Audit:
             ) l ON true
             CROSS JOIN LATERAL (
                 SELECT count(*) AS n FROM {LETTERS} r
-                WHERE r.operation_id = o.operation_id AND {_came_back("r", "$3", "$4")}
+                WHERE r.operation_id = o.operation_id AND {came_back("r", "$3", "$4")}
             ) back
+            CROSS JOIN LATERAL (
+                SELECT count(*) AS n FROM {LETTERS} r
+                WHERE r.operation_id = o.operation_id AND {twice("r", "$3", "$4")}
+            ) twice
             WHERE $2::uuid IS NULL OR o.operation_id = $2
             ORDER BY o.started_at DESC, o.operation_id
             LIMIT $1
@@ -157,7 +171,7 @@ class Audit:
 
     async def undecided(self, *, limit: int = 50, operation_id: uuid.UUID | None = None) -> bool:
         """Whether a letter these operations replayed may have come back without a later operation having
-        recorded it: only the DLQ can tell."""
+        recorded it, or one they left in doubt may be in the DLQ twice: only the DLQ can tell."""
         return bool(
             await self._conn.fetchval(
                 f"""
@@ -166,7 +180,7 @@ class Audit:
                         SELECT operation_id FROM {OPERATIONS} WHERE $2::uuid IS NULL OR operation_id = $2
                         ORDER BY started_at DESC, operation_id LIMIT $1
                     ) o JOIN {LETTERS} r USING (operation_id)
-                    WHERE {_replayed("r")} AND NOT {_taken_again("r")}
+                    WHERE ({replayed("r")} AND NOT {taken_again("r")}) OR r.outcome = 'pending'
                 )
                 """,
                 limit,
@@ -178,10 +192,11 @@ class Audit:
         self, operation_id: uuid.UUID, in_dlq: Collection[tuple[str, int]] = ()
     ) -> list[dict[str, Any]]:
         """The letters of one operation, in order; ``came_back``: a replayed one came back to the DLQ."""
-        events, counts = _pairs(in_dlq)
+        events, counts = pairs(in_dlq)
         rows = await self._conn.fetch(
             f"SELECT position, event_id, kind, outcome, detail, recorded_at, replay_count,"
-            f" {_came_back('r', '$2', '$3')} AS came_back FROM {LETTERS} r WHERE operation_id = $1"
+            f" {came_back('r', '$2', '$3')} AS came_back, {twice('r', '$2', '$3')} AS twice"
+            f" FROM {LETTERS} r WHERE operation_id = $1"
             " ORDER BY position",
             operation_id,
             events,
@@ -197,36 +212,10 @@ class Audit:
                 "recorded_at": _time(row["recorded_at"]),
                 "replay_count": row["replay_count"],
                 "came_back": row["came_back"],
+                "twice": row["twice"],
             }
             for row in rows
         ]
-
-
-def _pairs(in_dlq: Collection[tuple[str, int]]) -> tuple[list[str], list[int]]:
-    return [event_id for event_id, _ in in_dlq], [count for _, count in in_dlq]
-
-
-def _replayed(row: str) -> str:
-    """SQL: the letter ``row`` was replayed, and can be recognised if it comes back."""
-    return f"{row}.outcome = 'replayed' AND {row}.event_id IS NOT NULL AND {row}.replay_count IS NOT NULL"
-
-
-def _taken_again(row: str) -> str:
-    """SQL: a later operation took the replayed copy of ``row`` from the DLQ (same event id, one more
-    replay)."""
-    return (
-        f"EXISTS (SELECT 1 FROM {LETTERS} later WHERE later.event_id = {row}.event_id"
-        f" AND later.replay_count = {row}.replay_count + 1)"
-    )
-
-
-def _came_back(row: str, events: str, counts: str) -> str:
-    """SQL: the replayed letter ``row`` came back: taken again, or in the DLQ now (the parameters ``events``
-    and ``counts``: the event ids and replay counts found there, side by side)."""
-    return (
-        f"({_replayed(row)} AND ({_taken_again(row)} OR EXISTS (SELECT 1 FROM unnest({events}::text[],"
-        f" {counts}::int[]) AS d(e, c) WHERE d.e = {row}.event_id AND d.c = {row}.replay_count + 1)))"
-    )
 
 
 @dataclass
@@ -239,6 +228,53 @@ class Operation:
     #: delivery tag -> the letter's position in the operation
     _positions: dict[int, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
+    #: how far it got, as the next heartbeat writes it: (in the DLQ at the start, scanned, selected, moved)
+    counts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    #: who asked it to stop (``worker dlq cancel``), once a heartbeat has read it
+    cancelled_by: str | None = None
+
+    #: the (event id, replay count) of the letters in the DLQ before the pass, read when an earlier replay
+    #: left letters in doubt (:mod:`worker.ops.dlq.doubt`)
+    in_dlq: frozenset[tuple[str, int]] = frozenset()
+
+    #: why the heartbeat could not be written (the operation must stop), and when it last was (monotonic)
+    failure: str | None = None
+    beaten_at: float = field(default_factory=time.monotonic)
+
+    def stopping(self) -> str | None:
+        """Who asked the operation to stop, or None; :class:`AuditUnavailable` when its heartbeat failed for
+        long enough that others may take it as lost (then it must not touch another letter)."""
+        if self.failure is not None and time.monotonic() - self.beaten_at > LEASE_SECONDS / 2:
+            raise AuditUnavailable(self.failure)
+        return self.cancelled_by
+
+    def note(self, expected: int, scanned: int, selected: int, moved: int) -> None:
+        """How far the operation got; the next heartbeat writes it."""
+        self.counts = (expected, scanned, selected, moved)
+
+    async def beat(self) -> None:
+        """Write the heartbeat and the progress; read whether someone asked the operation to stop."""
+        expected, scanned, selected, moved = self.counts
+        rows = await self.audit.query(
+            f"UPDATE {OPERATIONS} SET heartbeat_at = now(), expected = $2, scanned = $3, selected = $4,"
+            " moved = $5 WHERE operation_id = $1 RETURNING cancelled_by, cancel_requested_at",
+            self.id,
+            expected,
+            scanned,
+            selected,
+            moved,
+        )
+        self.beaten_at, self.failure = time.monotonic(), None
+        if rows and rows[0]["cancel_requested_at"] is not None:
+            self.cancelled_by = rows[0]["cancelled_by"] or "someone"
+
+    async def in_doubt_elsewhere(self) -> bool:
+        """Whether an earlier replay that no longer runs left letters in doubt (``pending``)."""
+        return await pending_elsewhere(self.audit.query, self.id)
+
+    async def sent_before(self, letters: Sequence[Taken]) -> dict[int, str]:
+        """The letters an earlier replay already sent, by delivery tag, with how that is known."""
+        return await sent_before(self.audit.query, self.id, letters, self.in_dlq)
 
     async def taking(self, letters: Sequence[Taken]) -> None:
         """Record ``letters`` as ``pending`` before they are republished or deleted."""
@@ -285,14 +321,17 @@ class Operation:
         expected: int | None = None,
         scanned: int | None = None,
     ) -> None:
+        _, _, selected, moved = self.counts
         await self.audit._write(
             f"UPDATE {OPERATIONS} SET state = $2, detail = $3, finished_at = now(), expected = $4,"
-            " scanned = $5 WHERE operation_id = $1",
+            " scanned = $5, selected = $6, moved = $7 WHERE operation_id = $1",
             self.id,
             state,
             detail,
             expected,
             scanned,
+            selected,
+            moved,
         )
 
 
@@ -322,4 +361,5 @@ def _operation_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "scanned": row["scanned"],
         "letters": dict(sorted(outcomes.items())),
         "came_back": row["came_back"],
+        "twice": row["twice"],
     }

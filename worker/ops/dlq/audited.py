@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation
-from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, Console, guarded
+from worker.ops.dlq.console import EXIT_AUDIT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, Console, guarded
 from worker.ops.dlq.letters import Selection
 from worker.ops.dlq.operations import StopFn, Totals
+from worker.ops.dlq.running import Busy, Heartbeat, begin
 
 #: what an operation does to a letter, as "nothing was ..." says it
 _DONE = {"replay": "replayed", "purge": "deleted"}
@@ -51,6 +52,8 @@ class Audited:
     dsn: str
     actor: str
     _audit: Audit | None = None
+    #: the operation on record while it runs (what a second Ctrl-C says is in doubt)
+    operation: Operation | None = None
 
     async def start(
         self,
@@ -61,19 +64,22 @@ class Audited:
         *,
         limit: int | None = None,
         options: Mapping[str, object] | None = None,
+        rate: float | None = None,
     ) -> Operation:
-        """Connect and write the operation's row; :class:`AuditUnavailable` when either fails. ``options``:
-        what the operator chose besides the selection (``as_trusted_publisher``), kept with the filters."""
+        """Connect and write the operation's row (running.py ``begin``); :class:`AuditUnavailable` when
+        either fails, :class:`Busy` when another replay of the DLQ runs. ``options``: what the operator chose
+        besides the selection (``as_trusted_publisher``), kept with the filters; ``rate``: letters a second
+        (None: as fast as the broker confirms)."""
         self._audit = await Audit.open(self.dsn)
         filters = selection.describe()
         if limit is not None:
             filters["limit"] = limit
         filters.update(options or {})
         try:
-            return await self._audit.start(
-                action, self.actor, filters, vhost=vhost_of(url), queue=topology.dead_letter_queue
-            )
-        except AuditUnavailable:
+            where = {"vhost": vhost_of(url), "queue": topology.dead_letter_queue}
+            self.operation = await begin(self._audit, action, self.actor, filters, rate=rate, **where)
+            return self.operation
+        except (AuditUnavailable, Busy):
             await self.close()
             raise
 
@@ -88,20 +94,28 @@ class Audited:
         limit: int | None = None,
         stop: StopFn | None = None,
         options: Mapping[str, object] | None = None,
+        rate: float | None = None,
     ) -> int:
-        """Run ``work(operation)`` on record: refused (exit 5) when the record cannot be started, an
-        interruption put on record, the record closed by the exit code; ``where``: the selection, the
-        broker's URL and the topology; ``ending()``: the totals, a note and a state, once it has run;
-        ``options``: as for :meth:`start`."""
+        """Run ``work(operation)`` on record, its heartbeat written while it runs: refused (exit 5) when the
+        record cannot be started, (exit 6) when another replay of the DLQ runs; an interruption put on
+        record, the record closed by the exit code; ``where``: the selection, the broker's URL and the
+        topology; ``ending()``: the totals, a note and a state, once it has run; ``options``, ``rate``: as
+        for :meth:`start`."""
         selection, url, topology = where
         recorder = Recorder(console)
         try:
-            operation = await self.start(action, selection, url, topology, limit=limit, options=options)
+            operation = await self.start(
+                action, selection, url, topology, limit=limit, options=options, rate=rate
+            )
         except AuditUnavailable as exc:
             console.err.write(f"refusing to {action}: {exc}; nothing was {_DONE[action]}\n")
             return EXIT_AUDIT
+        except Busy as exc:
+            console.err.write(f"refusing to {action}: {exc}; nothing was {_DONE[action]}\n")
+            return EXIT_BUSY
         try:
-            code = await self.run(operation, guarded(work(operation), url, recorder.console), stop=stop)
+            async with Heartbeat(operation):
+                code = await self.run(operation, guarded(work(operation), url, recorder.console), stop=stop)
             totals, note, state = ending()
             return await self.finish(operation, code, recorder, totals, note, state=state)
         finally:
@@ -136,9 +150,11 @@ class Audited:
         are written already, so nothing is missing: the operation just stays 'started')."""
         if state is None:
             state = "done" if code in (EXIT_OK, EXIT_FAILED) else "failed"
-        detail = note if state in ("done", "refused") else recorder.last_error
+        detail = note if state in ("done", "refused", "cancelled") else recorder.last_error
         if code == EXIT_AUDIT:
             detail = recorder.last_error
+        if totals is not None:
+            operation.note(totals.expected, totals.scanned, totals.selected, totals.removed)
         try:
             await operation.finish(
                 state,

@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from worker.config import Settings
-from worker.ops.dlq.audit import default_actor
+from worker.ops.dlq.audit import Operation, default_actor
 from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
 from worker.ops.dlq.console import EXIT_INTERRUPTED
 from worker.ops.dlq.history import history_command
 from worker.ops.dlq.letters import Selection
+from worker.ops.dlq.live import cancel_command, operations_command
 from worker.ops.dlq.operations import Senders, StopFn
 from worker.ops.dlq.options import DLQ, epilog
 from worker.ops.subcommands import AddSettings, add_command
@@ -36,11 +37,15 @@ def add_dlq_parser(
 
 def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
     """``worker dlq ACTION`` as parsed by :func:`add_dlq_parser`: run it, return the exit code."""
+    interruption = Interruption(graceful=args.dlq_command == "replay")
     try:
-        code = asyncio.run(Interruption().run(lambda stop: _dispatch(args, settings, stop)))
+        code = asyncio.run(interruption.run(lambda stop: _dispatch(args, settings, stop)))
     except KeyboardInterrupt:  # Ctrl-C before the command began, or a second one
         code = EXIT_INTERRUPTED
-    if code == EXIT_INTERRUPTED:  # the sweep's cleanup already requeued what it held
+        if interruption.audited is not None and interruption.audited.operation is not None:
+            print(_in_doubt(interruption.audited.operation), file=sys.stderr)
+            return EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED and interruption.requested:  # the sweep's cleanup requeued what it held
         print("interrupted; dead letters not yet settled stay in the DLQ", file=sys.stderr)
         return EXIT_INTERRUPTED
     try:
@@ -48,6 +53,18 @@ def run_dlq(args: argparse.Namespace, settings: Settings) -> int:
     except BrokenPipeError:  # the reader of a pipe left early: nothing more to say, and no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
+
+
+def _in_doubt(operation: Operation) -> str:
+    """What a second Ctrl-C says of the replay it stopped at once."""
+    pending = operation.outcomes.get("pending", 0)
+    return (
+        f"stopped at once: {pending} dead letter(s) in doubt (sent, their originals maybe still in the DLQ); "
+        f"`worker dlq history --operation {operation.id}` lists them as pending, and running the same replay "
+        "again finishes it without sending a letter twice"
+        if pending
+        else "stopped at once, between rounds: no dead letter in doubt; what was not settled stays in the DLQ"
+    )
 
 
 class Interruption:
@@ -63,10 +80,17 @@ class Interruption:
     operation: the operation stops at the next batch at the latest, is recorded ``interrupted``, and the
     command exits 130. A second Ctrl-C stops at once (KeyboardInterrupt), as ``asyncio.run`` does. SIGINT
     ignored by the parent (a background job of a script) stays ignored.
+
+    ``graceful`` (a replay): the first Ctrl-C only sets the flag, and the replay stops at the end of the round
+    in flight (its copies confirmed and its originals removed), so no letter is left both replayed and in the
+    DLQ; the second stops at once, and :func:`run_dlq` says how many letters that left in doubt (``audited``:
+    the replay's record, which counts them).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, graceful: bool = False) -> None:
         self.requested = False
+        self.graceful = graceful
+        self.audited: Audited | None = None
         self._task: asyncio.Task[int] | None = None
 
     def __call__(self) -> bool:
@@ -78,6 +102,11 @@ class Interruption:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if self.graceful:
+            sys.stderr.write(
+                "\nstopping once the letters in flight are settled; Ctrl-C again stops at once\n"
+            )
+            return
         if self._task is not None:
             self._task.cancel()
 
@@ -154,11 +183,24 @@ async def _replay(args: argparse.Namespace, settings: Settings, stop: StopFn | N
     senders = Senders(
         refuse_unknown=settings.shard_identity == "required", as_trusted_publisher=args.as_trusted_publisher
     )
+    audited = _audited(args, settings)
+    if isinstance(stop, Interruption):  # a second Ctrl-C names the letters in doubt from this record
+        stop.audited = audited
     return await replay_command(
         settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, limit=args.limit,
-        dry_run=args.dry_run, progress=args.progress, audit=_audited(args, settings), stop=stop,
-        trusted=_trusted(settings), senders=senders,
+        dry_run=args.dry_run, progress=args.progress, audit=audited, stop=stop,
+        trusted=_trusted(settings), senders=senders, rate=args.rate or None,
     )  # fmt: skip
+
+
+async def _operations(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await operations_command(settings.postgres_dsn, as_json=args.json)
+
+
+async def _cancel(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await cancel_command(
+        settings.postgres_dsn, args.operation_id, actor=args.by or default_actor(), wait=args.wait
+    )
 
 
 async def _purge(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
@@ -192,5 +234,7 @@ _RUNS: dict[str, Callable[[argparse.Namespace, Settings, StopFn | None], Awaitab
     "replay": _replay,
     "purge": _purge,
     "history": _history,
+    "operations": _operations,
+    "cancel": _cancel,
     "ui": _ui,
 }

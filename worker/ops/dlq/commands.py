@@ -11,11 +11,12 @@ from datetime import datetime
 from worker.config import Topology
 from worker.ops.dlq.audit import Operation
 from worker.ops.dlq.audited import Audited, Ending
-from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, guarded
+from worker.ops.dlq.console import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Console, guarded
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
+from worker.ops.dlq.history import pairs_in
 from worker.ops.dlq.kinds import replay_helps
 from worker.ops.dlq.letters import Selection
-from worker.ops.dlq.operations import AS_RECORDED, Senders, StopFn, Totals, browse, purge, replay
+from worker.ops.dlq.operations import AS_RECORDED, Pace, Senders, StopFn, Totals, browse, purge, replay
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.render import (
     Progress,
@@ -144,8 +145,10 @@ async def replay_command(
     stop: StopFn | None = None,
     trusted: frozenset[str] = frozenset(),
     senders: Senders = AS_RECORDED,
+    rate: float | None = None,
 ) -> int:
     """``audit``: where the operation is recorded (the CLI always gives one; a dry run records nothing);
+    ``rate``: letters a second (None: as fast as the broker confirms);
     ``stop``: whether Ctrl-C was pressed (the CLI's :class:`Interruption`), asked between batches;
     ``trusted``: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read; ``senders``: what becomes of a
     letter with none known (refused under LTM_SHARD_IDENTITY=required, unless ``--as-trusted-publisher``,
@@ -167,13 +170,17 @@ async def replay_command(
     async def run(journal: Operation | None) -> int:
         nonlocal outcome
         async with open_dead_letters(url, topology, trusted=trusted) as dlq:
-            meter = _meter("replay", console, progress) if not dry_run else None
+            if journal is not None and await journal.in_doubt_elsewhere():
+                # an earlier replay was stopped at once: which of its copies came back tells what it sent
+                journal.in_dlq = frozenset(await pairs_in(dlq))
+            meter = _meter("replay", console, progress, rate) if not dry_run else None
             if dry_run:
                 console.out.write(list_header() + "\n")
             try:
                 outcome = await replay(
                     dlq, selection, batch=batch, limit=limit, dry_run=dry_run, on_found=on_found,
                     progress=meter, journal=journal, stop=stop, senders=senders,
+                    pace=None if rate is None else Pace(rate),
                 )  # fmt: skip
             finally:
                 if meter is not None:
@@ -188,6 +195,8 @@ async def replay_command(
             return _replayed(outcome, dry_run, hopeless, console)
 
     def ending() -> Ending:
+        if outcome is not None and outcome.cancelled_by is not None:
+            return outcome, f"cancelled by {outcome.cancelled_by}", "cancelled"
         failed = 0 if outcome is None else len(outcome.failures)
         return outcome, f"{failed} not replayed" if failed else None, None
 
@@ -196,7 +205,9 @@ async def replay_command(
     where = (selection, url, topology)
     # the operator's choice to vouch for letters with no known sender is on record with the filters
     chosen = {"as_trusted_publisher": True} if senders.as_trusted_publisher else None
-    return await audit.perform("replay", where, console, run, ending, limit=limit, stop=stop, options=chosen)
+    return await audit.perform(
+        "replay", where, console, run, ending, limit=limit, stop=stop, options=chosen, rate=rate
+    )
 
 
 def _replayed(totals: Totals, dry_run: bool, hopeless: Counter[str], console: Console) -> int:
@@ -209,8 +220,21 @@ def _replayed(totals: Totals, dry_run: bool, hopeless: Counter[str], console: Co
         return EXIT_OK
     for event_id, why in totals.failures:
         console.err.write(f"not replayed: {terminal_safe(event_id or '-')}: {terminal_safe(why)}\n")
-    console.out.write(f"moved {totals.removed}, kept {totals.kept}\n")
+    if totals.cancelled_by is not None:
+        console.out.write(
+            f"cancelled by {terminal_safe(totals.cancelled_by)} once the letters in flight were settled: "
+            f"moved {totals.removed}, kept {totals.kept} (every letter is replayed or still in the DLQ)\n"
+        )
+    else:
+        console.out.write(f"moved {totals.removed}, kept {totals.kept}\n")
+    if totals.replayed_before:
+        console.err.write(
+            f"note: {totals.replayed_before} of them had been sent by an earlier replay that was stopped at "
+            "once; their originals were removed, not sent again (`worker dlq history` says which)\n"
+        )
     console.err.write(_hopeless_note(hopeless, "will fail again"))
+    if totals.cancelled_by is not None:
+        return EXIT_INTERRUPTED
     return EXIT_FAILED if totals.failures else EXIT_OK
 
 
@@ -293,7 +317,7 @@ async def _ask_on_terminal(prompt: str) -> str:
         return ""
 
 
-def _meter(verb: str, console: Console, forced: bool) -> Progress | None:
-    """A progress line when a person watches stderr, or when asked for."""
+def _meter(verb: str, console: Console, forced: bool, rate: float | None = None) -> Progress | None:
+    """A progress line when a person watches stderr, or when asked for (``rate``: what it is paced at)."""
     live = console.err.isatty()
-    return Progress(verb, console.err, live=live) if live or forced else None
+    return Progress(verb, console.err, live=live, rate=rate) if live or forced else None

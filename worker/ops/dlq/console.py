@@ -21,19 +21,23 @@ EXIT_USAGE = 2  # bad options; purge without --yes and without a terminal to ask
 EXIT_UNREACHABLE = 3  # RabbitMQ cannot be reached (or the connection died mid-way)
 EXIT_MISSING = 4  # the DLQ (or, for replay, the work exchange) does not exist on the vhost
 EXIT_AUDIT = 5  # replay, purge: the audit record cannot be written (Postgres); nothing was done without one
+EXIT_BUSY = 6  # replay: another replay of the same DLQ is running (the message names it); nothing was done
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES_HELP = """
 exit codes:
   0  done, also when nothing matched (list prints no lines; replay and purge move or delete 0)
   1  show: no such dead letter; replay: some dead letters could not be republished (they stay in the DLQ);
-     purge: not confirmed
+     purge: not confirmed; cancel: no such replay
   2  bad options; purge without --yes when stdin is not a terminal; a connection URL can never work
   3  RabbitMQ cannot be reached (or the connection was lost; nothing is lost with it)
   4  the DLQ (replay: or the work exchange) does not exist on the vhost
   5  replay, purge: the audit record cannot be written to Postgres (nothing taken off the queue without it;
      stopped mid-way when a write fails: the rest stays in the DLQ); history, ui: Postgres unreadable
-  130  interrupted (Ctrl-C); whatever was not settled stays in the DLQ
+  6  replay: another replay of the same DLQ runs (the message says whose, and how to cancel it); cancel:
+     the operation did not stop within --wait
+  130  interrupted (Ctrl-C), or replay: cancelled (`worker dlq cancel`); whatever was not settled stays in the
+     DLQ
 """
 
 

@@ -25,24 +25,32 @@ from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE,
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.render import terminal_safe
-from worker.ops.dlq.sweep import DlqError, open_dead_letters
+from worker.ops.dlq.sweep import DeadLetterQueue, DlqError, open_dead_letters
 from worker.redact import describe
 
 #: how a replayed letter that came back is said
 CAME_BACK = "came back to the DLQ: its replay failed again"
+#: how a letter whose original and copy are both in the DLQ is said
+TWICE = "in the DLQ twice, original and copy: replaying again removes the original"
 
 
 def returned(letters: Collection[Letter]) -> set[tuple[str, int]]:
-    """The (event id, replay count) of the replayed letters among ``letters``."""
-    return {(x.event_id, x.replay_count) for x in letters if x.event_id is not None and x.replay_count > 0}
+    """The (event id, replay count) of ``letters``: a replayed copy carries its original's count plus one, so
+    a letter came back when its copy is among them, and is there twice when the original is too."""
+    return {(x.event_id, x.replay_count) for x in letters if x.event_id is not None}
+
+
+async def pairs_in(dlq: DeadLetterQueue) -> set[tuple[str, int]]:
+    """The (event id, replay count) of every letter in the DLQ now (one read, as ``list`` makes)."""
+    letters: list[Letter] = []
+    await browse(dlq, Selection(), lambda seen, _now: letters.append(seen.letter))
+    return returned(letters)
 
 
 async def in_dlq_now(url: str, topology: Topology) -> set[tuple[str, int]]:
-    """The (event id, replay count) of every replayed letter in the DLQ now (one read, as ``list`` makes)."""
-    letters: list[Letter] = []
+    """:func:`pairs_in` the DLQ at ``url``."""
     async with open_dead_letters(url, topology) as dlq:
-        await browse(dlq, Selection(), lambda seen, _now: letters.append(seen.letter))
-    return returned(letters)
+        return await pairs_in(dlq)
 
 
 @dataclass
@@ -135,6 +143,8 @@ def letters_text(entry: dict[str, Any]) -> str:
     text = ", ".join(f"{outcome} {n}" for outcome, n in entry["letters"].items()) or "no letters"
     if entry["came_back"]:
         text += f" ({entry['came_back']} {CAME_BACK})"
+    if entry.get("twice"):
+        text += f" ({entry['twice']} {TWICE})"
     return text
 
 
@@ -157,6 +167,8 @@ def history_lines(entry: dict[str, Any]) -> str:
         )
         if letter["came_back"]:
             text += f", {CAME_BACK}"
+        if letter.get("twice"):
+            text += f", {TWICE}"
         if letter["detail"]:
             text += f"  {letter['detail']}"
         lines.append(terminal_safe(text))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -35,6 +37,10 @@ class Totals:
     removed: int = 0
     #: (event id, why) for each selected dead letter that could not be republished
     failures: list[tuple[str | None, str]] = field(default_factory=list)
+    #: removed without being sent again: an earlier replay that was stopped at once had sent them
+    replayed_before: int = 0
+    #: who stopped the replay (``worker dlq cancel``) once what it held was settled; None: it ran to the end
+    cancelled_by: str | None = None
 
     @property
     def kept(self) -> int:
@@ -69,6 +75,54 @@ class Journal(Protocol):
     async def settled(
         self, letters: Sequence[Taken], outcome: str, details: Mapping[int, str] | None = None
     ) -> None: ...
+
+
+class Watched(Journal, Protocol):
+    """What a replay on record also does (:class:`worker.ops.dlq.audit.Operation`): it says how far it got,
+    learns whether someone asked it to stop, and asks which letters an earlier replay already sent."""
+
+    def note(self, expected: int, scanned: int, selected: int, moved: int) -> None: ...
+
+    def stopping(self) -> str | None: ...
+
+    async def sent_before(self, letters: Sequence[Taken]) -> dict[int, str]: ...
+
+
+#: letters per second ``worker dlq replay`` sends unless ``--rate`` says otherwise: one worker on the
+#: project's two-core test machine answers 330 to 470 events a second, so 50 a second takes at most about a
+#: sixth of one worker beside the shards' live traffic, and 3,000 letters (an hour of a failing dependency)
+#: take a minute
+DEFAULT_RATE = 50.0
+#: how often a rated replay sends: a tenth of its rate each time, so the work queue never sees a second's
+#: worth at once
+PACE_STEP = 0.1
+
+
+class Pace:
+    """At most ``rate`` letters a second over the replay, counted from its first send: :meth:`take` waits
+    until ``n`` more may go, asking ``stop`` every tenth of a second while it waits."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self.rate = rate
+        self._clock = clock
+        self._next: float | None = None
+
+    def batch(self, batch: int) -> int:
+        """How many letters a round takes: a :data:`PACE_STEP` of the rate, at most ``batch``."""
+        return max(1, min(batch, math.ceil(self.rate * PACE_STEP)))
+
+    async def take(self, n: int, stop: Callable[[], bool]) -> bool:
+        """Wait until ``n`` letters may go; False (nothing taken) when ``stop()`` became true meanwhile."""
+        start = self._clock() if self._next is None else self._next
+        while (left := start - self._clock()) > 0:
+            if stop():
+                return False
+            await asyncio.sleep(min(left, PACE_STEP))
+        # a replay that fell behind (a slow broker) does not catch up in a burst: it goes on at the rate
+        self._next = max(start, self._clock() - PACE_STEP) + n / self.rate
+        return True
 
 
 def taken(found: Sequence[Found]) -> list[Taken]:
@@ -138,18 +192,24 @@ async def replay(
     dry_run: bool = False,
     on_found: Callable[[Found, datetime], None] | None = None,
     progress: ProgressFn | None = None,
-    journal: Journal | None = None,
+    journal: Watched | None = None,
     stop: StopFn | None = None,
     senders: Senders = AS_RECORDED,
+    pace: Pace | None = None,
 ) -> Totals:
     """Republish the selected dead letters to the work exchange; ack each DLQ copy once confirmed.
 
     Each goes back to ``tomori.tool_calls`` with its original routing key, body and properties (confirms +
     mandatory); a crash between the confirm and the ack leaves the event in both queues, which the worker's
-    idempotency makes harmless. Each carries its sender as ``published_by`` found it (``senders`` says what
-    becomes of one with none known: a letter it refuses stays, on record as ``not_replayed``). ``stop`` is
-    asked before each batch is taken and before it moves."""
+    idempotency makes harmless and the next replay finishes (:mod:`worker.ops.dlq.doubt`: a letter an earlier
+    replay sent is removed, ``replayed_before``, not sent again). Each carries its sender as ``published_by``
+    found it (``senders`` says what becomes of one with none known: a letter it refuses stays, on record as
+    ``not_replayed``). ``pace``: at most its rate, a tenth of a second's worth a round. ``stop`` (Ctrl-C) and
+    the journal's ``stopping`` (``worker dlq cancel``) are asked between rounds and while the pace waits: a
+    round begun is settled first, so a letter is either replayed or still in the DLQ, never both."""
     publish_channel = None if dry_run else await dlq.work_exchange()
+    if pace is not None and not dry_run:
+        batch = pace.batch(batch)
     try:
         exchange = (
             None
@@ -157,9 +217,23 @@ async def replay(
             else await publish_channel.get_exchange(dlq.topology.tool_calls_exchange, ensure=False)
         )
         failures: list[tuple[str | None, str]] = []
+        before = 0
+        cancelled_by: str | None = None
+
+        def cancelled() -> bool:
+            nonlocal cancelled_by
+            if journal is not None and cancelled_by is None:
+                cancelled_by = journal.stopping()
+            return cancelled_by is not None
+
+        def halt() -> bool:
+            return cancelled() or (stop is not None and stop())
+
         async with await dlq.sweep(selection, batch=batch, limit=limit) as sweep:
             while True:
                 _stop_here(stop)
+                if cancelled():
+                    break
                 found = await sweep.next_batch()
                 if found is None:
                     break
@@ -170,8 +244,14 @@ async def replay(
                 if exchange is not None and found:
                     assert publish_channel is not None
                     if journal is not None:
-                        await journal.taking(taken(found))
+                        found, removed = await _sent_before(sweep, found, journal)
+                        before += removed
+                    if pace is not None and found and not await pace.take(len(found), halt):
+                        _stop_here(stop)
+                        break  # cancelled while waiting: this round goes back with the rest
                     frame_max = frame_max_of(await publish_channel.get_underlay_channel())
+                    if journal is not None and found:
+                        await journal.taking(taken(found))
                     kept = [
                         (item, why) for item in found if (why := senders.refusal(item.letter)) is not None
                     ]
@@ -193,12 +273,29 @@ async def replay(
                     if publish_channel is not None and publish_channel.is_closed:
                         failures.append((None, "the publishing channel closed; replay stopped"))
                         break
+                if journal is not None:
+                    journal.note(sweep.expected, sweep.scanned, sweep.selected, sweep.removed)
                 if progress is not None:
                     progress(sweep)
-            return replace(Totals.of(sweep), failures=failures)
+            return replace(
+                Totals.of(sweep), failures=failures, replayed_before=before, cancelled_by=cancelled_by
+            )
     finally:
         if publish_channel is not None:
             await close_quietly(publish_channel)
+
+
+async def _sent_before(sweep: Sweep[Found], found: list[Found], journal: Watched) -> tuple[list[Found], int]:
+    """Remove the letters an earlier replay already sent (on record as ``replayed_before``, with how that is
+    known); the others, to send, and how many were removed."""
+    sent = await journal.sent_before(taken(found))
+    if not sent:
+        return found, 0
+    done = [item for item in found if item.message.delivery_tag in sent]
+    await journal.taking(taken(done))
+    await journal.settled(taken(done), "replayed_before", sent)
+    await sweep.remove(done)
+    return [item for item in found if item.message.delivery_tag not in sent], len(done)
 
 
 async def _republish(

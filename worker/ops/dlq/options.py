@@ -10,6 +10,8 @@ from worker.config import environment_help
 from worker.ops.dlq.console import EXIT_CODES_HELP
 from worker.ops.dlq.kinds import WORKER_KINDS
 from worker.ops.dlq.letters import GROUP_FIELDS, parse_duration, parse_group
+from worker.ops.dlq.live import DEFAULT_WAIT
+from worker.ops.dlq.operations import DEFAULT_RATE
 from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
 from worker.ops.dlq.sweep import DEFAULT_BATCH
 from worker.ops.subcommands import Action, Command, Setting, option
@@ -22,6 +24,26 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of letters a second: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
     return value
 
 
@@ -140,7 +162,13 @@ DLQ = Command(
             "-attempts and x-death headers, with x-ltm-replayed-at and x-ltm-replay-count added. Each DLQ "
             "copy is removed only after the broker confirmed the republished one, so an interrupted replay "
             "loses nothing (at worst an event is in both queues; the worker's idempotency makes that "
-            "harmless). Each carries as x-ltm-user-id the sender `show` names (the worker's record, else the "
+            "harmless, and running the replay again finishes it without sending any letter twice). "
+            f"Letters go at --rate a second ({DEFAULT_RATE:g} by default), with a progress line; the "
+            "replay is on record as running (`worker dlq operations`, from any machine), and `worker dlq "
+            "cancel ID` or a first Ctrl-C stops it once the letters in flight are settled: each letter is "
+            "then replayed or still in the DLQ, never both. One replay per DLQ at a time: a second is "
+            "refused and names the first. Each carries as x-ltm-user-id the sender `show` names (the "
+            "worker's record, else the "
             "letter's user_id as RabbitMQ checked it), never a header the worker did not write; under "
             "LTM_SHARD_IDENTITY=required a letter with no known sender is not replayed unless "
             "--as-trusted-publisher says so. Recorded in the audit tables (worker dlq history) before "
@@ -153,6 +181,15 @@ DLQ = Command(
                 *_FILTERS,
                 *_AUDITED,
                 option("--limit", type=_positive_int, metavar="N", help="move at most N dead letters"),
+                option(
+                    "--rate",
+                    type=_rate,
+                    default=DEFAULT_RATE,
+                    metavar="N",
+                    help=f"letters a second (default {DEFAULT_RATE:g}: a small share of one worker beside "
+                    "the shards' live traffic; 3,000 letters take a minute); 0: as fast as the broker "
+                    "confirms",
+                ),
                 option("--dry-run", action="store_true", help="list what would move; move nothing"),
                 option(
                     "--as-trusted-publisher",
@@ -185,11 +222,13 @@ DLQ = Command(
             "history",
             "who replayed or purged what, newest first",
             "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
-            "(started: running, or cut short; done; refused; failed; interrupted), the filters, and how many "
-            "letters ended how (pending: in doubt, the operation was cut short there), and how many replayed "
-            "letters came back to the DLQ (the replay failed again: a later replay or purge took them, or "
-            "they are in the DLQ now, which it reads when the record does not tell). With --operation, each "
-            "letter of that operation.",
+            "(started: running, or cut short; done; refused; failed; interrupted; cancelled), the filters, "
+            "how many letters ended how (pending: in doubt, the operation was stopped at once there; "
+            "replayed_before: sent by an earlier replay that was stopped at once, removed, not sent again), "
+            "how many replayed letters came back to the DLQ (the replay failed again: a later replay or "
+            "purge took them, or they are in the DLQ now, which it reads when the record does not tell) and "
+            "how many are in the DLQ twice (the original beside its copy: replaying again removes the "
+            "original). With --operation, each letter of that operation.",
             (
                 *_DATABASE,
                 Setting("rabbitmq_url"),
@@ -202,6 +241,48 @@ DLQ = Command(
                     help="the latest N operations (50)",
                 ),
                 option("--operation", metavar="ID", help="one operation, with each of its letters"),
+            ),
+        ),
+        Action(
+            "operations",
+            "the replays and purges running now, from any machine",
+            "Every replay and purge whose audit record is open, oldest first: operation id, action, state "
+            "(running: its command wrote a heartbeat in the last 15 s; lost: it stopped without closing its "
+            "record, killed or cut off from Postgres, and its letters in doubt are what `history --operation "
+            "ID` lists as pending), the rate, letters moved of those selected so far, letters scanned of "
+            "those in the DLQ at its start, when it started, its last heartbeat, and who runs it. Reads "
+            "Postgres only.",
+            (
+                *_DATABASE,
+                option(
+                    "--json",
+                    action="store_true",
+                    help="one JSON object per line: operation_id, action, actor, state, rate, moved, "
+                    "selected, scanned, expected, started_at, heartbeat_at, finished_at, "
+                    "cancel_requested_at, cancelled_by, detail, filters, vhost, queue",
+                ),
+            ),
+        ),
+        Action(
+            "cancel",
+            "stop a running replay from any terminal",
+            "Ask a running replay to stop and wait until it has: it settles the letters in flight (their "
+            "copies confirmed and originals removed, or none of it) and puts the rest back, so each letter "
+            "is replayed or still in the DLQ, never both; its record says `cancelled by NAME` and its own "
+            "terminal exits 130. A replay whose process is gone (lost) has its record closed as interrupted "
+            "at once. Exit 0 once it stopped (also when it had already ended), 1 when there is no such "
+            "replay, 6 when it still runs after --wait.",
+            (
+                *_DATABASE,
+                *_AUDITED,
+                option("operation_id", metavar="OPERATION_ID", help="as `worker dlq operations` lists it"),
+                option(
+                    "--wait",
+                    type=_seconds,
+                    default=DEFAULT_WAIT,
+                    metavar="SECONDS",
+                    help=f"how long to wait for it to stop (default {DEFAULT_WAIT:g}; 0: ask, do not wait)",
+                ),
             ),
         ),
         Action(

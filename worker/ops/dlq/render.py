@@ -203,18 +203,27 @@ def _jsonable(value: Any) -> Any:
 
 
 class Progress:
-    """``replay: 1200/3000 scanned, 1100 moved`` on stderr: rewritten in place on a terminal, one line
-    per batch otherwise (only with --progress)."""
+    """``replay: 1200/3000 scanned, 1100 moved (50/s, 38 s left at most)`` on stderr: rewritten in place on a
+    terminal, one line per batch otherwise (only with --progress; a paced replay at most one a second)."""
 
-    def __init__(self, verb: str, stream: TextIO, *, live: bool) -> None:
+    def __init__(self, verb: str, stream: TextIO, *, live: bool, rate: float | None = None) -> None:
         self._verb = verb
         self._stream = stream
         self._live = live
+        self._rate = rate
         self._last = 0.0
         self._width = 0
 
     def __call__(self, sweep: Sweep[Any]) -> None:
         text = f"{self._verb}: {sweep.scanned}/{sweep.expected} scanned, {sweep.removed} {_PAST[self._verb]}"
+        if self._rate is not None:
+            left = max(0, sweep.expected - sweep.scanned) / self._rate
+            text += f" ({self._rate:g}/s, {left:.0f} s left at most)"
+            now = time.monotonic()
+            if not self._live and now - self._last < 1.0 and sweep.scanned < sweep.expected:
+                return  # a line a second, not one a round
+            if not self._live:
+                self._last = now
         if self._live:
             now = time.monotonic()
             if now - self._last < 0.1 and sweep.scanned < sweep.expected:
