@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aio_pika
+import asyncpg
 import pytest
 
 from tests.integration import test_dlq as base
@@ -302,3 +304,46 @@ async def test_a_letter_says_who_published_it_and_that_a_replay_cannot_help(brok
     assert advice is not None
     assert advice.group(1).startswith("a replay fails again: the RabbitMQ user that published it")
     assert "<details><summary class=muted>the replay command all the same</summary>" in text
+
+
+async def test_a_letters_page_tells_its_whole_life(
+    broker: Broker, seeded: Seeded, audit_database: str
+) -> None:
+    """Failed, replayed by whom at what rate, came back, answered: the letter's page puts the DLQ and the
+    record side by side, oldest first."""
+    event_id = seeded.ids["A"]  # transient_exhausted
+    replayed = await cli("replay", "--event-id", event_id, "--by", "carol", "--rate", "20", url=broker.url)
+    assert replayed.code == 0, replayed.err
+    (copy,) = await broker.take_all(TOPOLOGY.work_queue)
+    assert copy.headers["x-ltm-replay-count"] == 1
+    # the worker failed it again: back in the DLQ, as the worker dead-letters it, its replay count kept
+    back = aio_pika.Message(copy.body, message_id=event_id, headers=dict(copy.headers))
+    await dead_letter_copy(
+        broker, back, MAIN_KEY, kind="transient_exhausted", error="still down", attempts=5,
+        failed_at=datetime.now(UTC),
+    )  # fmt: skip
+    await broker.wait_depth(DLQ, 5)
+    record = await asyncpg.connect(audit_database)
+    try:  # and a later attempt answered it, as the worker records an answer
+        await record.execute(
+            "INSERT INTO ltm_processed_events (event_id, tool_call_id, tool_name, shard_id, status,"
+            " processed_at) VALUES ($1, 'call', 'create_long_term_memory', 3, 'success',"
+            " now() + interval '1 s')",
+            uuid.UUID(event_id),
+        )
+    finally:
+        await record.close()
+
+    async with ui(broker.url) as page:
+        status, _, text = await asyncio.to_thread(
+            get, f"{page.base}letter?{urllib.parse.urlencode({'id': event_id})}", bearer=page.token
+        )
+
+    assert status == 200
+    life = re.search(r"<section id=life>(.*?)</section>", text, re.S)
+    assert life, text[:2000]
+    steps = [html.unescape(x) for x in re.findall(r"<tr><td>[^<]*</td><td>([^<]*)</td>", life.group(1))]
+    assert steps == ["replayed (as replay 1)", "came back after replay 1", "answered by the worker"], steps
+    assert "by carol, operation " in life.group(1)
+    assert "at 20/s" in life.group(1)
+    assert "transient_exhausted after 5 attempt(s): still down; in the DLQ now" in life.group(1)

@@ -19,11 +19,13 @@ from typing import Any
 import aiormq.exceptions
 import orjson
 
+from worker.broker.headers import rfc3339
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable
 from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
+from worker.ops.dlq.record import LETTERS, OPERATIONS
 from worker.ops.dlq.render import terminal_safe
 from worker.ops.dlq.sweep import DeadLetterQueue, DlqError, open_dead_letters
 from worker.redact import describe
@@ -173,3 +175,44 @@ def history_lines(entry: dict[str, Any]) -> str:
             text += f"  {letter['detail']}"
         lines.append(terminal_safe(text))
     return "\n".join(lines)
+
+
+async def life(audit: Audit, event_id: str) -> list[dict[str, Any]]:
+    """What the record knows of one event's dead letters, oldest first: every replay or purge that took one
+    (when, which operation, by whom, at what rate, how it ended, with which replay count), and the worker's
+    answer to it (``ltm_processed_events``) when there is one."""
+    rows = await audit.query(
+        f"""
+        SELECT l.recorded_at AS at, o.operation_id, o.action, o.actor, o.rate, o.state, l.outcome, l.detail,
+               l.replay_count
+        FROM {LETTERS} l JOIN {OPERATIONS} o USING (operation_id)
+        WHERE l.event_id = $1 ORDER BY l.recorded_at, l.position
+        """,
+        event_id,
+    )
+    steps = [
+        {
+            "at": rfc3339(row["at"]),
+            "operation_id": str(row["operation_id"]),
+            "action": row["action"],
+            "actor": row["actor"],
+            "rate": row["rate"],
+            "operation_state": row["state"],
+            "outcome": row["outcome"],
+            "detail": row["detail"],
+            "replay_count": row["replay_count"],
+        }
+        for row in rows
+    ]
+    try:
+        key = uuid.UUID(event_id)
+    except ValueError:
+        return steps
+    answered = await audit.query(
+        "SELECT status, processed_at FROM public.ltm_processed_events WHERE event_id = $1 AND processed_at IS"
+        " NOT NULL",
+        key,
+    )
+    for row in answered:
+        steps.append({"at": rfc3339(row["processed_at"]), "answered": row["status"]})
+    return sorted(steps, key=lambda step: step["at"])

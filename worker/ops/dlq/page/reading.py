@@ -8,11 +8,12 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit
-from worker.ops.dlq.history import Record, read_record, returned
+from worker.ops.dlq.history import Record, life, read_record, returned
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.reading import Seen
@@ -92,5 +93,13 @@ class Reader:
                 topology=self.topology,
                 in_dlq=None if letters is None else returned(letters),
             )
+        finally:
+            await audit.close()
+
+    async def life(self, event_id: str) -> list[dict[str, Any]]:
+        """What the audit record knows of the event (history.py ``life``)."""
+        audit = await Audit.open(self.dsn)
+        try:
+            return await life(audit, event_id)
         finally:
             await audit.close()

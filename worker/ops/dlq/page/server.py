@@ -258,7 +258,7 @@ class UiServer(ThreadingHTTPServer):
         if path == "/letter" and query.get("id"):
             found, scanned = self.run(reader.letter(query["id"]))
             return (HTTPStatus.OK if found else HTTPStatus.NOT_FOUND), letter_page(
-                query["id"], found, scanned
+                query["id"], found, scanned, self._life(query["id"])
             )
         if path == "/group" and query.get("by") in GROUP_FIELDS and "value" in query:
             by, value = query["by"], query["value"]
@@ -268,6 +268,14 @@ class UiServer(ThreadingHTTPServer):
             operation = query.get("operation")
             return HTTPStatus.OK, history_page(self._history(200, operation), operation)
         return HTTPStatus.NOT_FOUND, page("Not found", "<section><h2>Nothing here</h2></section>")
+
+    def _life(self, event_id: str) -> list[dict[str, Any]] | str:
+        try:
+            return self.run(self.reader.life(event_id))  # type: ignore[no-any-return]
+        except AuditUnavailable as exc:
+            return str(exc)
+        except Exception as exc:
+            return describe(exc)
 
     def _history(
         self, limit: int, operation: str | None = None, letters: list[Letter] | None = None

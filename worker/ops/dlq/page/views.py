@@ -6,6 +6,7 @@ import json
 import shlex
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Group, Grouping
@@ -197,18 +198,76 @@ def _letter_link(event_id: str | None) -> str:
     return f"<a href='{link('/letter', id=event_id)}'><code>{esc(event_id)}</code></a>"
 
 
-def letter_page(event_id: str, found: list[tuple[Seen, datetime]], scanned: int) -> str:
+def letter_page(
+    event_id: str,
+    found: list[tuple[Seen, datetime]],
+    scanned: int,
+    life: Sequence[dict[str, Any]] | str = (),
+) -> str:
+    """A dead letter in full, and its life (``life``: what the record knows of the event, history.py
+    ``life``; a string: why the record could not be read)."""
+    lived = life_section([seen.letter for seen, _ in found], life)
     if not found:
         return page(
             "No such dead letter",
             f"<section><h2>No dead letter with event id {esc(event_id)}</h2><p class=muted>{scanned} "
-            "scanned; it may have been replayed or purged.</p></section>",
+            f"scanned; it may have been replayed or purged.</p></section>{lived}",
         )
     sections = []
     for n, (seen, now) in enumerate(found, 1):
         heading = f"Dead letter {n} of {len(found)}" if len(found) > 1 else "Dead letter"
         sections.append(f"<section class=letter><h2>{heading}</h2>{_letter(seen, now, event_id)}</section>")
-    return page(f"Dead letter {event_id}", "".join(sections))
+    return page(f"Dead letter {event_id}", lived + "".join(sections))
+
+
+def life_section(letters: Sequence[Letter], life: Sequence[dict[str, Any]] | str) -> str:
+    """Its life, oldest first: each time it failed (the letters in the DLQ now), each replay or purge that
+    took it, and the worker's answer."""
+    steps: list[tuple[str, str, str]] = [
+        (
+            time_text(letter.failed_at),
+            "failed" if letter.replay_count == 0 else f"came back after replay {letter.replay_count}",
+            f"{letter.kind} after {'?' if letter.attempts is None else letter.attempts} attempt(s): "
+            f"{letter.error}; in the DLQ now",
+        )
+        for letter in letters
+    ]
+    if isinstance(life, str):
+        note = f"<p class=muted>the audit record could not be read: {esc(life)}</p>"
+    else:
+        note = ""
+        steps += [(time_text(_parse(step["at"])), *_step(step)) for step in life]
+    rows = "".join(
+        f"<tr><td>{esc(at)}</td><td>{esc(what)}</td><td>{esc(detail)}</td></tr>"
+        for at, what, detail in sorted(steps)
+    )
+    return (
+        "<section id=life><h2>Its life</h2>"
+        + note
+        + "<table><tr><th>when</th><th>what</th><th>detail</th></tr>"
+        + rows
+        + "</table></section>"
+    )
+
+
+def _step(step: dict[str, Any]) -> tuple[str, str]:
+    """What one step of the record says: what happened, and the detail (who, how fast, which operation)."""
+    if "answered" in step:
+        return "answered by the worker", f"status {step['answered']}"
+    rate = "as fast as the broker confirmed" if step["rate"] is None else f"at {step['rate']:g}/s"
+    by = f"by {step['actor']}, operation {step['operation_id']}"
+    what = {
+        "replayed": f"replayed (as replay {(step['replay_count'] or 0) + 1})",
+        "replayed_before": "removed: an earlier replay had sent it",
+        "pending": "taken by a replay that was stopped at once: in doubt",
+        "not_replayed": "not replayed",
+        "deleted": "purged",
+        "kept": "kept (purge not confirmed)",
+    }.get(step["outcome"], step["outcome"])
+    detail = f"{by}, {rate}" if step["action"] == "replay" else by
+    if step["detail"]:
+        detail += f": {step['detail']}"
+    return what, detail
 
 
 def _letter(seen: Seen, now: datetime, event_id: str) -> str:
