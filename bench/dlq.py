@@ -14,7 +14,8 @@ a day) the way the worker writes them, then times, ``--runs`` times each:
   the page loaded in headless chromium (``--dump-dom``, the browser's start included).
 
 Prints the median and worst of each. Nothing here asserts a figure: the numbers are for BENCHMARKS.md.
-``--screenshots DIR`` also saves PNGs of the overview and of one letter (the README's pictures).
+``--screenshots DIR`` also saves PNGs of the overview, of one letter, of a button's confirmation and of what
+runs now (the docs' pictures).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -61,7 +63,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rabbitmq-url", help="the broker (env LTM_RABBITMQ_URL); a vhost is made with rabbitmqctl"
     )
-    p.add_argument("--screenshots", metavar="DIR", help="save PNGs of the page (overview, one letter) here")
+    p.add_argument(
+        "--screenshots",
+        metavar="DIR",
+        help="save PNGs of the page (overview, one letter, a confirmation, what runs now) here",
+    )
     p.add_argument("--keep", action="store_true", help="keep the vhost and database (and say where)")
     return p
 
@@ -214,7 +220,7 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
                 results["page in chromium"] = await timed(args.runs, lambda: run_chromium("--dump-dom", page))
                 if args.screenshots:
                     await audit_example(url, dsn)
-                    await screenshots(page, Path(args.screenshots))
+                    await screenshots(page, Path(args.screenshots), url, dsn)
         finally:
             process.terminate()
             await process.wait()
@@ -239,7 +245,7 @@ async def audit_example(url: str, dsn: str) -> None:
         await process.wait()
 
 
-async def screenshots(page: str, folder: Path) -> None:
+async def screenshots(page: str, folder: Path, url: str, dsn: str) -> None:
     await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
     await run_chromium("--window-size=1400,2400", f"--screenshot={folder / 'dlq-ui-overview.png'}", page)
     overview = await asyncio.to_thread(fetch, page)
@@ -250,7 +256,34 @@ async def screenshots(page: str, folder: Path) -> None:
             f"--screenshot={folder / 'dlq-ui-letter.png'}",
             page.replace("/?token=", f"/letter?id={sample[1]}&token="),
         )
+    # a button's confirmation, for a kind a replay cannot help (the second yes it asks for)
+    await run_chromium(
+        "--window-size=1400,900",
+        f"--screenshot={folder / 'dlq-ui-confirm.png'}",
+        page.replace("/?token=", "/confirm?action=replay&by=kind&value=schema&token="),
+    )
+    await operations_picture(page, folder, url, dsn)
     print(f"screenshots in {folder}", file=sys.stderr)
+
+
+async def operations_picture(page: str, folder: Path, url: str, dsn: str) -> None:
+    """What runs now, with its cancel button: a slow replay, pictured, then stopped as a first Ctrl-C does."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "dlq", "replay", "--group", "kind=transient_exhausted", "--rate", "5",
+        "--by", "alice (on call)",
+        cwd=REPO, env=_dlq_environment(url, dsn), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await asyncio.sleep(3)  # on record as running, a few letters moved
+        await run_chromium(
+            "--window-size=1400,700",
+            f"--screenshot={folder / 'dlq-ui-operations.png'}",
+            page.replace("/?token=", "/operations?token="),
+        )
+    finally:
+        process.send_signal(signal.SIGINT)
+        await process.wait()
 
 
 def table(results: dict[str, list[float]], letters: int) -> str:

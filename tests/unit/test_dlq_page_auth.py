@@ -78,7 +78,24 @@ def test_the_cookie_is_not_the_token() -> None:
     assert not guard.is_cookie(GOOD)
     assert guard.is_token(GOOD)
     assert not guard.is_token(guard.cookie)
-    assert Guard.of("another-token-0123456789", "127.0.0.1", "127.0.0.1").cookie != guard.cookie
+    other = Guard.of("another-token-0123456789", "127.0.0.1", "127.0.0.1")
+    assert not other.is_cookie(guard.cookie)  # a cookie of another page's (another token) is not this one's
+
+
+def test_each_session_has_its_own_cookie_and_form_token() -> None:
+    guard = Guard.of(GOOD, "127.0.0.1", "127.0.0.1")
+    first, second = guard.cookie, guard.cookie
+    assert first != second
+    one, two = guard.session_of(first), guard.session_of(second)
+    assert one is not None
+    assert two is not None
+    assert one != two
+    assert guard.is_csrf(one, guard.csrf(one))
+    assert not guard.is_csrf(two, guard.csrf(one))  # a form of one session does not act for another
+    forged = f"{one}.{'0' * 64}"
+    assert guard.session_of(forged) is None
+    assert guard.session_of("") is None
+    assert GOOD not in guard.csrf(one)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +112,14 @@ def test_the_cookie_is_not_the_token() -> None:
 )
 def test_the_access_log_never_shows_a_token(line: str, logged: str) -> None:
     assert without_token(line) == logged
+
+
+def test_a_form_of_another_origin_is_not_the_pages_own() -> None:
+    guard = Guard.of(GOOD, "127.0.0.1", "127.0.0.1", port=8089)
+    assert guard.is_origin("http://127.0.0.1:8089")
+    assert guard.is_origin("http://localhost:8089")
+    assert not guard.is_origin("http://localhost:3000")  # the same site, another service: not this page
+    assert not guard.is_origin("http://evil.example:8089")
+    assert not guard.is_origin("https://localhost:8089")
+    assert not guard.is_origin("null")
+    assert not guard.is_origin("http://localhost:99999")

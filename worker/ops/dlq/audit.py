@@ -350,6 +350,7 @@ def _operation_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "operation_id": str(row["operation_id"]),
         "action": row["action"],
         "actor": row["actor"],
+        "rate": row["rate"],
         "started_at": _time(row["started_at"]),
         "finished_at": _time(row["finished_at"]),
         "state": row["state"],

@@ -223,7 +223,7 @@ async def _ui(args: argparse.Namespace, settings: Settings, _stop: StopFn | None
     return await ui_command(
         settings.rabbitmq_url, settings.postgres_dsn, settings.topology, host=args.host, port=args.port,
         token=args.token, token_file=args.token_file, allow_hosts=args.allow_host, batch=args.batch,
-        trusted=_trusted(settings),
+        trusted=_trusted(settings), actor=args.by or default_actor(),
     )  # fmt: skip
 
 

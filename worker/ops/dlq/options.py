@@ -287,18 +287,23 @@ DLQ = Command(
         ),
         Action(
             "ui",
-            "a read-only web page: counts, groups, letters, the audit history",
-            "Serve a read-only page: dead letters per kind and per error over time, the groups with the "
-            "command that replays each, any letter in full, and the audit history. Every view reads the DLQ "
-            "the way `list` does (each message held only while the page is built, then put back in order); "
-            "the page never replays or deletes anything. Bound to 127.0.0.1 unless --host says otherwise. "
-            "Every request needs the page's token: given once as ?token=... (a cookie keeps it) or as "
-            "Authorization: Bearer; without --token-file or --token a random one is made and printed in the "
-            "URL (on loopback only: any other address needs one given).",
+            "a web page: counts, groups, letters, the audit history, and buttons that replay, purge, cancel",
+            "Serve the dead-letter page: dead letters per kind and per error over time, the groups with "
+            "what to do about each, any letter in full with its life, the audit history, and what runs now."
+            " Every view reads the DLQ the way `list` does (each message held only while the page is built,"
+            " then put back in order). Its buttons (replay a letter, replay or purge a group, cancel a "
+            "running replay) each open a confirmation that says how many letters and what a replay can do "
+            "for their kinds; what they confirm runs as `worker dlq replay` or `purge` in a process of its "
+            "own, on record in the audit as --by, with this command's settings. A form acts only with the "
+            "session's form token, from the page's own origin. Bound to 127.0.0.1 unless --host says "
+            "otherwise. Every request needs the page's token: given once as ?token=... (a cookie keeps it) "
+            "or as Authorization: Bearer; without --token-file or --token a random one is made and printed "
+            "in the URL (on loopback only: any other address needs one given).",
             (
                 *_CONNECTION,
                 *_DATABASE,
                 *_SENDERS,
+                *_AUDITED,
                 option("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)"),
                 option("--port", type=int, default=8089, help="the port (8089; 0: any free one, printed)"),
                 option(

@@ -22,6 +22,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from worker.redact import describe
 
@@ -118,16 +119,52 @@ class Guard:
         name = host_name(header)
         return name in self.names or (self.any_address and _address(name) is not None)
 
+    def session_cookie(self, session: str | None = None) -> str:
+        """A session's cookie: ``SESSION.MAC``, the session a random id (a new one when None) and the MAC
+        derived from the token, so the cookie does not carry the token itself."""
+        session = session or secrets.token_urlsafe(12)
+        return f"{session}.{self._mac('cookie', session)}"
+
+    def is_origin(self, origin: str) -> bool:
+        """Whether an ``Origin`` header is this page's: http, a name it answers to, and its port (another
+        service on another port of localhost is the same *site*, so its requests carry the page's cookie,
+        but it is not the same *origin*)."""
+        try:
+            parts = urlsplit(origin)
+            port = parts.port or 80
+        except ValueError:
+            return False
+        return parts.scheme == "http" and port == self.port and self.answers_to(parts.netloc)
+
     @property
     def cookie(self) -> str:
-        """The cookie's value: derived from the token, so the cookie does not carry the token itself."""
-        return hmac.new(self.token.encode(), b"ltm-dlq-ui cookie", hashlib.sha256).hexdigest()
+        """A cookie of a new session."""
+        return self.session_cookie()
+
+    def session_of(self, cookie: str) -> str | None:
+        """The session a cookie of this page's carries, or None (not this page's, or forged)."""
+        session, _, mac = cookie.partition(".")
+        if not session or not hmac.compare_digest(mac.encode(), self._mac("cookie", session).encode()):
+            return None
+        return session
 
     def is_token(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     def is_cookie(self, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self.cookie.encode())
+        return self.session_of(given) is not None
+
+    def csrf(self, session: str) -> str:
+        """The session's form token: every POST carries it, and a page of another origin cannot read it."""
+        return self._mac("csrf", session)
+
+    def is_csrf(self, session: str, given: str) -> bool:
+        return hmac.compare_digest(given.encode(), self.csrf(session).encode())
+
+    def _mac(self, purpose: str, session: str) -> str:
+        return hmac.new(
+            self.token.encode(), f"ltm-dlq-ui {purpose} {session}".encode(), hashlib.sha256
+        ).hexdigest()
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

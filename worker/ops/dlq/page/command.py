@@ -34,9 +34,11 @@ async def ui_command(
     batch: int = DEFAULT_BATCH,
     out: TextIO | None = None,
     trusted: frozenset[str] = frozenset(),
+    actor: str = "the page",
 ) -> int:
     """Serve the page until interrupted. Exit 2 when it cannot start (no token off loopback, a token too
-    weak, the port). ``trusted``: LTM_TRUSTED_PUBLISHERS, by which a letter's "published by" is read."""
+    weak, the port). ``trusted``: LTM_TRUSTED_PUBLISHERS, by which a letter's "published by" is read;
+    ``actor``: who the buttons' replays and purges are recorded as (``--by``)."""
     out = out or sys.stdout
     try:
         secret, made_here = read_token(token, token_file, host)
@@ -49,7 +51,8 @@ async def ui_command(
         return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coroutine, VIEW_TIMEOUT), loop).result()
 
     try:
-        server = UiServer((host, port), Reader(url, dsn, topology, batch, trusted), run, sys.stderr)
+        reader = Reader(url, dsn, topology, batch, trusted)
+        server = UiServer((host, port), reader, run, sys.stderr, actor)
     except OSError as exc:
         print(f"worker dlq ui: cannot listen on {host}:{port}: {describe(exc)}", file=sys.stderr)
         return 2
@@ -58,10 +61,10 @@ async def ui_command(
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     address = f"http://{shown}:{bound_port}/"
     if made_here:  # the URL is the way in: it carries the token once, then a cookie does
-        out.write(f"serving the dead-letter page on {address}?{urlencode({'token': secret})} (read-only; ")
+        out.write(f"serving the dead-letter page on {address}?{urlencode({'token': secret})} (")
     else:
-        out.write(f"serving the dead-letter page on {address} (read-only; open it once as /?token=TOKEN; ")
-    out.write("Ctrl-C stops it)\n")
+        out.write(f"serving the dead-letter page on {address} (open it once as /?token=TOKEN; ")
+    out.write(f"its buttons act as {actor}; Ctrl-C stops it)\n")
     out.flush()
     thread = threading.Thread(target=server.serve_forever, name="dlq-ui", daemon=True)
     thread.start()

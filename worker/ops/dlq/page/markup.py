@@ -47,7 +47,9 @@ th.k{text-transform:none;font-size:13px;width:180px}
 .tile b{display:block;font-size:22px}.legend span{display:inline-block;margin-right:14px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
 .state-done{color:#2a7d3f}.state-failed,.state-interrupted{color:#b3261e}.state-started{color:#a36a00}
-.state-refused{color:#69728a}
+.state-refused{color:#69728a}.state-running{color:#2456a6}.state-lost{color:#b3261e}
+a.button,button{display:inline-block;border:1px solid #2456a6;border-radius:4px;padding:4px 12px;
+background:#eef2fb;color:#2456a6;text-decoration:none;font:inherit;cursor:pointer}
 """
 
 
@@ -56,7 +58,8 @@ def page(title: str, body: str, *, note: str = "") -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{esc(title)}</title><meta name=viewport content='width=device-width'>"
         f"<style>{_STYLE}</style></head><body>"
-        "<header><h1>Dead letters</h1><a href='/'>overview</a><a href='/history'>audit history</a>"
+        "<header><h1>Dead letters</h1><a href='/'>overview</a><a href='/operations'>running now</a>"
+        "<a href='/history'>audit history</a>"
         f"<span class=muted>{esc(note)}</span></header>"
         f"<main>{body}</main></body></html>"
     )

@@ -17,6 +17,7 @@ from worker.ops.dlq.history import Record, life, read_record, returned
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.reading import Seen
+from worker.ops.dlq.running import ask_to_stop, live
 from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
 
 
@@ -101,5 +102,21 @@ class Reader:
         audit = await Audit.open(self.dsn)
         try:
             return await life(audit, event_id)
+        finally:
+            await audit.close()
+
+    async def operations(self) -> list[dict[str, Any]]:
+        """What runs now (running.py ``live``)."""
+        audit = await Audit.open(self.dsn)
+        try:
+            return await live(audit)
+        finally:
+            await audit.close()
+
+    async def cancel(self, operation_id: str, actor: str) -> dict[str, Any] | None:
+        """Ask a running replay to stop (running.py ``ask_to_stop``); the operation then, or None."""
+        audit = await Audit.open(self.dsn)
+        try:
+            return await ask_to_stop(audit, uuid.UUID(operation_id), actor)
         finally:
             await audit.close()

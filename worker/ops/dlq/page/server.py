@@ -28,6 +28,15 @@ from worker.ops.dlq.audit import AuditUnavailable
 from worker.ops.dlq.history import Record
 from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection
 from worker.ops.dlq.page.auth import Guard, host_name, without_token
+from worker.ops.dlq.page.buttons import (
+    MAX_FORM_BYTES,
+    Asked,
+    Launcher,
+    Refused,
+    confirm_page,
+    hopeless,
+    operations_page,
+)
 from worker.ops.dlq.page.markup import esc, page
 from worker.ops.dlq.page.reading import Reader
 from worker.ops.dlq.page.views import group_page, history_page, letter_page, overview
@@ -42,6 +51,8 @@ HEAD_DEADLINE = 10.0
 IDLE_TIMEOUT = 10.0
 
 Runner = Callable[[Coroutine[Any, Any, Any]], Any]
+#: the session of a request that gave the token as ``Authorization: Bearer`` (no cookie)
+BEARER = "bearer"
 
 _BUSY = (
     b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
@@ -76,12 +87,44 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        if not self._for_this_page() or not self._authorised(parts.path, query):
+        if not self._for_this_page() or (session := self._authorised(parts.path, query)) is None:
             return
         try:
-            status, text = self.server.view(parts.path, query)
+            status, text = self.server.view(parts.path, query, session)
         except Exception as exc:  # the broker or the database failed this view: say so, keep serving
             status, text = HTTPStatus.SERVICE_UNAVAILABLE, page("Unavailable", _problem(exc))
+        self._send(status, text)
+
+    def do_POST(self) -> None:
+        """A button's form (buttons.py): this page's Host, its session, a request of its own origin, and the
+        session's form token, before anything is read or done."""
+        parts = urlsplit(self.path)
+        if not self._for_this_page() or (session := self._authorised(parts.path, {})) is None:
+            return
+        origin = self.headers.get("Origin")  # a browser sends it with every POST; "null" is no origin
+        if origin is not None and not self.server.guard.is_origin(origin):
+            self._send(HTTPStatus.FORBIDDEN, page("Refused", _refusal("a form of another site's")))
+            return
+        length = self.headers.get("Content-Length", "")
+        if parts.path != "/act" or not length.isdigit() or int(length) > MAX_FORM_BYTES:
+            self._send(HTTPStatus.BAD_REQUEST, page("Refused", _refusal("not a form of this page's")))
+            return
+        form = {
+            k: v[-1] for k, v in parse_qs(self.rfile.read(int(length)).decode("utf-8", "replace")).items()
+        }
+        if not self.server.guard.is_csrf(session, form.get("csrf", "")):
+            self._send(HTTPStatus.FORBIDDEN, page("Refused", _refusal("a form without this session's token")))
+            return
+        try:
+            status, text = self.server.act(form, session)
+        except Exception as exc:
+            status, text = HTTPStatus.SERVICE_UNAVAILABLE, page("Unavailable", _problem(exc))
+        if status == HTTPStatus.SEE_OTHER:
+            self.send_response(HTTPStatus.SEE_OTHER)
+            self.send_header("Location", text)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self._send(status, text)
 
     def _for_this_page(self) -> bool:
@@ -101,7 +144,9 @@ class Handler(BaseHTTPRequestHandler):
         )
         return False
 
-    def _authorised(self, path: str, query: dict[str, str]) -> bool:
+    def _authorised(self, path: str, query: dict[str, str]) -> str | None:
+        """The request's session (its cookie's, or ``bearer``), or None once it was answered (a token given
+        in the URL: a new session's cookie and a redirect; none: 401)."""
         guard = self.server.guard
         given = query.get("token")
         if given is not None and guard.is_token(given):
@@ -113,17 +158,17 @@ class Handler(BaseHTTPRequestHandler):
             )
             self.send_header("Content-Length", "0")
             self.end_headers()
-            return False
+            return None
         try:
             cookie = SimpleCookie(self.headers.get("Cookie", ""))
         except CookieError:
             cookie = SimpleCookie()
         name = guard.cookie_name
-        if name in cookie and guard.is_cookie(cookie[name].value):
-            return True
+        if name in cookie and (session := guard.session_of(cookie[name].value)) is not None:
+            return session
         bearer = self.headers.get("Authorization", "")
         if bearer.startswith("Bearer ") and guard.is_token(bearer[7:]):
-            return True
+            return BEARER
         self._send(
             HTTPStatus.UNAUTHORIZED,
             page(
@@ -133,7 +178,7 @@ class Handler(BaseHTTPRequestHandler):
                 "for the session), or send <code>Authorization: Bearer ...</code>.</p></section>",
             ),
         )
-        return False
+        return None
 
     def _send(self, status: int, text: str) -> None:
         data = text.encode()
@@ -142,7 +187,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.send_header(
             "Content-Security-Policy",
-            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; "
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; "
             "frame-ancestors 'none'; base-uri 'none'",
         )
         self.send_header("X-Content-Type-Options", "nosniff")
@@ -159,6 +204,12 @@ class Handler(BaseHTTPRequestHandler):
         self.server.log.flush()
 
 
+def _refusal(why: str) -> str:
+    return (
+        f"<section><h2>Refused: {esc(why)}</h2><p>Nothing was done. Start again from the page.</p></section>"
+    )
+
+
 def _problem(exc: BaseException) -> str:
     return f"<section><h2>The page cannot be built now</h2><p>{esc(describe(exc))}</p></section>"
 
@@ -169,9 +220,13 @@ class UiServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], reader: Reader, run: Runner, log: TextIO) -> None:
+    def __init__(
+        self, address: tuple[str, int], reader: Reader, run: Runner, log: TextIO, actor: str = "the page"
+    ) -> None:
         super().__init__(address, Handler)
         self.reader = reader
+        #: what runs the buttons' operations, as ``actor`` (``--by``)
+        self.launcher = Launcher(reader.url, reader.dsn, actor, [])
         self.run = run
         self.log = log
         #: set once the address is bound (:meth:`guard_with`)
@@ -246,12 +301,51 @@ class UiServer(ThreadingHTTPServer):
 
     # --- views ---------------------------------------------------------------------------------------------
 
-    def view(self, path: str, query: dict[str, str]) -> tuple[int, str]:
+    def view(self, path: str, query: dict[str, str], session: str = BEARER) -> tuple[int, str]:
         with self._one_view:
-            return self._view(path, query)
+            return self._view(path, query, self.guard.csrf(session))
 
-    def _view(self, path: str, query: dict[str, str]) -> tuple[int, str]:
+    def act(self, form: dict[str, str], session: str) -> tuple[int, str]:
+        """What a button's form asks for, its token checked: a replay or purge started (its own process) or
+        a cancel asked, then the operations view (303); or why not."""
+        with self._one_view:
+            try:
+                asked = Asked.of(form)
+            except Refused as exc:
+                return HTTPStatus.BAD_REQUEST, page("Refused", _refusal(str(exc)))
+            if asked.operation is not None:
+                try:
+                    found = self.run(self.reader.cancel(asked.operation, self.launcher.actor))
+                except ValueError:
+                    found = None
+                if found is None:
+                    return HTTPStatus.NOT_FOUND, page("Refused", _refusal("no such operation"))
+                return HTTPStatus.SEE_OTHER, "/operations"
+            letters = self.run(self.reader.snapshot(asked.selection())).letters
+            csrf = self.guard.csrf(session)
+            if not letters:
+                return HTTPStatus.CONFLICT, confirm_page(asked, letters, csrf)
+            if asked.action == "replay" and hopeless(letters) and not asked.again:
+                why = "some of these letters will fail again: tick the box to replay them all the same"
+                return HTTPStatus.CONFLICT, confirm_page(asked, letters, csrf, refused=why)
+            self.launcher.launch(asked)
+            return HTTPStatus.SEE_OTHER, "/operations"
+
+    def _view(self, path: str, query: dict[str, str], csrf: str) -> tuple[int, str]:
         reader = self.reader
+        if path == "/confirm":
+            try:
+                asked = Asked.of(query)
+            except Refused as exc:
+                return HTTPStatus.BAD_REQUEST, page("Refused", _refusal(str(exc)))
+            if asked.operation is not None:
+                return HTTPStatus.BAD_REQUEST, page("Refused", _refusal("cancel from the operations view"))
+            return HTTPStatus.OK, confirm_page(
+                asked, self.run(reader.snapshot(asked.selection())).letters, csrf
+            )
+        if path == "/operations":
+            self.launcher.reap()
+            return HTTPStatus.OK, operations_page(self.run(reader.operations()), csrf)
         if path == "/":
             snapshot = self.run(reader.snapshot())
             return HTTPStatus.OK, overview(snapshot, self._history(10, letters=snapshot.letters))

@@ -96,7 +96,8 @@ def overview(snapshot: Snapshot, history: Record | str) -> str:
         "</b>oldest waiting</div></div>"
         f"<p class=muted>{esc(snapshot.queue)} on vhost {esc(snapshot.vhost)}, read at "
         f"{esc(time_text(snapshot.taken_at))} in {snapshot.seconds:.2f} s (every message put back). "
-        "This page only reads: replay or purge with the commands below, which record who did it."
+        "Replay or purge a group from its page (a confirmation first), or with the commands below; either "
+        "way it is recorded with who did it."
         "</p></section>",
         "<section><h2>Per kind over time</h2>"
         + stacked_chart(kind_series, timeline, label="dead letters per kind over time")
@@ -183,9 +184,17 @@ def group_page(by: str, value: str, snapshot: Snapshot) -> str:
     group = Grouping(by).extend(letters).groups
     selector = f"{by}={value}"
     more = f" (the first {GROUP_PAGE_LETTERS} shown)" if len(letters) > GROUP_PAGE_LETTERS else ""
+    replay = link("/confirm", action="replay", by=by, value=value)
+    purge = link("/confirm", action="purge", by=by, value=value)
+    buttons = (
+        f"<p class=buttons><a class=button href='{replay}'>Replay this group…</a> "
+        f"<a class=button href='{purge}'>Purge this group…</a></p>"
+        if letters
+        else ""
+    )
     body = (
         f"<section><h2>{esc(selector)}: <span id=group-count>{len(letters)}</span> dead letters{more}</h2>"
-        f"{replay_cell(group[0]) if group else ''}"
+        f"{buttons}{replay_cell(group[0]) if group else ''}"
         "<table><tr><th>event id</th><th>kind</th><th>attempts</th><th>failed at</th><th>shard</th>"
         f"<th>error</th></tr>{rows}</table></section>"
     )
@@ -310,8 +319,9 @@ def _letter(seen: Seen, now: datetime, event_id: str) -> str:
         f"<summary class=muted>the replay command all the same</summary>"
         f"<code class=cmd>{esc(command)}</code></details>"
     )
+    button = f"<p class=buttons><a class=button href='{link('/confirm', action='replay', id=event_id)}'>"
     return (
-        f"{pairs(summary)}<h3>What to do</h3>{what}"
+        f"{pairs(summary)}<h3>What to do</h3>{what}{button}Replay this letter…</a></p>"
         f"<h3>The failure result the shard got</h3><p class=muted>{esc(answer.note)}</p>{result}"
         f"<h3>Headers</h3>{pairs(headers)}<h3>Properties</h3>{pairs(seen.properties)}"
         f"<h3>{esc(shown_body[0].rstrip(':'))}</h3><pre id=body>{esc_lines(shown_body[1:])}</pre>"
