@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -441,8 +442,16 @@ async def run(args: argparse.Namespace) -> int:
             tenant, flooder, ids = cast.loud[index], flooders[index], loud_ids[index]
             persona = seeded.personas[tenant.guild]
             pending: set[asyncio.Future[None]] = set()
+            unanswered: list[str] = []
             for n in range(args.flood):
+                while args.unanswered and len(unanswered) >= args.unanswered:
+                    answers.more.clear()
+                    unanswered = [i for i in unanswered if i not in answers.arrived]
+                    if len(unanswered) >= args.unanswered:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(answers.more.wait(), 1.0)
                 event_id, body = event(tenant.shard_id, tenant.guild, persona, n)
+                unanswered.append(event_id)
                 ids.append(event_id)
                 pending.add(asyncio.ensure_future(flooder.send(event_id, body)))
                 if len(pending) >= args.window:
@@ -674,6 +683,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-seconds", type=float, default=10.0, help="the quiet round's length (10)")
     parser.add_argument("--window", type=int, default=1000, help="A's publishes awaiting a confirm (1000)")
     parser.add_argument("--path", choices=("v1", "kit"), default="v1", help="how the shards publish (v1)")
+    parser.add_argument(
+        "--unanswered",
+        type=int,
+        default=0,
+        metavar="N",
+        help="each loud tenant keeps at most N events waiting for their results, as the kits' per-guild cap "
+        "(guild_in_flight_max, 64) holds a guild; the kit refuses the rest at once, the bench waits instead, "
+        "so every event is still answered (0: no cap)",
+    )
     parser.add_argument("--same-shard", action="store_true", help="B's trickle as shard A, in B's guild")
     parser.add_argument(
         "--own-channel",

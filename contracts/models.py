@@ -237,6 +237,12 @@ class EventContext(_Model):
     participants: list[Participant] = Field(default_factory=list, max_length=MAX_PARTICIPANTS)
     guild_members: list[GuildMember] = Field(default_factory=list, max_length=MAX_GUILD_MEMBERS)
 
+    @property
+    def tenant(self) -> str:
+        """Whom the turns inside a shard are shared among (CONTRACT.md section 2, "Fair shares"): the guild,
+        or for a direct message its channel, ``dm:<channel_disc_id>``."""
+        return self.guild_disc_id if self.guild_disc_id is not None else f"dm:{self.channel_disc_id}"
+
 
 #: The tool the model calls: its name and description, the original bot's verbatim (CONTRACT.md section 3).
 TOOL_DESCRIPTION = (

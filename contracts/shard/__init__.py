@@ -14,6 +14,7 @@ dependencies of this package already:
 
 from contracts.shard.client import (
     DEFAULT_TIMEOUT,
+    GUILD_IN_FLIGHT_MAX,
     PER_SHARD_RETRY,
     LateResultInfo,
     LateResultReason,
@@ -28,6 +29,7 @@ from contracts.shard.errors import (
     LtmClientError,
     LtmClosedError,
     LtmEventTooLargeError,
+    LtmGuildBusyError,
     LtmIdentityError,
     LtmPublishRefusedError,
     LtmPublishRejectedError,
@@ -38,6 +40,7 @@ from contracts.shard.invalidation import INVALIDATION_CHANNEL, InvalidationSubsc
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "GUILD_IN_FLIGHT_MAX",
     "INVALIDATION_CHANNEL",
     "PER_SHARD_RETRY",
     "InvalidEventError",
@@ -49,6 +52,7 @@ __all__ = [
     "LtmClientError",
     "LtmClosedError",
     "LtmEventTooLargeError",
+    "LtmGuildBusyError",
     "LtmIdentityError",
     "LtmPublishRefusedError",
     "LtmPublishRejectedError",

@@ -69,6 +69,7 @@ from contracts.shard.errors import (
     LtmClientError,
     LtmClosedError,
     LtmEventTooLargeError,
+    LtmGuildBusyError,
     LtmIdentityError,
     LtmPublishRefusedError,
     LtmTimeoutError,
@@ -106,6 +107,9 @@ CLOSE_DRAIN = 5.0
 #: how long the client uses ``tool.<name>`` after a per-shard publish came back unroutable
 PER_SHARD_RETRY = 30.0
 CONNECT_TIMEOUT = 10.0
+#: how many calls of one guild may wait for their results at once (a shard's own queue is first in, first
+#: out: this keeps one guild's runaway loop from filling it ahead of the shard's other guilds)
+GUILD_IN_FLIGHT_MAX = 64
 
 LateResultReason = Literal["timed_out", "unknown", "different_status"]
 OnNotice = Callable[[Notification], Awaitable[None] | None]
@@ -240,10 +244,13 @@ class LtmClient:
         prefetch: int = 32,
         dedupe_capacity: int = 100_000,
         dedupe_ttl: float = 86_400.0,
+        guild_in_flight_max: int | None = GUILD_IN_FLIGHT_MAX,
     ) -> None:
         """Use :meth:`connect`, which also connects. ``user_id``: the AMQP ``user_id`` of every event (True:
         the URL's user, as RabbitMQ requires; a string: another name the broker authenticates the connection
-        under; False: none, which a worker with ``LTM_SHARD_IDENTITY=required`` refuses)."""
+        under; False: none, which a worker with ``LTM_SHARD_IDENTITY=required`` refuses).
+        ``guild_in_flight_max``: how many calls of one guild (a direct message: of its channel) may wait
+        for their results at once; one more raises :class:`LtmGuildBusyError` unpublished (None: no cap)."""
         if isinstance(shard_id, bool) or not isinstance(shard_id, int) or not 0 <= shard_id <= 2_147_483_647:
             raise ValueError(f"shard_id must be an integer 0..2147483647, got {shard_id!r}")
         if timeout <= 0:
@@ -259,6 +266,10 @@ class LtmClient:
         self.per_shard_routing = per_shard_routing
         self.per_shard_retry = per_shard_retry
         self.prefetch = prefetch
+        if guild_in_flight_max is not None and guild_in_flight_max < 1:
+            raise ValueError("guild_in_flight_max must be >= 1 (None: no cap)")
+        self.guild_in_flight_max = guild_in_flight_max
+        self._by_guild: dict[str, int] = {}
         self._results: SeenSet[Status] = SeenSet(dedupe_capacity, dedupe_ttl)
         self._notices: SeenSet[bool] = SeenSet(dedupe_capacity, dedupe_ttl)
         self._timed_out: SeenSet[bool] = SeenSet(dedupe_capacity, dedupe_ttl)
@@ -439,9 +450,15 @@ class LtmClient:
             raise LtmIdentityError(event_id, self.user_id or "", self._identity_refused)
         if event_id in self._pending:
             raise ValueError(f"event {event_id} is already waiting for its result")
-        body = self._event_body(event_id, tool_call_id, tool_name, arguments, context, issued_at)
+        checked = _checked_context(context)
+        body = self._event_body(event_id, tool_call_id, tool_name, arguments, checked, issued_at)
         if len(body) > MAX_BODY_BYTES:
             raise LtmEventTooLargeError(event_id, len(body))
+        guild = checked.tenant
+        waiting = self._by_guild.get(guild, 0)
+        if self.guild_in_flight_max is not None and waiting >= self.guild_in_flight_max:
+            raise LtmGuildBusyError(event_id, guild, waiting)
+        self._by_guild[guild] = waiting + 1
         wait = self.timeout if timeout is None else timeout
         headers = {} if traceparent is None else {"traceparent": traceparent}
         future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
@@ -458,6 +475,10 @@ class LtmClient:
             raise LtmTimeoutError(event_id, tool_call_id, wait) from None
         finally:
             self._pending.pop(event_id, None)
+            if (left := self._by_guild[guild] - 1) > 0:
+                self._by_guild[guild] = left
+            else:
+                del self._by_guild[guild]
             if not call.publisher.done():
                 call.publisher.cancel()
             if not future.done():
@@ -469,13 +490,9 @@ class LtmClient:
         tool_call_id: str,
         tool_name: str,
         arguments: Any,
-        context: EventContext | Mapping[str, Any],
+        checked: EventContext,
         issued_at: datetime | None,
     ) -> bytes:
-        try:
-            checked = context if isinstance(context, EventContext) else EventContext.model_validate(context)
-        except ValidationError as error:
-            raise InvalidEventError(f"the event's context is not the contract's: {error}") from error
         when = (issued_at or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
         event = {
             "schema_version": 1,
@@ -669,6 +686,13 @@ class LtmClient:
         self._notices.set(event_id, True)
         if self.on_notice is not None:
             await _maybe_await(self.on_notice(notification))
+
+
+def _checked_context(context: EventContext | Mapping[str, Any]) -> EventContext:
+    try:
+        return context if isinstance(context, EventContext) else EventContext.model_validate(context)
+    except ValidationError as error:
+        raise InvalidEventError(f"the event's context is not the contract's: {error}") from error
 
 
 def _canonical_event_id(event_id: str | uuid.UUID | None) -> str:

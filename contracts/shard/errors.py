@@ -9,6 +9,7 @@ __all__ = [
     "LtmClientError",
     "LtmClosedError",
     "LtmEventTooLargeError",
+    "LtmGuildBusyError",
     "LtmIdentityError",
     "LtmPublishRefusedError",
     "LtmPublishRejectedError",
@@ -133,6 +134,23 @@ class LtmEventTooLargeError(LtmClientError):
         super().__init__(
             f"event {event_id} is {size} bytes, over the contract's 256 KiB: not published (the worker "
             "answers no such event)"
+        )
+
+
+class LtmGuildBusyError(LtmClientError):
+    """One guild (a direct message: its channel) already has ``guild_in_flight_max`` calls of this client
+    waiting for their results: this one was not published, nothing was saved. The usual cause is a loop in
+    the bot calling the memory tool over and over in that guild; the shard's other guilds are not held up by
+    it. Tell the model the tool is busy and to try again later; retry with the same ``event_id``."""
+
+    code = "guild_busy"
+
+    def __init__(self, event_id: str, guild: str, waiting: int) -> None:
+        self.event_id, self.guild, self.waiting = event_id, guild, waiting
+        super().__init__(
+            f"event {event_id} was not published: guild {guild} already has {waiting} calls waiting for "
+            "their results (guild_in_flight_max), so one guild cannot fill its shard's queue ahead of the "
+            "others. Nothing was saved; retry later with the same event_id"
         )
 
 

@@ -33,6 +33,7 @@ from contracts.shard import (
     LtmClientError,
     LtmClosedError,
     LtmEventTooLargeError,
+    LtmGuildBusyError,
     LtmIdentityError,
     LtmPublishRefusedError,
     LtmPublishRejectedError,
@@ -511,6 +512,56 @@ async def test_no_worker_the_call_times_out_its_late_result_and_a_retry_with_the
         later.stop()
         if later_task is not None:
             await asyncio.wait_for(later_task, WAIT)
+
+
+async def test_one_guild_cannot_fill_its_shards_queue_ahead_of_the_others(rabbitmq_url: str) -> None:
+    """No worker runs, so every call waits for its result: a guild's calls past ``guild_in_flight_max`` are
+    refused at once, unpublished, while the shard's other guild (and a direct message) still publish; once
+    one of the guild's calls ends, the guild may publish again."""
+    await declare(rabbitmq_url, own_queue)
+    client = await LtmClient.connect(rabbitmq_url, SHARD, guild_in_flight_max=3)
+    loud, quiet = context(7), context(7, guild_disc_id="1150000000000000999")
+    direct = {**context(7), "guild_disc_id": None}
+    try:
+        waiting = [asyncio.create_task(outcome(client, context=loud, timeout=WAIT)) for _ in range(3)]
+        await eventually(lambda: _depth_reaches(rabbitmq_url, OWN_QUEUE, 3), "the guild's three wait", WAIT)
+        busy = await outcome(client, context=loud)
+        assert isinstance(busy, LtmGuildBusyError), busy
+        assert (busy.guild, busy.waiting, busy.code) == (GUILD, 3, "guild_busy")
+        assert f"guild {GUILD} already has 3 calls waiting for their results" in str(busy)
+        assert client.in_flight == 3
+        others = [
+            asyncio.create_task(outcome(client, context=quiet, timeout=WAIT)),
+            asyncio.create_task(outcome(client, context=direct, timeout=WAIT)),
+        ]
+        await eventually(
+            lambda: _depth_reaches(rabbitmq_url, OWN_QUEUE, 5), "the other guild and the DM publish", WAIT
+        )
+        # one of the guild's calls ends (here cancelled; a result or a timeout alike): one more may go
+        waiting[0].cancel()
+        await asyncio.gather(waiting[0], return_exceptions=True)
+        again = asyncio.create_task(outcome(client, context=loud, timeout=WAIT))
+        await eventually(
+            lambda: _depth_reaches(rabbitmq_url, OWN_QUEUE, 6), "the guild publishes again", WAIT
+        )
+        assert await queue_depth(rabbitmq_url, OWN_QUEUE) == 6
+    finally:
+        await client.close()
+    assert all(isinstance(r, LtmClosedError) for r in await asyncio.gather(*waiting[1:], *others, again))
+
+
+async def queue_depth(url: str, name: str) -> int:
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(name, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+async def _depth_reaches(url: str, name: str, depth: int) -> bool:
+    return await queue_depth(url, name) >= depth
 
 
 async def test_refusals_before_anything_is_published(rabbitmq_url: str) -> None:

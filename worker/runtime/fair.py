@@ -97,9 +97,7 @@ def shard_of(tenant: Hashable) -> Hashable:
 
 
 def guild_of(event: ToolCallEvent) -> Guild:
-    context = event.context
-    guild = context.guild_disc_id if context.guild_disc_id is not None else f"dm:{context.channel_disc_id}"
-    return Guild(event.shard_id, guild)
+    return Guild(event.shard_id, event.context.tenant)
 
 
 class Action(Enum):

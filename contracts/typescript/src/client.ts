@@ -7,6 +7,7 @@ import {
   LtmClientError,
   LtmClosedError,
   LtmEventTooLargeError,
+  LtmGuildBusyError,
   LtmIdentityError,
   LtmPublishRefusedError,
   LtmTimeoutError,
@@ -63,6 +64,17 @@ export const CLOSE_DRAIN_MS = 5_000;
 
 /** CONTRACT.md: a body over 256 KiB is dead-lettered unparsed, and no result is sent for it. */
 export const MAX_EVENT_BYTES = 256 * 1024;
+
+/** How many calls of one guild may wait for their results at once (`guildInFlightMax`'s default). */
+export const GUILD_IN_FLIGHT_MAX = 64;
+
+/**
+ * Whom the worker shares a shard's turns among (CONTRACT.md section 2, "Fair shares"): the guild, or for a
+ * direct message its channel, `dm:<channel_disc_id>`.
+ */
+export function tenantOf(context: EventContext): string {
+  return context.guild_disc_id ?? `dm:${context.channel_disc_id}`;
+}
 
 /** Why a result was handed to `onLateResult` instead of a call. */
 export type LateResultReason =
@@ -129,6 +141,12 @@ export interface LtmClientOptions {
   perShardRouting?: boolean;
   /** After a per-shard publish came back unroutable, how long to use `tool.<name>` before trying again (30 s). */
   perShardRetryMs?: number;
+  /**
+   * How many calls of one guild (a direct message: of its channel) may wait for their results at once
+   * (default 64); one more rejects at once with LtmGuildBusyError, unpublished, so one guild's runaway loop
+   * cannot fill its shard's queue ahead of the shard's other guilds. `null`: no cap.
+   */
+  guildInFlightMax?: number | null;
 }
 
 export interface CreateMemoryRequest {
@@ -161,6 +179,8 @@ interface PendingCall {
   headers: Record<string, string>;
   /** the broker confirmed the publish: a reconnect needs no republish */
   confirmed: boolean;
+  /** whose turn it waits in (`tenantOf`): its guild, or a direct message's channel */
+  guild: string;
   timer: NodeJS.Timeout;
   resolve: (result: ToolResult) => void;
   reject: (error: Error) => void;
@@ -171,6 +191,9 @@ export class LtmClient {
   private readonly logger: Logger;
   private readonly timeoutMs: number;
   private readonly pending = new Map<string, PendingCall>();
+  /** calls waiting for their results, by guild (`guildInFlightMax`) */
+  private readonly byGuild = new Map<string, number>();
+  private readonly guildInFlightMax: number | null;
   /** status of the result seen per event id (duplicates with the same status are dropped) */
   private readonly results: SeenSet<ResultStatus>;
   private readonly notices: SeenSet<true>;
@@ -208,6 +231,11 @@ export class LtmClient {
     this.userId = options.userId === false ? null : (options.userId ?? userOfUrl(options.url));
     this.perShardRouting = options.perShardRouting ?? true;
     this.perShardRetryMs = options.perShardRetryMs ?? PER_SHARD_RETRY_MS;
+    const cap = options.guildInFlightMax === undefined ? GUILD_IN_FLIGHT_MAX : options.guildInFlightMax;
+    if (cap !== null && (!Number.isSafeInteger(cap) || cap < 1)) {
+      throw new RangeError(`guildInFlightMax must be an integer >= 1 or null, got ${String(cap)}`);
+    }
+    this.guildInFlightMax = cap;
   }
 
   /**
@@ -307,7 +335,8 @@ export class LtmClient {
    * arrives in time (the memory may still be saved), LtmUnroutableError when nothing is bound to the
    * routing key, LtmBacklogFullError when the queue is at its bound (a broker nack), LtmIdentityError or
    * LtmPublishRefusedError when RabbitMQ refuses the user_id or the routing key, LtmClosedError on `close()`,
-   * and at once with LtmEventTooLargeError for a body over 256 KiB.
+   * and at once with LtmEventTooLargeError for a body over 256 KiB or LtmGuildBusyError when the context's
+   * guild already has `guildInFlightMax` calls waiting.
    *
    * The notice (`onNotice`) and the invalidation may arrive before this promise resolves: they come on other
    * queues and connections. Pass your own `eventId` to know it before the result.
@@ -335,6 +364,12 @@ export class LtmClient {
     const timeoutMs = request.timeoutMs ?? this.timeoutMs;
     const body = Buffer.from(JSON.stringify(event));
     if (body.length > MAX_EVENT_BYTES) return Promise.reject(new LtmEventTooLargeError(eventId, body.length));
+    const guild = tenantOf(request.context);
+    const waiting = this.byGuild.get(guild) ?? 0;
+    if (this.guildInFlightMax !== null && waiting >= this.guildInFlightMax) {
+      return Promise.reject(new LtmGuildBusyError(eventId, guild, waiting));
+    }
+    this.byGuild.set(guild, waiting + 1);
     return new Promise<ToolResult>((resolve, reject) => {
       const call: PendingCall = {
         eventId,
@@ -345,6 +380,7 @@ export class LtmClient {
         body,
         headers: request.traceparent === undefined ? {} : { traceparent: request.traceparent },
         confirmed: false,
+        guild,
         timer: setTimeout(() => this.expire(eventId, timeoutMs), timeoutMs),
         resolve,
         reject,
@@ -610,6 +646,9 @@ export class LtmClient {
   private settle(call: PendingCall, outcome: ToolResult | Error): void {
     clearTimeout(call.timer);
     this.pending.delete(call.eventId);
+    const left = (this.byGuild.get(call.guild) ?? 1) - 1;
+    if (left > 0) this.byGuild.set(call.guild, left);
+    else this.byGuild.delete(call.guild);
     if (outcome instanceof Error) call.reject(outcome);
     else call.resolve(outcome);
   }

@@ -130,6 +130,28 @@ export class LtmEventTooLargeError extends LtmClientError {
   }
 }
 
+/**
+ * One guild (a direct message: its channel) already has `guildInFlightMax` calls of this client waiting for
+ * their results: this one was not published, nothing was saved. The usual cause is a loop in the bot calling
+ * the memory tool over and over in that guild; the shard's other guilds are not held up by it. Tell the model
+ * the tool is busy and to try again later; retry with the same eventId.
+ */
+export class LtmGuildBusyError extends LtmClientError {
+  override name = "LtmGuildBusyError";
+  readonly code = "guild_busy";
+  constructor(
+    readonly eventId: string,
+    readonly guild: string,
+    readonly waiting: number,
+  ) {
+    super(
+      `event ${eventId} was not published: guild ${guild} already has ${waiting} calls waiting for their results ` +
+        "(guildInFlightMax), so one guild cannot fill its shard's queue ahead of the others. Nothing was saved; " +
+        "retry later with the same eventId",
+    );
+  }
+}
+
 /** The client was closed while the call waited for its result. */
 export class LtmClosedError extends LtmClientError {
   override name = "LtmClosedError";

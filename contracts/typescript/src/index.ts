@@ -4,6 +4,7 @@ export type { InvalidationKind, NoticeKind, ResultStatus, ToolName } from "./typ
 export {
   CLOSE_DRAIN_MS,
   DEFAULT_TIMEOUT_MS,
+  GUILD_IN_FLIGHT_MAX,
   LtmClient,
   MAX_EVENT_BYTES,
   NOTIFICATIONS_EXCHANGE,
@@ -13,6 +14,7 @@ export {
   WORK_QUEUE,
   shardQueues,
   shardWorkQueue,
+  tenantOf,
   toolRoutingKeys,
   userOfUrl,
   type CreateMemoryRequest,
@@ -43,6 +45,7 @@ export {
   LtmClientError,
   LtmClosedError,
   LtmEventTooLargeError,
+  LtmGuildBusyError,
   LtmIdentityError,
   LtmPublishRefusedError,
   LtmPublishRejectedError,

@@ -11,6 +11,7 @@ import * as amqp from "amqplib";
 import {
   LtmBacklogFullError,
   LtmClosedError,
+  LtmGuildBusyError,
   LtmIdentityError,
   LtmPublishRefusedError,
   LtmPublishRejectedError,
@@ -191,6 +192,45 @@ test("with the shard's own queue bound (as the workers bind it): the event lands
       }
       // the routing stays on the shard's key: nothing came back
       assert.equal(kit.client.routingKeyFor(), `tool.create_long_term_memory.shard.${SHARD}`);
+    } finally {
+      await raw.close();
+    }
+    await kit.client.close();
+    for (const error of await Promise.all(calls)) assert.ok(error instanceof LtmClosedError, String(error));
+  } finally {
+    await kit?.client.close();
+    await vhost.delete();
+  }
+});
+
+test("one guild cannot fill its shard's queue ahead of the others: past guildInFlightMax calls waiting, LtmGuildBusyError at once, unpublished; the shard's other guild and a direct message still publish", async () => {
+  const vhost = await createVhost();
+  let kit: Harnessed | undefined;
+  try {
+    await declareExchanges(vhost.url, async (channel) => {
+      await channel.assertQueue(OWN_QUEUE, { durable: true, arguments: workQueueArguments() });
+      for (const tool of TOOLS) await channel.bindQueue(OWN_QUEUE, "tomori.tool_calls", `tool.${tool}.shard.${SHARD}`);
+    });
+    kit = await connectClient(vhost.url, { guildInFlightMax: 3 });
+    const loud = worldContext(7);
+    const calls = [outcome(kit, { context: loud }), outcome(kit, { context: loud }), outcome(kit, { context: loud })];
+    await waitFor("the guild's three confirmed", () => kit?.client.unconfirmed === 0 && kit.client.inFlight === 3);
+    const busy = await outcome(kit, { context: loud });
+    assert.ok(busy instanceof LtmGuildBusyError, String(busy));
+    assert.equal(busy.guild, loud.guild_disc_id);
+    assert.equal(busy.waiting, 3);
+    assert.equal(busy.code, "guild_busy");
+    assert.equal(kit.client.inFlight, 3);
+    calls.push(
+      outcome(kit, { context: worldContext(7, { guildId: "1150000000000000999" }) }),
+      outcome(kit, { context: worldContext(7, { guildId: null }) }),
+    );
+    await waitFor("the other guild and the direct message confirmed", () => kit?.client.unconfirmed === 0 && kit.client.inFlight === 5);
+    const raw = await amqp.connect(vhost.url);
+    try {
+      const channel = await raw.createChannel();
+      const { messageCount } = await channel.checkQueue(OWN_QUEUE);
+      assert.equal(messageCount, 5); // the refused one was never published
     } finally {
       await raw.close();
     }
