@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _settings_refused("dlq", "; ".join(refusals))
         return run_dlq(args, settings)
     if args.command == "shards":
-        from worker.ops.shards import run_shards
+        from worker.ops.shards_report import run_shards
 
         problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
         if problems:

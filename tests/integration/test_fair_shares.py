@@ -35,10 +35,10 @@ from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_shard_queue, declare_topology, shard_queue_name
 from worker.config import Settings, Topology
 from worker.ops.shard_queues import declare_shards, forget_shards
-from worker.ops.shards import Report, as_json, gather, render
+from worker.ops.shards_report import Report, as_json, gather, render
 from worker.runner import Worker
 from worker.runtime.hand import MARGIN_BYTES
-from worker.runtime.shards import REFRESH_SECONDS
+from worker.runtime.shard_queue_set import REFRESH_SECONDS
 from worker.service.policy import RetryPolicy
 from worker.testing.management import ManagementApi
 from worker.testing.workers import free_port

@@ -21,8 +21,8 @@ import asyncpg
 from worker.broker.topology import shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
+from worker.observability.activity import OTHER_SHARD
 from worker.observability.metrics import SHARD_WAIT_BUCKETS
-from worker.observability.shards import OTHER_SHARD
 from worker.redact import describe
 from worker.store.pool import connect_once
 from worker.store.repository import read_guild_activity, read_shard_activity, registered_shards
