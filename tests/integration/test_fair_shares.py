@@ -742,7 +742,7 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     assert report.counts_age_s is not None
     assert report.counts_age_s >= 0
     table = render(report).splitlines()
-    assert table[1].startswith(f"counts as of {report.counts_age_s:.0f} s ago (each worker writes every ")
+    assert table[1].startswith(f"counts as of {report.counts_age_s:.0f} s ago (the workers write them every ")
     assert table[2].split()[:3] == ["shard", "in", "answered"]
     assert table[3].split()[:3] == ["0", str(loud.received), "30"]
     assert json.loads(as_json(report))["shards"][0]["shard_id"] == FLOODER

@@ -83,7 +83,7 @@ def test_the_header_gives_the_age_of_the_counts_against_the_live_depths() -> Non
     first, second = header(report(HELD_ONLY))
     assert first == "shards over the last 15 min, from 1 worker(s); the common queue holds 0 event(s) now"
     assert second == (
-        "counts as of 12 s ago (each worker writes every LTM_METRICS_INTERVAL_SECONDS: 15 s here); "
+        "counts as of 12 s ago (the workers write them every LTM_METRICS_INTERVAL_SECONDS: 15 s here); "
         "queue depths now"
     )
     _, none = header(report(counts_age_s=None, common_queued=None))

@@ -229,7 +229,7 @@ def header(report: Report) -> list[str]:
     return [
         f"shards over the last {report.minutes:g} min, from {report.workers} worker(s); the common queue "
         f"holds {common} event(s) now",
-        f"{counts} (each worker writes every LTM_METRICS_INTERVAL_SECONDS{every}); queue depths now",
+        f"{counts} (the workers write them every LTM_METRICS_INTERVAL_SECONDS{every}); queue depths now",
     ]
 
 
