@@ -42,7 +42,8 @@ def line(shard_id: int, **values: Any) -> ShardLine:
 
 def report(*shards: ShardLine, **values: Any) -> Report:
     fields: dict[str, Any] = {"common_queued": 0, "counts_age_s": 12.4, "interval_s": 15}
-    return Report(minutes=15, workers=1, shards=list(shards), problems=[], **{**fields, **values})
+    fields |= {"problems": []}
+    return Report(minutes=15, workers=1, shards=list(shards), **{**fields, **values})
 
 
 #: a row as the on-call person saw it during a flood that went through the common queue: every waiting
@@ -89,6 +90,8 @@ def test_the_header_gives_the_age_of_the_counts_against_the_live_depths() -> Non
     _, none = header(report(counts_age_s=None, common_queued=None))
     assert none.startswith("no counts in that time")
     assert "holds ? event(s)" in header(report(common_queued=None))[0]
+    _, unread = header(report(counts_age_s=None, problems=["postgres: cannot connect"]))
+    assert unread == "no counts: Postgres could not be read (the warning below); queue depths now"
 
 
 def test_quiet_shards_fold_into_one_line_unless_asked_for() -> None:

@@ -221,15 +221,20 @@ def header(report: Report) -> list[str]:
     """The report's first lines: the window and the workers, then how old the counts are against the live
     queue depths."""
     common = "?" if report.common_queued is None else str(report.common_queued)
-    if report.counts_age_s is None:
-        counts = "no counts in that time"
-    else:
-        counts = f"counts as of {report.counts_age_s:.0f} s ago"
     every = "" if report.interval_s is None else f": {report.interval_s:g} s here"
+    if any(problem.startswith("postgres:") for problem in report.problems):
+        counts = "no counts: Postgres could not be read (the warning below)"
+    elif report.counts_age_s is None:
+        counts = f"no counts in that time (the workers write them every LTM_METRICS_INTERVAL_SECONDS{every})"
+    else:
+        counts = (
+            f"counts as of {report.counts_age_s:.0f} s ago (the workers write them every "
+            f"LTM_METRICS_INTERVAL_SECONDS{every})"
+        )
     return [
         f"shards over the last {report.minutes:g} min, from {report.workers} worker(s); the common queue "
         f"holds {common} event(s) now",
-        f"{counts} (the workers write them every LTM_METRICS_INTERVAL_SECONDS{every}); queue depths now",
+        f"{counts}; queue depths now",
     ]
 
 
