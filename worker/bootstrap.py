@@ -28,11 +28,11 @@ from worker.config import Settings, connection_problems, refused_settings
 from worker.faults import explain, needs_a_person
 from worker.invalidation.outbox import InvalidationOutbox
 from worker.invalidation.redis import InvalidationPublisher
+from worker.observability.activity import ActivityRecorder
 from worker.observability.http_server import HealthServer
 from worker.observability.metrics import Metrics
 from worker.observability.probes import InvalidSetting, Readiness, migrations_problem, probe
 from worker.observability.sampler import Sampler, sampled_queues
-from worker.observability.shards import ActivityRecorder
 from worker.observability.tracing import EventTracer, create_tracer
 from worker.redact import describe
 from worker.runtime.backoff import Backoff

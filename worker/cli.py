@@ -132,15 +132,21 @@ COMMANDS: tuple[Action, ...] = (
         "shards",
         help="who is loud: each shard's events in, answered, waiting and wait, and its share of the backlog",
         description="Add up what every worker recorded of every shard over the last minutes (Postgres: "
-        "ltm_shard_activity, written every LTM_METRICS_INTERVAL_SECONDS) and how many events wait in each "
-        "shard's own queue and in the common one (RabbitMQ). Loudest first; the same as the per-shard "
-        "metrics, without Prometheus (docs/fair-shares.md). Exit 0, or 1 when neither Postgres nor "
-        "RabbitMQ answered.",
+        "ltm_shard_activity, written every LTM_METRICS_INTERVAL_SECONDS: the header says how old) and how "
+        "many events wait in each shard's own queue and in the common one (RabbitMQ, now). Loudest first, "
+        "the quiet shards folded into one line; under a loud shard, where its backlog is and what to do "
+        "(docs/operating.md). Exit 0, or 1 when neither Postgres nor RabbitMQ answered.",
         options=(
             Setting("postgres_dsn"),
             Setting("rabbitmq_url"),
             option("--minutes", type=float, default=15.0, help="how far back to add up (15)"),
-            option("--json", action="store_true", help="one JSON object instead of the table"),
+            option(
+                "--json",
+                action="store_true",
+                help="one JSON object instead of the table; the waits as their buckets' upper bounds "
+                "(wait_p50_le_s, wait_p99_le_s: docs/operating.md)",
+            ),
+            option("--all", action="store_true", help="also list the quiet shards (nothing in the window)"),
             option(
                 "--forget",
                 type=int,
@@ -285,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _settings_refused("dlq", "; ".join(refusals))
         return run_dlq(args, settings)
     if args.command == "shards":
-        from worker.ops.shards import run_shards
+        from worker.ops.shards_report import run_shards
 
         problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
         if problems:
@@ -298,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from worker.ops.shard_queues import run_forget
 
             return run_forget(settings, args.forget, quiet_minutes=args.quiet_minutes)
-        return run_shards(settings, minutes=args.minutes, json_output=args.json)
+        return run_shards(settings, minutes=args.minutes, json_output=args.json, show_quiet=args.all)
     if args.command == "demo":
         from worker.ops.demo import run_demo
 

@@ -35,10 +35,10 @@ from worker.broker.headers import USER_ID
 from worker.broker.topology import declare_shard_queue, declare_topology, shard_queue_name
 from worker.config import Settings, Topology
 from worker.ops.shard_queues import declare_shards, forget_shards
-from worker.ops.shards import Report, as_json, gather, render
+from worker.ops.shards_report import Report, as_json, gather, render
 from worker.runner import Worker
 from worker.runtime.hand import MARGIN_BYTES
-from worker.runtime.shards import REFRESH_SECONDS
+from worker.runtime.shard_queue_set import REFRESH_SECONDS
 from worker.service.policy import RetryPolicy
 from worker.testing.management import ManagementApi
 from worker.testing.workers import free_port
@@ -706,12 +706,15 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     running: Running, shards: Shards, world: tuple[str, int], rabbitmq_url: str
 ) -> None:
     """`worker shards`, without Prometheus: two workers record what they saw; the report has each shard's
-    events in and answered, its wait, its share of the events in, and its own queue's depth."""
+    events in and answered, its wait, its share of the events in, and its own queue's depth; a shard with a
+    queue and nothing in the window is folded into one line."""
     _, persona_id = world
     # windows of 4: the broker hands the 40 events to both workers in turn (with the default window of 8,192
     # the first worker can take all of them, and the second has nothing to record)
     await running.start(metrics_interval_seconds=1, prefetch=4)
     await running.start(metrics_interval_seconds=1, prefetch=4)
+    [declared_ahead] = await declare_shards(running.settings, [9])  # a queue, and no event: a quiet shard
+    assert declared_ahead.removed, declared_ahead.detail
     bodies = [event_body(SAVE, persona_id=persona_id, shard_id=FLOODER) for _ in range(30)]
     bodies += [event_body(SAVE, persona_id=persona_id, shard_id=QUIET) for _ in range(10)]
     await asyncio.gather(*(shards.publish(b["shard_id"], b) for b in bodies))
@@ -736,12 +739,23 @@ async def test_worker_shards_adds_up_what_the_workers_saw_of_each_shard(
     assert loud.received >= 30
     assert quiet.received >= 10
     assert loud.share_in == pytest.approx(loud.received / (loud.received + quiet.received))
-    assert loud.wait_p99_s is not None
+    assert loud.wait_p99_le_s is not None
     assert loud.queued == 0, "shard 0's own queue was declared and is empty"
+    # the counts' age is Postgres's clock against the newest row the workers wrote; the depths are RabbitMQ's
+    assert report.counts_age_s is not None
+    assert report.counts_age_s >= 0
     table = render(report).splitlines()
-    assert table[1].split()[:3] == ["shard", "in", "answered"]
-    assert table[2].split()[:3] == ["0", str(loud.received), "30"]
+    assert table[1].startswith(f"counts as of {report.counts_age_s:.0f} s ago (the workers write them every ")
+    assert table[2].split()[:3] == ["shard", "in", "answered"]
+    assert table[3].split()[:3] == ["0", str(loud.received), "30"]
     assert json.loads(as_json(report))["shards"][0]["shard_id"] == FLOODER
+    # a bound past the last bucket is "inf" in JSON (the test bodies' issued_at may be long past)
+    bound = "inf" if loud.wait_p99_le_s == float("inf") else loud.wait_p99_le_s
+    assert json.loads(as_json(report))["shards"][0]["wait_p99_le_s"] == bound
+    assert [line.shard_id for line in report.shards if line.quiet] == [9]
+    assert "1 quiet shard(s) not shown: nothing in, answered, held or queued (--all lists them)" in table
+    assert [row.split()[0] for row in render(report, show_quiet=True).splitlines()[3:6]] == ["0", "1", "9"]
+    assert json.loads(as_json(report))["quiet_shards_not_shown"] == 1
     # inside the shard, its guilds (one here): events in, held, moved; no metric label per guild
     [guild] = loud.guilds
     assert (guild.guild, guild.received, guild.share_in) == (GUILD, loud.received, 1.0)

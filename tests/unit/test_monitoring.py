@@ -8,6 +8,7 @@ tests/e2e/test_observability.py's job.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.monitoring import ALERT_TESTS, ALERTS, METRIC_NAME, alert_rules, dashboard, dashboard_queries
+from tests.monitoring import ALERT_TESTS, ALERTS, METRIC_NAME, REPO, alert_rules, dashboard, dashboard_queries
 
 
 def promtool() -> str:
@@ -87,6 +88,17 @@ def test_every_alert_has_a_runbook_a_severity_and_a_firing_test_case() -> None:
         assert name in firing, f"{name} has no test case where it fires"
         assert name in quiet, f"{name} has no test case where it stays quiet"
     assert "worker dlq list --kind" in " ".join(r["annotations"]["runbook"] for r in alert_rules())
+
+
+def test_the_loud_shard_runbook_is_the_paragraph_of_docs_operating_word_for_word() -> None:
+    """The person who runs `worker shards` from a terminal reads docs/operating.md, the one paged reads the
+    alert's runbook: the same text, so neither is left behind when the other changes."""
+    page = (REPO / "docs" / "operating.md").read_text(encoding="utf-8")
+    found = re.search(r"^\*\*A loud shard: what to do\.\*\* (.*?)\n\n", page, re.MULTILINE | re.DOTALL)
+    assert found, 'docs/operating.md has no paragraph "A loud shard: what to do"'
+    [rule] = [rule for rule in alert_rules() if rule["alert"] == "LtmOneShardHoldsTheBacklog"]
+    pointer = 'docs/operating.md "A loud shard: what to do". '
+    assert rule["annotations"]["runbook"] == pointer + " ".join(found.group(1).split())
 
 
 def test_the_dashboard_is_one_grafana_dashboard_on_a_prometheus_variable() -> None:

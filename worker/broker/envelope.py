@@ -130,22 +130,6 @@ def read_event(body: bytes, message_id: str | None = None) -> ToolCallEvent | Un
     return event
 
 
-def shard_of(body: bytes) -> int | None:
-    """The ``shard_id`` a body names, read cheaply to sort deliveries by shard before they are read in full
-    (:func:`read_event`): an integer in 0..2147483647 at the top level of a JSON object of at most 256 KiB,
-    else None. What it is worth (who may speak for that shard) is decided later."""
-    if len(body) > MAX_BODY_BYTES:
-        return None
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    shard = data.get("shard_id") if isinstance(data, dict) else None
-    if type(shard) is int and 0 <= shard <= MAX_INT4:
-        return shard
-    return None
-
-
 def routable_ids(data: dict[str, Any]) -> RoutableIds | None:
     """``event_id``, ``tool_call_id`` and ``shard_id`` when all three can still be read and carried back.
 

@@ -41,7 +41,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from worker.observability.shards import OTHER_SHARD, ShardActivity
+from worker.observability.activity import OTHER_SHARD, ShardActivity
 
 DEPENDENCIES = ("rabbitmq", "postgres", "redis")
 #: an event's age spans milliseconds (a idle worker) to hours (a replay from the DLQ)
@@ -249,7 +249,8 @@ class Metrics:
         #: events held by shard, and under which label they were counted (the label's gauge is their sum)
         self._held: dict[int, tuple[str, int]] = {}
         self._held_by_label: dict[str, int] = {}
-        #: the same per-shard counts for `worker shards`, written to Postgres (worker/observability/shards.py)
+        #: the same per-shard counts for `worker shards`, written to Postgres
+        #: (worker/observability/activity.py)
         self.activity = ShardActivity(SHARD_WAIT_BUCKETS)
 
     def label_shards(self, shard_ids: Iterable[int], *, under_cap: bool) -> None:

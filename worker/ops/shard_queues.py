@@ -30,7 +30,7 @@ import asyncpg
 from worker.broker.topology import declare_shard_queue, shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings
-from worker.ops.shards import queue_depth
+from worker.ops.shards_report import queue_depth
 from worker.redact import describe
 from worker.store.pool import connect_once
 from worker.store.repository import claim_shard_queue, forget_shard_queue, read_shard_activity, register_shard

@@ -32,7 +32,7 @@ from worker.runtime.delivery import delivery_tag
 from worker.runtime.fair import Action, FairShares, Guild, Ticket
 from worker.runtime.handler import EventHandler
 from worker.runtime.services import Services
-from worker.runtime.shards import ShardQueues
+from worker.runtime.shard_queue_set import ShardQueues
 
 log = structlog.get_logger("worker")
 

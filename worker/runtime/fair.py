@@ -134,7 +134,8 @@ class Ticket:
 
 
 class QueueBook(Protocol):
-    """The shards' own queues a delivery may be moved to (:class:`~worker.runtime.shards.ShardQueues`)."""
+    """The shards' own queues a delivery may be moved to
+    (:class:`~worker.runtime.shard_queue_set.ShardQueues`)."""
 
     def has(self, shard_id: int) -> bool: ...
 

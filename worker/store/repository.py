@@ -429,8 +429,8 @@ async def forget_shard_activity(conn: asyncpg.Connection | asyncpg.Pool) -> None
 
 async def read_shard_activity(conn: asyncpg.Connection, minutes: float) -> list[dict[str, Any]]:
     """Per shard over the last ``minutes``: events received and answered, the wait counts per bucket summed
-    over every worker, the events held now (each worker's latest row of the last minute, summed), and how
-    many workers reported."""
+    over every worker, the events held now (each worker's latest row of the last minute, summed), how many
+    workers reported, and the age of the shard's newest row in seconds (``age_s``)."""
     return [
         dict(row)
         for row in await conn.fetch(
@@ -450,7 +450,8 @@ async def read_shard_activity(conn: asyncpg.Connection, minutes: float) -> list[
                         SELECT n, sum(c)::bigint AS total
                         FROM recent x, unnest(x.wait_counts) WITH ORDINALITY AS u(c, n)
                         WHERE x.shard_id = r.shard_id GROUP BY n) AS w) AS wait_counts,
-                   count(DISTINCT r.worker) AS workers
+                   count(DISTINCT r.worker) AS workers,
+                   extract(epoch FROM now() - max(r.sampled_at))::float8 AS age_s
             FROM recent r
             LEFT JOIN latest l ON l.worker = r.worker AND l.sampled_at = r.sampled_at
             GROUP BY r.shard_id

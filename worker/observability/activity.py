@@ -6,7 +6,7 @@ how many it holds now; and inside each shard, per guild, the events in, held and
 keeps the shard's loudest :data:`LOUDEST_GUILDS` (no metric label per guild: guild ids would explode the
 series). :class:`ActivityRecorder` writes one row per shard with anything to say to
 ``ltm_shard_activity`` every ``LTM_METRICS_INTERVAL_SECONDS`` (migration 0009) and removes rows older than an
-hour; ``worker shards`` (:mod:`worker.ops.shards`) adds up the rows of every worker.
+hour; ``worker shards`` (:mod:`worker.ops.shards_report`) adds up the rows of every worker.
 """
 
 from __future__ import annotations
