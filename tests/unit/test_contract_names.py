@@ -1,5 +1,5 @@
-"""The contract's names, written once in contracts/names.py: what CONTRACT.md says, what the generator of the
-TypeScript kit's names.ts prints, and no second copy of a name written by hand in the worker or the kit."""
+"""The contract's names, written once in contracts/names.py: what CONTRACT.md says, what the TypeScript kit's
+generated names.ts holds, and no second copy of a name written by hand in the worker or either kit."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from worker.ops.dlq.letters import replay_key
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = (REPO / "contracts" / "CONTRACT.md").read_text(encoding="utf-8")
+NAMES_TS = REPO / "contracts" / "typescript" / "src" / "names.ts"
 DEFINITIONS = REPO / "deploy" / "rabbitmq" / "definitions.json"
 GENERATE = "python -m contracts.names --typescript > contracts/typescript/src/names.ts"
 
@@ -32,6 +33,11 @@ PLAIN = {
     and not name.startswith(("TYPESCRIPT", "_"))
     and "{" not in value
 }
+
+
+def test_names_ts_is_what_the_generator_prints() -> None:
+    committed = NAMES_TS.read_text(encoding="utf-8")
+    assert committed == names.typescript(), f"contracts/typescript/src/names.ts is stale: run `{GENERATE}`"
 
 
 def test_the_generator_runs_as_its_command_says() -> None:
@@ -178,6 +184,12 @@ _PYTHON = sorted(
     for path in (REPO / top).rglob("*.py")
     if "node_modules" not in path.parts
 )
+#: (src/generated/ is generated from the JSON Schemas and deploy/rabbitmq/definitions.json, and checked there)
+_TYPESCRIPT = sorted(
+    path
+    for path in (REPO / "contracts" / "typescript" / "src").rglob("*.ts")
+    if "generated" not in path.relative_to(REPO / "contracts" / "typescript" / "src").parts
+)
 #: a name with a shard id written into a string by hand: ``f"tomori.shard.{n}..."``, ``f"...shard.{n}"``,
 #: ``f"shard-{n}"``
 _BUILT = re.compile(r"tomori\.shard\.$|\.shard\.$|^shard\.$|^shard-$|^tool\.$")
@@ -235,3 +247,25 @@ def test_no_python_module_writes_a_contract_name_by_hand() -> None:
     assert not written, "a contract name written by hand (import it from contracts/names.py):\n" + "\n".join(
         written
     )
+
+
+def test_no_typescript_module_writes_a_contract_name_by_hand() -> None:
+    values = set(PLAIN.values())
+    written = []
+    for path in _TYPESCRIPT:
+        if path == NAMES_TS:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith(("*", "/*", "//")):
+                continue
+            for text in re.findall(r'"([^"\\]*)"', line):
+                if text in values:
+                    written.append(f"{path.relative_to(REPO)}:{number}: {text!r}")
+            for text in re.findall(r"`([^`]*)`", line):
+                if _BUILT_TS.search(text) or text in values:
+                    written.append(f"{path.relative_to(REPO)}:{number}: `{text}`")
+    assert not written, "a contract name written by hand (import it from names.ts):\n" + "\n".join(written)
+
+
+#: the TypeScript form of :data:`_BUILT`: a template literal that builds a name around a shard id
+_BUILT_TS = re.compile(r"tomori\.shard\.\$\{|\.shard\.\$\{|^shard\.\$\{|^shard-\$\{|^tool\.\$\{")

@@ -1,18 +1,14 @@
 // @tomoribot/ltm-client: everything a shard needs to talk to the LTM worker (see README.md).
 export * from "./generated/index.js";
+export * from "./names.js";
 export type { InvalidationKind, NoticeKind, ResultStatus, ToolName } from "./types.js";
 export {
   CLOSE_DRAIN_MS,
   DEFAULT_TIMEOUT_MS,
   LtmClient,
   MAX_EVENT_BYTES,
-  NOTIFICATIONS_EXCHANGE,
   PER_SHARD_RETRY_MS,
-  TOOL_CALLS_EXCHANGE,
-  TOOL_RESULTS_EXCHANGE,
-  WORK_QUEUE,
   shardQueues,
-  shardWorkQueue,
   toolRoutingKeys,
   userOfUrl,
   type CreateMemoryRequest,
@@ -21,7 +17,6 @@ export {
   type LtmClientOptions,
 } from "./client.js";
 export {
-  INVALIDATION_CHANNEL,
   InvalidationSubscriber,
   invalidationIdOf,
   type InvalidationSubscriberOptions,
