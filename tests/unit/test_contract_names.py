@@ -4,11 +4,13 @@ generated names.ts holds, and no second copy of a name written by hand in the wo
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -17,6 +19,7 @@ from contracts.models import TOOL_NAMES
 from worker.broker.topology import retry_queue_name, shard_queue_name, shard_routing_keys
 from worker.config import Topology
 from worker.ops.dlq.letters import replay_key
+from worker.testing.permissions import shard_permissions, shard_topic_permissions
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = (REPO / "contracts" / "CONTRACT.md").read_text(encoding="utf-8")
@@ -269,3 +272,57 @@ def test_no_typescript_module_writes_a_contract_name_by_hand() -> None:
 
 #: the TypeScript form of :data:`_BUILT`: a template literal that builds a name around a shard id
 _BUILT_TS = re.compile(r"tomori\.shard\.\$\{|\.shard\.\$\{|^shard\.\$\{|^shard-\$\{|^tool\.\$\{")
+
+
+# --- the grants, whose regexes are written by hand, let a shard use exactly its names ---------------------
+
+
+def _shard_users() -> ModuleType:
+    """deploy/rabbitmq/shard_users.py, a script that runs without this package (so it keeps its own names)."""
+    spec = importlib.util.spec_from_file_location(
+        "shard_users", REPO / "deploy" / "rabbitmq" / "shard_users.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_deploy_script_names_what_contracts_names_does() -> None:
+    script = _shard_users()
+    assert (script.TOOL_CALLS, script.RESULTS, script.NOTIFICATIONS) == (
+        names.TOOL_CALLS_EXCHANGE,
+        names.TOOL_RESULTS_EXCHANGE,
+        names.NOTIFICATIONS_EXCHANGE,
+    )
+    assert script.user_name(42) == names.shard_user(42)
+
+
+@pytest.mark.parametrize("where", ["deploy", "testing"])
+def test_a_shards_grants_let_it_use_its_own_names_and_no_others(where: str) -> None:
+    if where == "deploy":
+        script = _shard_users()
+        grants, topics = script.permissions(3), script.topic_permissions(3)
+    else:
+        grants, topics = shard_permissions(3), shard_topic_permissions(3)
+    own = [names.shard_queue(3, "results"), names.shard_queue(3, "notifications")]
+    other = [names.shard_queue(4, "results"), names.shard_queue(33, "notifications")]
+    assert all(re.fullmatch(grants["configure"], queue) for queue in own)
+    assert not any(re.fullmatch(grants["configure"], queue) for queue in other)
+    assert re.fullmatch(grants["write"], names.TOOL_CALLS_EXCHANGE)
+    assert re.fullmatch(grants["read"], names.TOOL_RESULTS_EXCHANGE)
+    assert re.fullmatch(grants["read"], names.NOTIFICATIONS_EXCHANGE)
+    by_exchange = {topic["exchange"]: topic for topic in topics}
+    for tool in TOOL_NAMES:
+        common = names.tool_routing_key(tool)
+        assert re.fullmatch(by_exchange[names.TOOL_CALLS_EXCHANGE]["write"], common)
+        assert re.fullmatch(
+            by_exchange[names.TOOL_CALLS_EXCHANGE]["write"], names.shard_tool_routing_key(common, 3)
+        )
+        assert not re.fullmatch(
+            by_exchange[names.TOOL_CALLS_EXCHANGE]["write"], names.shard_tool_routing_key(common, 4)
+        )
+    for exchange in (names.TOOL_RESULTS_EXCHANGE, names.NOTIFICATIONS_EXCHANGE):
+        assert re.fullmatch(by_exchange[exchange]["read"], names.shard_routing_key(3))
+        assert not re.fullmatch(by_exchange[exchange]["read"], names.shard_routing_key(30))
