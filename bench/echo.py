@@ -24,8 +24,9 @@ import aiormq
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
+from contracts.names import shard_routing_key
 from worker.broker.acks import Acks
-from worker.broker.publisher import json_properties, publish_confirmed, shard_routing_key
+from worker.broker.publisher import json_properties, publish_confirmed
 from worker.config import variable_of
 from worker.runtime import heap
 

@@ -14,8 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 from contracts.models import EVENT_TYPE, NOTIFICATION_TYPE, RESULT_TYPE, TOOL_NAMES
+from contracts.names import (
+    DEAD_LETTER_EXCHANGE,
+    INVALIDATION_CHANNEL,
+    NOTIFICATIONS_EXCHANGE,
+    SHARD_ROUTING_KEY,
+    TOOL_CALLS_EXCHANGE,
+    TOOL_RESULTS_EXCHANGE,
+    TOOL_ROUTING_KEY,
+    TRACEPARENT_HEADER,
+)
 
 ASYNCAPI_FILE = "asyncapi.v3.json"
+#: the channels' addresses, with AsyncAPI's parameters in them
+_TOOL_ADDRESS = TOOL_ROUTING_KEY.format(tool_name="{toolName}")
+_SHARD_ADDRESS = SHARD_ROUTING_KEY.format(shard_id="{shardId}")
 _AMQP = "0.3.0"  # AMQP bindings version
 
 
@@ -47,7 +60,7 @@ def _message(
         message["headers"] = {
             "type": "object",
             "properties": {
-                "traceparent": {"type": "string", "description": "W3C trace context, carried through"}
+                TRACEPARENT_HEADER: {"type": "string", "description": "W3C trace context, carried through"}
             },
         }
         message["bindings"] = {"amqp": {"messageType": amqp_type, "bindingVersion": _AMQP}}
@@ -77,8 +90,8 @@ def asyncapi_document() -> dict[str, Any]:
         },
         "channels": {
             "toolCalls": {
-                "address": "tool.{toolName}",
-                "title": "tomori.tool_calls",
+                "address": _TOOL_ADDRESS,
+                "title": TOOL_CALLS_EXCHANGE,
                 "description": "Shards publish tool-call events here; queue ltm.create_memory (quorum) "
                 "is bound with both tool names.",
                 "parameters": {
@@ -86,43 +99,43 @@ def asyncapi_document() -> dict[str, Any]:
                 },
                 "servers": [{"$ref": "#/servers/rabbitmq"}],
                 "messages": {"toolCall": {"$ref": "#/components/messages/toolCall"}},
-                "bindings": _exchange("tomori.tool_calls"),
+                "bindings": _exchange(TOOL_CALLS_EXCHANGE),
             },
             "toolResults": {
-                "address": "shard.{shardId}",
-                "title": "tomori.tool_results",
+                "address": _SHARD_ADDRESS,
+                "title": TOOL_RESULTS_EXCHANGE,
                 "description": "Exactly one logical result per event; may be re-emitted with replayed=true. "
                 "Each shard declares and binds its own durable queue tomori.shard.{shardId}.results with "
                 "shard.{shardId} (contracts/CONTRACT.md).",
                 "parameters": shard_parameter,
                 "servers": [{"$ref": "#/servers/rabbitmq"}],
                 "messages": {"toolResult": {"$ref": "#/components/messages/toolResult"}},
-                "bindings": _exchange("tomori.tool_results"),
+                "bindings": _exchange(TOOL_RESULTS_EXCHANGE),
             },
             "notifications": {
-                "address": "shard.{shardId}",
-                "title": "tomori.notifications",
+                "address": _SHARD_ADDRESS,
+                "title": NOTIFICATIONS_EXCHANGE,
                 "description": "The notice to show in the channel, after a successful save only. Each "
                 "shard declares and binds its own durable queue tomori.shard.{shardId}.notifications with "
                 "shard.{shardId} (contracts/CONTRACT.md).",
                 "parameters": shard_parameter,
                 "servers": [{"$ref": "#/servers/rabbitmq"}],
                 "messages": {"notification": {"$ref": "#/components/messages/notification"}},
-                "bindings": _exchange("tomori.notifications"),
+                "bindings": _exchange(NOTIFICATIONS_EXCHANGE),
             },
             "deadLetters": {
-                "address": "tool.{toolName}",
-                "title": "tomori.dead_letter",
+                "address": _TOOL_ADDRESS,
+                "title": DEAD_LETTER_EXCHANGE,
                 "description": "Messages that could not be processed, body and properties unchanged, with "
                 "x-ltm-* headers; queue ltm.create_memory.dlq (bound with #). `worker dlq` inspects and "
                 "replays them.",
                 "parameters": {"toolName": {"enum": list(TOOL_NAMES)}},
                 "servers": [{"$ref": "#/servers/rabbitmq"}],
                 "messages": {"deadLetter": {"$ref": "#/components/messages/deadLetter"}},
-                "bindings": _exchange("tomori.dead_letter"),
+                "bindings": _exchange(DEAD_LETTER_EXCHANGE),
             },
             "cacheInvalidation": {
-                "address": "tomori:cache-invalidation",
+                "address": INVALIDATION_CHANNEL,
                 "title": "Redis pub/sub channel",
                 "description": "Published after the transaction commits, once per successful save.",
                 "servers": [{"$ref": "#/servers/redis"}],

@@ -28,6 +28,12 @@ from pydantic import (
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from typing_extensions import TypedDict  # pydantic reads only this TypedDict on Python 3.11
 
+from contracts import names
+
+# the shard's queues, named in contracts/names.py with the contract's other names
+from contracts.names import ShardQueueKind as ShardQueueKind
+from contracts.names import shard_queue as shard_queue
+
 SCHEMA_VERSION = 1
 
 #: Routing/tool names a shard may use for this tool (the alias stays the alias in the result).
@@ -38,16 +44,6 @@ ToolName = Literal["create_long_term_memory", "remember_this_fact"]
 EVENT_TYPE = "tool_call.v1"
 RESULT_TYPE = "tool_result.v1"
 NOTIFICATION_TYPE = "notification.v1"
-
-ShardQueueKind = Literal["results", "notifications"]
-
-
-def shard_queue(shard_id: int, kind: ShardQueueKind) -> str:
-    """The durable queue shard ``shard_id`` declares and binds with ``shard.<id>`` (contracts/CONTRACT.md).
-
-    ``results`` is bound to ``tomori.tool_results``, ``notifications`` to ``tomori.notifications``.
-    """
-    return f"tomori.shard.{shard_id}.{kind}"
 
 
 #: A body larger than this is dead-lettered as ``schema`` without being parsed.
@@ -540,7 +536,7 @@ class DeadLetterHeaders(_Model):
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
-    error: StrictStr = Field(alias="x-ltm-error", description="one line, human readable")
-    error_kind: DeadLetterKind = Field(alias="x-ltm-error-kind")
-    attempts: Annotated[StrictInt, Field(ge=1)] = Field(alias="x-ltm-attempts")
-    failed_at: AwareDatetime = Field(alias="x-ltm-failed-at", description="RFC 3339")
+    error: StrictStr = Field(alias=names.ERROR_HEADER, description="one line, human readable")
+    error_kind: DeadLetterKind = Field(alias=names.ERROR_KIND_HEADER)
+    attempts: Annotated[StrictInt, Field(ge=1)] = Field(alias=names.ATTEMPTS_HEADER)
+    failed_at: AwareDatetime = Field(alias=names.FAILED_AT_HEADER, description="RFC 3339")

@@ -63,6 +63,17 @@ from contracts.models import (
     ToolResult,
     shard_queue,
 )
+from contracts.names import (
+    NOTIFICATIONS_EXCHANGE,
+    TOOL_CALLS_EXCHANGE,
+    TOOL_RESULTS_EXCHANGE,
+    TRACEPARENT_HEADER,
+    WORK_QUEUE,
+    shard_routing_key,
+    shard_tool_routing_key,
+    shard_work_queue,
+    tool_routing_key,
+)
 from contracts.shard.errors import (
     InvalidEventError,
     LtmBacklogFullError,
@@ -95,11 +106,6 @@ __all__ = [
 
 log = logging.getLogger("contracts.shard")
 
-TOOL_CALLS_EXCHANGE = "tomori.tool_calls"
-TOOL_RESULTS_EXCHANGE = "tomori.tool_results"
-NOTIFICATIONS_EXCHANGE = "tomori.notifications"
-#: the worker's work queue (the default name: the worker's topology settings may rename it)
-WORK_QUEUE = "ltm.create_memory"
 #: how long a call waits for its result by default: the worker's retry budget (1 + 2 + 4 + 8 s) with room
 DEFAULT_TIMEOUT = 30.0
 #: how long :meth:`LtmClient.close` waits for ``on_notice`` / ``on_late_result`` callbacks still running
@@ -142,12 +148,8 @@ class LateResultInfo:
 def tool_routing_keys(tool_name: str, shard_id: int) -> tuple[str, str]:
     """The routing keys of a tool's events: ``tool.<name>`` (version 1, the common work queue) and the shard's
     own ``tool.<name>.shard.<id>`` (its queue ``ltm.create_memory.shard.<id>``, once the workers bound it)."""
-    return f"tool.{tool_name}", f"tool.{tool_name}.shard.{shard_id}"
-
-
-def shard_work_queue(shard_id: int) -> str:
-    """The shard's own work queue, which the workers bind to its key once they have seen the shard."""
-    return f"{WORK_QUEUE}.shard.{shard_id}"
+    common = tool_routing_key(tool_name)
+    return common, shard_tool_routing_key(common, shard_id)
 
 
 def user_of_url(url: str) -> str:
@@ -328,7 +330,8 @@ class LtmClient:
                 raise LtmClientError(
                     f"setting up shard {shard_id}'s queues failed: {_broker_text(error)} (the exchanges "
                     "come from the worker's start-up or deploy/rabbitmq/definitions.json; the shard's user "
-                    f"may use only tomori.shard.{shard_id}.*)"
+                    f"may use only {shard_queue(shard_id, 'results')} and "
+                    f"{shard_queue(shard_id, 'notifications')})"
                 ) from error
             raise
         return client
@@ -337,7 +340,7 @@ class LtmClient:
         assert self._connection is not None
         consuming = await self._connection.channel()
         await consuming.set_qos(prefetch_count=self.prefetch)
-        routing_key = f"shard.{self.shard_id}"
+        routing_key = shard_routing_key(self.shard_id)
         handlers: list[tuple[str, ShardQueueKind, Callable[[AbstractIncomingMessage], Awaitable[None]]]] = [
             (TOOL_RESULTS_EXCHANGE, "results", self._on_result_message),
             (NOTIFICATIONS_EXCHANGE, "notifications", self._on_notice_message),
@@ -460,7 +463,7 @@ class LtmClient:
             raise LtmGuildBusyError(event_id, guild, waiting)
         self._by_guild[guild] = waiting + 1
         wait = self.timeout if timeout is None else timeout
-        headers = {} if traceparent is None else {"traceparent": traceparent}
+        headers = {} if traceparent is None else {TRACEPARENT_HEADER: traceparent}
         future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
         call = _Call(event_id, tool_call_id, tool_name, body, headers, future)
         self._pending[event_id] = call

@@ -23,13 +23,13 @@ import redis.exceptions
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.models import CacheInvalidation, ServerStateInvalidation, UserInvalidation, invalidation_id
+from contracts.names import INVALIDATION_CHANNEL
 from contracts.shard.errors import LtmClientError
 
 __all__ = ["INVALIDATION_CHANNEL", "InvalidationSubscriber", "invalidation_id_of"]
 
 log = logging.getLogger("contracts.shard")
 
-INVALIDATION_CHANNEL = "tomori:cache-invalidation"
 _INVALIDATION: TypeAdapter[ServerStateInvalidation | UserInvalidation] = TypeAdapter(CacheInvalidation)
 _LOST = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, TimeoutError)
 

@@ -20,33 +20,34 @@ import aiormq.abc
 from aio_pika.abc import AbstractIncomingMessage
 from pamqp import encode
 
+from contracts import names
 from worker.broker.content_header import MAX_DEPTH, UNDECODABLE, as_notes, printable, undecodable
 
-#: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping)
-ATTEMPTS = "x-ltm-attempts"
-ERROR = "x-ltm-error"
-ERROR_KIND = "x-ltm-error-kind"
-FAILED_AT = "x-ltm-failed-at"
+#: our own headers (CONTRACT.md "Dead letters" plus the retry bookkeeping; their names: contracts/names.py)
+ATTEMPTS = names.ATTEMPTS_HEADER
+ERROR = names.ERROR_HEADER
+ERROR_KIND = names.ERROR_KIND_HEADER
+FAILED_AT = names.FAILED_AT_HEADER
 #: the routing key the shard used, kept while the message travels through the retry queues
-ORIGINAL_ROUTING_KEY = "x-ltm-routing-key"
-TRACEPARENT = "traceparent"
+ORIGINAL_ROUTING_KEY = names.ROUTING_KEY_HEADER
+TRACEPARENT = names.TRACEPARENT_HEADER
 #: on a ``shard_backlog_full`` letter: how many events of its shard were turned away without a letter since
 #: the shard's previous one (a flood keeps one letter a minute: docs/fair-shares.md)
-TURNED_AWAY = "x-ltm-turned-away"
+TURNED_AWAY = names.TURNED_AWAY_HEADER
 #: the error of an event's first failed attempt, kept on its retry copies and on its dead letter when the last
 #: attempt failed otherwise (a database cut during the last retry hides what failed the first four)
-FIRST_ERROR = "x-ltm-first-error"
+FIRST_ERROR = names.FIRST_ERROR_HEADER
 #: what the worker adds when it dead-letters a message (a replay takes them off again)
 DEAD_LETTER_HEADERS = frozenset({ERROR, ERROR_KIND, FAILED_AT, ATTEMPTS, TURNED_AWAY, FIRST_ERROR})
 #: headers ``worker dlq replay`` adds
-REPLAYED_AT = "x-ltm-replayed-at"
-REPLAY_COUNT = "x-ltm-replay-count"
+REPLAYED_AT = names.REPLAYED_AT_HEADER
+REPLAY_COUNT = names.REPLAY_COUNT_HEADER
 #: what a copy left out of the original: header entries too large for the frame, values that could not be
 #: decoded (:mod:`worker.broker.content_header`); a list of one-line notes
-DROPPED = "x-ltm-dropped"
+DROPPED = names.DROPPED_HEADER
 #: the RabbitMQ user that published the event (its AMQP ``user_id``, checked by the broker), recorded on every
 #: copy the worker makes, since a copy cannot carry another user's ``user_id``; ``""`` when it had none
-USER_ID = "x-ltm-user-id"
+USER_ID = names.USER_ID_HEADER
 #: the headers only the worker may set: on a delivery that is not the worker's own copy they are ignored
 WORKER_ONLY = frozenset(
     {ATTEMPTS, ERROR, ERROR_KIND, FAILED_AT, ORIGINAL_ROUTING_KEY, DROPPED, USER_ID, TURNED_AWAY, FIRST_ERROR}

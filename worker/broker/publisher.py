@@ -25,6 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 from pamqp.commands import Basic
 
 from contracts.models import NOTIFICATION_TYPE, RESULT_TYPE, DeadLetterKind, ToolResult
+from contracts.names import ShardQueueKind, shard_of_routing_key, shard_queue, shard_routing_key
 from worker.aio import side_by_side
 from worker.broker.blocking import publish_deadline
 from worker.broker.headers import (
@@ -55,10 +56,6 @@ PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
 class BacklogFull(TransientError):
     """The broker refused a publish (a nack): the queue it was routed to is at its bound
     (``x-overflow: reject-publish``)."""
-
-
-def shard_routing_key(shard_id: int) -> str:
-    return f"shard.{shard_id}"
 
 
 class Publisher:
@@ -207,7 +204,7 @@ NO_ROUTE = 312
 #: how much of a first attempt's error a retry copy keeps
 MAX_FIRST_ERROR = 1000
 #: the exchanges of a shard's answers, and the suffix of the shard's queue each is bound to (CONTRACT.md 2)
-_ANSWER_EXCHANGES = {
+_ANSWER_EXCHANGES: dict[str, ShardQueueKind] = {
     Topology().results_exchange: "results",
     Topology().notifications_exchange: "notifications",
 }
@@ -216,12 +213,12 @@ _ANSWER_EXCHANGES = {
 def no_route(exchange: str, routing_key: str) -> str:
     """What a publish the broker returned unroutable means: for a result or a notice, the shard has no queue
     bound for it (a shard declares and binds its queues before it publishes: CONTRACT.md section 2)."""
-    shard, kind = routing_key.removeprefix("shard."), _ANSWER_EXCHANGES.get(exchange)
+    shard, kind = shard_of_routing_key(routing_key), _ANSWER_EXCHANGES.get(exchange)
     unbound = f"nothing is bound to {exchange!r} with key {routing_key!r} (NO_ROUTE)"
-    if not routing_key.startswith("shard.") or not shard.isdigit() or kind is None:
+    if shard is None or kind is None:
         return unbound
     return (
-        f"shard {shard} has no queue bound for its {kind}, tomori.shard.{shard}.{kind} ({unbound}): the "
+        f"shard {shard} has no queue bound for its {kind}, {shard_queue(shard, kind)} ({unbound}): the "
         "shard must declare and bind it before it publishes (CONTRACT.md section 2)"
     )
 

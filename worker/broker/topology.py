@@ -17,6 +17,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
+from contracts.names import retry_queue, shard_tool_routing_key, shard_work_queue
 from worker.config import Topology
 
 #: a delivery redelivered this many times (consumer crashes, channel losses) goes to the DLQ
@@ -56,18 +57,18 @@ def retry_queue_arguments(topology: Topology) -> dict[str, Any]:
 
 
 def retry_queue_name(topology: Topology, delay_ms: int) -> str:
-    return f"{topology.retry_queue_prefix}.{delay_ms}"
+    return retry_queue(delay_ms, topology.retry_queue_prefix)
 
 
 def shard_queue_name(topology: Topology, shard_id: int) -> str:
     """``ltm.create_memory.shard.<N>``: shard N's own queue."""
-    return f"{topology.shard_queue_prefix}.{shard_id}"
+    return shard_work_queue(shard_id, topology.shard_queue_prefix)
 
 
 def shard_routing_keys(topology: Topology, shard_id: int) -> list[str]:
     """The routing keys a shard may publish its own events with (``tool.<name>.shard.<N>``, an optional
     addition within contract version 1): the broker routes them straight into the shard's own queue."""
-    return [f"{key}.shard.{shard_id}" for key in topology.routing_keys]
+    return [shard_tool_routing_key(key, shard_id) for key in topology.routing_keys]
 
 
 def shard_queue_arguments(topology: Topology, delivery_limit: int = DEFAULT_DELIVERY_LIMIT) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts import names
+from contracts.models import TOOL_NAMES
 from worker.config.rules import (
     Choice,
     Env,
@@ -38,7 +40,7 @@ LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 #: LTM_SHARD_IDENTITY values (worker/service/identity.py)
 SHARD_IDENTITIES: tuple[str, ...] = get_args(ShardIdentity)
 #: the RabbitMQ user each shard publishes as: ``shard-3`` for shard 3 (deploy/rabbitmq/shard_users.py)
-DEFAULT_SHARD_USER = "shard-{shard_id}"
+DEFAULT_SHARD_USER = names.SHARD_USER
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -78,19 +80,20 @@ class Limits(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """Exchange, queue and channel names of CONTRACT.md. The defaults are the contract (not settings)."""
+    """Exchange, queue and channel names of CONTRACT.md. The defaults are the contract (not settings), written
+    once in contracts/names.py."""
 
-    tool_calls_exchange: str = "tomori.tool_calls"
-    work_queue: str = "ltm.create_memory"
-    routing_keys: tuple[str, ...] = ("tool.create_long_term_memory", "tool.remember_this_fact")
-    results_exchange: str = "tomori.tool_results"
-    notifications_exchange: str = "tomori.notifications"
-    dead_letter_exchange: str = "tomori.dead_letter"
-    dead_letter_queue: str = "ltm.create_memory.dlq"
-    retry_queue_prefix: str = "ltm.create_memory.retry"
+    tool_calls_exchange: str = names.TOOL_CALLS_EXCHANGE
+    work_queue: str = names.WORK_QUEUE
+    routing_keys: tuple[str, ...] = tuple(names.tool_routing_key(tool) for tool in TOOL_NAMES)
+    results_exchange: str = names.TOOL_RESULTS_EXCHANGE
+    notifications_exchange: str = names.NOTIFICATIONS_EXCHANGE
+    dead_letter_exchange: str = names.DEAD_LETTER_EXCHANGE
+    dead_letter_queue: str = names.DEAD_LETTER_QUEUE
+    retry_queue_prefix: str = names.RETRY_QUEUE_PREFIX
     #: each shard's own queue, ``ltm.create_memory.shard.<N>`` (docs/fair-shares.md)
-    shard_queue_prefix: str = "ltm.create_memory.shard"
-    invalidation_channel: str = "tomori:cache-invalidation"
+    shard_queue_prefix: str = names.SHARD_WORK_QUEUE_PREFIX
+    invalidation_channel: str = names.INVALIDATION_CHANNEL
 
 
 #: a setting that fell back: (variable, the text given, the default used)

@@ -41,6 +41,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from contracts.names import ATTEMPTS_HEADER, REPLAY_COUNT_HEADER
 from worker.observability.activity import OTHER_SHARD, ShardActivity
 
 DEPENDENCIES = ("rabbitmq", "postgres", "redis")
@@ -58,7 +59,7 @@ SHARD_SERIES_KEPT_SECONDS = 3600.0
 #: how often the series are looked over for the unused ones
 _SERIES_SWEEP_SECONDS = 60.0
 #: headers that say a delivery is not the event's first trip through the work queue
-_NOT_FIRST_TRIP = ("x-ltm-attempts", "x-ltm-replay-count")
+_NOT_FIRST_TRIP = (ATTEMPTS_HEADER, REPLAY_COUNT_HEADER)
 
 
 def build_versions() -> dict[str, str]:

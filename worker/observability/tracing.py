@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import structlog
 
+from contracts.names import TRACEPARENT_HEADER, WORK_QUEUE
 from worker.redact import describe
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ INSTALL_HINT = "pip install 'tomoribot-ltm-worker[tracing]'"
 #: how long the worker's exit waits for the last spans to be exported
 SHUTDOWN_SECONDS = 5.0
 
-_TRACEPARENT = "traceparent"
+_TRACEPARENT = TRACEPARENT_HEADER
 _missing_reported = False
 
 #: what an attribute may be; ``None`` means "not known" and is left off the span
@@ -168,7 +169,7 @@ class _RecordedSpan:
 class TracedEvents:
     """One CONSUMER span per event on ``provider``, parented by the event's ``traceparent``."""
 
-    def __init__(self, provider: TracerProvider, destination: str = "ltm.create_memory") -> None:
+    def __init__(self, provider: TracerProvider, destination: str = WORK_QUEUE) -> None:
         from opentelemetry.context import Context
         from opentelemetry.trace import SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -222,7 +223,7 @@ class TracedEvents:
             log.warning("spans not exported before exit", waited_s=SHUTDOWN_SECONDS)
 
 
-def create_tracer(mode: str, destination: str = "ltm.create_memory") -> EventTracer:
+def create_tracer(mode: str, destination: str = WORK_QUEUE) -> EventTracer:
     """The tracer for ``LTM_TRACING=mode``: ``off``, ``otlp`` (OTLP/HTTP, configured by the standard
     ``OTEL_EXPORTER_OTLP_*`` variables) or ``console`` (spans as JSON lines on stdout).
 

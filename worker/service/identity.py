@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from contracts.names import SHARD_USER
+
 if TYPE_CHECKING:
     from worker.config import Settings
 
@@ -41,7 +43,7 @@ class IdentityRule:
     """``LTM_SHARD_IDENTITY``, ``LTM_SHARD_USER`` and ``LTM_TRUSTED_PUBLISHERS`` as one rule."""
 
     mode: str = "checked"
-    user_format: str = "shard-{shard_id}"
+    user_format: str = SHARD_USER
     trusted: frozenset[str] = frozenset({"operator"})
 
     @classmethod

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 import os
 
+from contracts.names import (
+    INVALIDATION_CHANNEL,
+    NOTIFICATIONS_EXCHANGE,
+    TOOL_CALLS_EXCHANGE,
+    TOOL_RESULTS_EXCHANGE,
+)
+
 __all__ = [
     "REDIS_USER_RULES",
     "WORKER_PERMISSIONS",
@@ -28,12 +35,12 @@ WORKER_PERMISSIONS = {
 }
 WORKER_TOPIC_PERMISSIONS = (
     {
-        "exchange": "tomori.tool_calls",
+        "exchange": TOOL_CALLS_EXCHANGE,
         "write": "^$",
         "read": r"^tool\.(create_long_term_memory|remember_this_fact)(\.shard\.[0-9]+)?$",
     },
-    {"exchange": "tomori.tool_results", "write": r"^shard\.[0-9]+$", "read": "^$"},
-    {"exchange": "tomori.notifications", "write": r"^shard\.[0-9]+$", "read": "^$"},
+    {"exchange": TOOL_RESULTS_EXCHANGE, "write": r"^shard\.[0-9]+$", "read": "^$"},
+    {"exchange": NOTIFICATIONS_EXCHANGE, "write": r"^shard\.[0-9]+$", "read": "^$"},
 )
 
 
@@ -41,8 +48,8 @@ WORKER_TOPIC_PERMISSIONS = (
 #: the worker may PUBLISH invalidations (PING and INFO for its probes and `worker check`), a shard may only
 #: SUBSCRIBE to them (and PING); neither may touch a key.
 REDIS_USER_RULES = {
-    "worker": "resetchannels &tomori:cache-invalidation resetkeys -@all +publish +ping +info",
-    "shard": "resetchannels &tomori:cache-invalidation resetkeys -@all +subscribe +ping",
+    "worker": f"resetchannels &{INVALIDATION_CHANNEL} resetkeys -@all +publish +ping +info",
+    "shard": f"resetchannels &{INVALIDATION_CHANNEL} resetkeys -@all +subscribe +ping",
 }
 
 
@@ -62,9 +69,9 @@ def shard_topic_permissions(shard_id: int) -> list[dict[str, str]]:
     own = rf"^shard\.{shard_id}$"
     tool_calls = rf"^tool\.[A-Za-z0-9_]+(\.shard\.{shard_id})?$"
     return [
-        {"exchange": "tomori.tool_calls", "write": tool_calls, "read": "^$"},
-        {"exchange": "tomori.tool_results", "write": "^$", "read": own},
-        {"exchange": "tomori.notifications", "write": "^$", "read": own},
+        {"exchange": TOOL_CALLS_EXCHANGE, "write": tool_calls, "read": "^$"},
+        {"exchange": TOOL_RESULTS_EXCHANGE, "write": "^$", "read": own},
+        {"exchange": NOTIFICATIONS_EXCHANGE, "write": "^$", "read": own},
     ]
 
 

@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
+from contracts import names
 from worker.testing.containers import (
     Container,
     ContainerError,
@@ -89,8 +90,8 @@ DEFAULT_TIMEOUT = 120.0
 VHOST = "/"
 DATABASE = "ltm"
 WORKER_USER = "worker"
-WORK_QUEUE = "ltm.create_memory"
-EXCHANGES = ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications", "tomori.dead_letter")
+WORK_QUEUE = names.WORK_QUEUE
+EXCHANGES = names.EXCHANGES
 
 
 class StackError(Exception):
@@ -117,11 +118,11 @@ class LtmShard:
 
     @property
     def results_queue(self) -> str:
-        return f"tomori.shard.{self.shard_id}.results"
+        return names.shard_queue(self.shard_id, "results")
 
     @property
     def notifications_queue(self) -> str:
-        return f"tomori.shard.{self.shard_id}.notifications"
+        return names.shard_queue(self.shard_id, "notifications")
 
     async def seed(self) -> TryOut:
         """A new guild with a persona and a user in the bot tables; `.event(...)` builds events that name
@@ -338,7 +339,7 @@ class LtmStack:
         the queues again.
         """
         number = next(self._shard_ids) if shard_id is None else shard_id
-        user, password = f"shard-{number}", os.urandom(12).hex()
+        user, password = names.shard_user(number), os.urandom(12).hex()
         api = self.rabbitmq.management
         api.put_user(user, password)
         api.set_permissions(VHOST, user, shard_permissions(number))

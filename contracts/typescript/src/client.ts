@@ -15,29 +15,31 @@ import {
 } from "./errors.js";
 import type { EventContext, Notification, ToolCallEvent, ToolResult } from "./generated/index.js";
 import { consoleLogger, type Logger } from "./logger.js";
+import {
+  NOTIFICATIONS_EXCHANGE,
+  TOOL_CALLS_EXCHANGE,
+  TOOL_RESULTS_EXCHANGE,
+  WORK_QUEUE,
+  shardQueue,
+  shardRoutingKey,
+  shardToolRoutingKey,
+  shardWorkQueue,
+  toolRoutingKey,
+} from "./names.js";
 import { SeenSet } from "./seen.js";
 import { tlsConnectOptions, type LtmTlsOptions } from "./tls.js";
 import type { ResultStatus, ToolName } from "./types.js";
 
-/** Exchange and queue names of CONTRACT.md (fixed). */
-export const TOOL_CALLS_EXCHANGE = "tomori.tool_calls";
-export const TOOL_RESULTS_EXCHANGE = "tomori.tool_results";
-export const NOTIFICATIONS_EXCHANGE = "tomori.notifications";
+/** Exchange and queue names of CONTRACT.md (fixed; generated in names.ts from contracts/names.py). */
+export { NOTIFICATIONS_EXCHANGE, TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, WORK_QUEUE, shardWorkQueue };
 
 /** The shard's own durable queues (deploy/README.md; the shard's user `shard-<id>` may declare only these). */
 export function shardQueues(shardId: number): { results: string; notifications: string; routingKey: string } {
   return {
-    results: `tomori.shard.${shardId}.results`,
-    notifications: `tomori.shard.${shardId}.notifications`,
-    routingKey: `shard.${shardId}`,
+    results: shardQueue(shardId, "results"),
+    notifications: shardQueue(shardId, "notifications"),
+    routingKey: shardRoutingKey(shardId),
   };
-}
-
-/** The worker's work queue (the default name; the worker's topology settings may rename it). */
-export const WORK_QUEUE = "ltm.create_memory";
-/** A shard's own work queue, which the workers bind to the shard's key once they have seen the shard. */
-export function shardWorkQueue(shardId: number): string {
-  return `${WORK_QUEUE}.shard.${shardId}`;
 }
 
 /**
@@ -46,7 +48,8 @@ export function shardWorkQueue(shardId: number): string {
  * shard). See README.md "Routing keys".
  */
 export function toolRoutingKeys(toolName: string, shardId: number): { common: string; perShard: string } {
-  return { common: `tool.${toolName}`, perShard: `tool.${toolName}.shard.${shardId}` };
+  const common = toolRoutingKey(toolName);
+  return { common, perShard: shardToolRoutingKey(common, shardId) };
 }
 
 /** How long the client uses `tool.<name>` after a per-shard publish came back unroutable (`perShardRetryMs`). */
@@ -632,7 +635,8 @@ export class LtmClient {
   }
 
   private isPerShardKey(routingKey: string): boolean {
-    return routingKey.endsWith(`.shard.${this.options.shardId}`);
+    // `.shard.<id>`: what shardToolRoutingKey adds to a tool's key
+    return routingKey.endsWith(shardToolRoutingKey("", this.options.shardId));
   }
 
   private expire(eventId: string, timeoutMs: number): void {

@@ -1,5 +1,6 @@
 // @tomoribot/ltm-client: everything a shard needs to talk to the LTM worker (see README.md).
 export * from "./generated/index.js";
+export * from "./names.js";
 export type { InvalidationKind, NoticeKind, ResultStatus, ToolName } from "./types.js";
 export {
   CLOSE_DRAIN_MS,
@@ -7,13 +8,8 @@ export {
   GUILD_IN_FLIGHT_MAX,
   LtmClient,
   MAX_EVENT_BYTES,
-  NOTIFICATIONS_EXCHANGE,
   PER_SHARD_RETRY_MS,
-  TOOL_CALLS_EXCHANGE,
-  TOOL_RESULTS_EXCHANGE,
-  WORK_QUEUE,
   shardQueues,
-  shardWorkQueue,
   tenantOf,
   toolRoutingKeys,
   userOfUrl,
@@ -23,7 +19,6 @@ export {
   type LtmClientOptions,
 } from "./client.js";
 export {
-  INVALIDATION_CHANNEL,
   InvalidationSubscriber,
   invalidationIdOf,
   type InvalidationSubscriberOptions,

@@ -4,6 +4,7 @@ import { Redis } from "ioredis";
 
 import type { CacheInvalidation } from "./generated/index.js";
 import { consoleLogger, type Logger } from "./logger.js";
+import { INVALIDATION_CHANNEL } from "./names.js";
 import { tlsConnectOptions, type LtmTlsOptions } from "./tls.js";
 
 /** After a server-wide save: `server_disc_id` (the guild, or the user's id in a DM). */
@@ -11,8 +12,8 @@ export type ServerStateInvalidation = Extract<CacheInvalidation, { kind: "tomori
 /** After a personal save: `user_disc_id`. */
 export type UserInvalidation = Extract<CacheInvalidation, { kind: "user" }>;
 
-/** The Redis pub/sub channel of CONTRACT.md. */
-export const INVALIDATION_CHANNEL = "tomori:cache-invalidation";
+/** The Redis pub/sub channel of CONTRACT.md (generated in names.ts from contracts/names.py). */
+export { INVALIDATION_CHANNEL };
 
 /**
  * The `invalidation_id` the worker puts on the invalidations of your save of `eventId` (CONTRACT.md section 6):

@@ -13,6 +13,7 @@ import aio_pika
 import aiormq
 
 from contracts.models import ShardQueueKind, Status, shard_queue
+from contracts.names import shard_routing_key, tool_routing_key
 from worker.broker.events import tool_call_message
 from worker.broker.urls import connect_any
 from worker.config import Settings
@@ -94,13 +95,13 @@ async def send(
         for kind, exchange_name in kinds:
             exchange = await channel.get_exchange(exchange_name, ensure=True)
             queue = await channel.declare_queue(shard_queue(shard, kind), durable=True)
-            await queue.bind(exchange, f"shard.{shard}")
+            await queue.bind(exchange, shard_routing_key(shard))
             queues[kind] = queue
         event = example_event(scope, content, shard=shard)
         tool_calls = await channel.get_exchange(topology.tool_calls_exchange, ensure=True)
         await tool_calls.publish(
             tool_call_message(event, json.dumps(event).encode(), user_id=user_of(node)),
-            routing_key=f"tool.{event['tool_name']}",
+            routing_key=tool_routing_key(event["tool_name"]),
             mandatory=True,
         )
         say(

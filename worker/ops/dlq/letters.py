@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
+from contracts.names import USER_ID_HEADER, common_routing_key, shard_of_work_queue
 from worker.broker.headers import (
     ATTEMPTS,
     DEAD_LETTER_HEADERS,
@@ -30,9 +31,7 @@ from worker.config import Topology
 #: the RabbitMQ user that published the event, as the worker recorded it on the letter (the worker's own
 #: header, like ``x-ltm-attempts``); a replay carries the sender :func:`published_by` finds, so the worker
 #: checks the same identity again
-PUBLISHED_BY = "x-ltm-user-id"
-#: a per-shard routing key (``tool.<name>.shard.<N>``): its ``.shard.<N>`` is dropped on replay
-_SHARD_SUFFIX = re.compile(r"^(tool\..+)\.shard\.[0-9]+$")
+PUBLISHED_BY = USER_ID_HEADER
 
 #: broker-owned headers a replayed message must not carry back into the work queue
 _BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count"})
@@ -173,9 +172,7 @@ def workers_copy(death: Mapping[str, Any], routing_key: str, topology: Topology)
 
 def _is_shard_queue(name: str, topology: Topology) -> bool:
     """``ltm.create_memory.shard.<N>``: a shard's own queue."""
-    prefix = topology.shard_queue_prefix + "."
-    number = name[len(prefix) :] if name.startswith(prefix) else ""
-    return number.isascii() and number.isdigit()
+    return shard_of_work_queue(name, topology.shard_queue_prefix) is not None
 
 
 # --- reading a dead letter ---------------------------------------------------------------------------
@@ -505,8 +502,7 @@ class Selection:
 
 def replay_key(routing_key: str) -> str:
     """``tool.<name>.shard.<N>`` as ``tool.<name>``; any other key as it is."""
-    found = _SHARD_SUFFIX.match(routing_key)
-    return found.group(1) if found else routing_key
+    return common_routing_key(routing_key)
 
 
 def replay_headers(headers: Mapping[str, Any], now: datetime, sender: str) -> dict[str, Any]:

@@ -15,6 +15,14 @@ import type { StartedNetwork, StartedTestContainer } from "testcontainers";
 import { buildContext, type ContextInput } from "../builders.js";
 import type { EventContext } from "../generated/index.js";
 import { RABBITMQ_DEFINITIONS } from "../generated/rabbitmq_definitions.js";
+import {
+  INVALIDATION_CHANNEL,
+  NOTIFICATIONS_EXCHANGE,
+  TOOL_CALLS_EXCHANGE,
+  TOOL_RESULTS_EXCHANGE,
+  WORK_QUEUE,
+  shardUser,
+} from "../names.js";
 import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, WORKER_IMAGE, resolveImage, type ServiceImage } from "./images.js";
 import { WorkerProcess } from "./process.js";
 
@@ -132,8 +140,6 @@ function newPassword(): string {
   return randomBytes(12).toString("hex");
 }
 
-/** The invalidation channel of CONTRACT.md section 6. */
-const INVALIDATION_CHANNEL = "tomori:cache-invalidation";
 /**
  * The Redis users of deploy/redis/users.acl, their rules after the password (test/testing-entry.test.ts keeps
  * them equal to the file's): the worker may PUBLISH to the invalidation channel (and PING, INFO for its probes
@@ -312,16 +318,16 @@ function definitionsWithPasswords(): { definitions: typeof RABBITMQ_DEFINITIONS;
  */
 function shardDefinitions(id: number, password: string): Record<string, unknown> {
   const renumber = (text: string): string => text.replaceAll("shard\\.0", `shard\\.${id}`);
-  const name = `shard-${id}`;
-  const template = RABBITMQ_DEFINITIONS.users.find((u) => u.name === "shard-0");
+  const name = shardUser(id);
+  const template = RABBITMQ_DEFINITIONS.users.find((u) => u.name === shardUser(0));
   if (template === undefined) throw new Error("deploy/rabbitmq/definitions.json has no shard-0 user to copy");
   return {
     users: [{ ...template, name, password_hash: passwordHash(password), hashing_algorithm: "rabbit_password_hashing_sha256" }],
     permissions: RABBITMQ_DEFINITIONS.permissions
-      .filter((p) => p.user === "shard-0")
+      .filter((p) => p.user === shardUser(0))
       .map((p) => ({ ...p, user: name, configure: renumber(p.configure), write: renumber(p.write), read: renumber(p.read) })),
     topic_permissions: RABBITMQ_DEFINITIONS.topic_permissions
-      .filter((p) => p.user === "shard-0")
+      .filter((p) => p.user === shardUser(0))
       .map((p) => ({ ...p, user: name, write: renumber(p.write), read: renumber(p.read) })),
   };
 }
@@ -451,7 +457,7 @@ class RunningStack implements LtmStack {
     return 0;
   }
   get amqpUrl(): string {
-    return urlWithCredentials(this.host, this.amqpPort, "shard-0", this.passwords["shard-0"] ?? "");
+    return urlWithCredentials(this.host, this.amqpPort, shardUser(0), this.passwords[shardUser(0)] ?? "");
   }
   get adminAmqpUrl(): string {
     return urlWithCredentials(this.host, this.amqpPort, this.rabbitAdmin.user, this.rabbitAdmin.password);
@@ -481,7 +487,7 @@ class RunningStack implements LtmStack {
     if (!Number.isInteger(id) || id < 0 || id > 2_147_483_647) throw new RangeError(`shard id ${id}: an integer 0..2147483647`);
     const password = newPassword();
     await this.importDefinitions(shardDefinitions(id, password));
-    return { shardId: id, amqpUrl: urlWithCredentials(this.host, this.amqpPort, `shard-${id}`, password), redisUrl: this.redisUrl };
+    return { shardId: id, amqpUrl: urlWithCredentials(this.host, this.amqpPort, shardUser(id), password), redisUrl: this.redisUrl };
   }
 
   async seed(): Promise<SeededWorld> {
@@ -701,7 +707,7 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
           const connection = await amqp.connect(stack.amqpUrl, { timeout: 5_000 });
           try {
             const channel = await connection.createChannel();
-            for (const exchange of ["tomori.tool_calls", "tomori.tool_results", "tomori.notifications"]) {
+            for (const exchange of [TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, NOTIFICATIONS_EXCHANGE]) {
               await channel.checkExchange(exchange);
             }
             return true;
@@ -775,11 +781,11 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
         return logged.length === count;
       });
       // the broker's own count, at once (the management API's queue statistics lag by up to 5 s)
-      await until(`${count} consumer(s) on ltm.create_memory`, deadline, async () => {
+      await until(`${count} consumer(s) on ${WORK_QUEUE}`, deadline, async () => {
         const connection = await amqp.connect(stack.adminAmqpUrl, { timeout: 5_000 });
         try {
           const channel = await connection.createChannel();
-          return (await channel.checkQueue("ltm.create_memory")).consumerCount >= count;
+          return (await channel.checkQueue(WORK_QUEUE)).consumerCount >= count;
         } finally {
           await connection.close().catch(() => {});
         }
