@@ -60,7 +60,7 @@ def test_the_stack_waits_for_the_contract_exchanges() -> None:
 
 
 def test_a_try_out_event_is_a_contract_event() -> None:
-    try_out = TryOut(1, discord_id(), 2, 3, 4, discord_id(), discord_id(), discord_id())
+    try_out = TryOut(1, discord_id(), 2, 3, 4, discord_id(), discord_id(), discord_id(), 5, discord_id())
     body = try_out.event({"memory_content": "{user} likes dogs", "memory_scope": "server_wide"}, shard_id=7)
     parsed = ToolCallEvent.model_validate_json(json.dumps(body))
     assert parsed.shard_id == 7
