@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,16 @@ def test_the_stack_grants_the_users_of_the_deploy_definitions() -> None:
 def test_the_stack_waits_for_the_contract_exchanges() -> None:
     definitions = json.loads(DEFINITIONS.read_text())
     assert set(stack.EXCHANGES) == {e["name"] for e in definitions["exchanges"]}
+
+
+def test_both_stacks_name_their_database_as_deploy_does() -> None:
+    typescript = (REPO / "contracts/typescript/src/testing/stack.ts").read_text()
+    named = re.search(r'^const DATABASE = "([a-z_]+)";$', typescript, re.M)
+    compose = (REPO / "deploy/compose.yaml").read_text()
+    deployed = re.search(r"^ *LTM_POSTGRES_DSN: postgresql://[^/\s]+/([a-z_]+)\?", compose, re.M)
+    assert named is not None
+    assert deployed is not None
+    assert named[1] == deployed[1] == stack.DATABASE == "tomoribot"
 
 
 def test_a_try_out_event_is_a_contract_event() -> None:

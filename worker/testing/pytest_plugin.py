@@ -5,7 +5,8 @@ Enable it in the root `conftest.py` (or a test module) of the tests that use it:
     pytest_plugins = ["worker.testing.pytest_plugin"]
 
 or on the command line: `pytest -p worker.testing.pytest_plugin`. Needs a Docker engine and the `testing`
-extra (`pip install 'tomoribot-ltm-worker[testing]'`).
+extra, installed from the worker's checkout into the tests' environment
+(`pip install -e '/path/to/checkout[testing]'`).
 
 - `ltm_stack` (session): one `worker.testing.stack.LtmStack` for the test run: Postgres migrated, RabbitMQ
   with the contract's users and topology, Redis, and `LTM_STACK_WORKERS` (default 1) `worker run` processes.

@@ -5,7 +5,7 @@
 1. Postgres, RabbitMQ (management image) and Redis in containers, concurrently (worker/testing/containers.py),
    their ports on 127.0.0.1, Redis with the users of deploy/redis/users.acl (random passwords);
 2. the `worker` RabbitMQ user with the permissions of deploy/rabbitmq/definitions.json;
-3. `worker migrate` on the database `ltm`;
+3. `worker migrate` on the database `tomoribot` (the bot's database in deploy/, and the TypeScript stack's);
 4. one or more `worker run` processes of the installed package (`python -m worker run`), as that user.
 
 It is ready when every worker's `/readyz` says ready (consuming, Postgres and Redis answering) and the
@@ -87,7 +87,7 @@ __all__ = [
 TIMEOUT_ENV = "LTM_STACK_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0
 VHOST = "/"
-DATABASE = "ltm"
+DATABASE = "tomoribot"
 WORKER_USER = "worker"
 WORK_QUEUE = "ltm.create_memory"
 EXCHANGES = ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications", "tomori.dead_letter")
