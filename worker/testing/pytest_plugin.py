@@ -15,8 +15,9 @@ extra, installed from the worker's checkout into the tests' environment
   Redis URL, the Postgres DSN and `await ltm_shard.seed()` for bot rows with a new guild; the user and its
   queues are deleted after the test.
 
-A stack that cannot start fails every test that uses it with one message carrying the containers' and the
-workers' logs (it is not retried per test).
+A stack that cannot start fails every test that uses it with one message: each reason once, the containers'
+and the workers' logs (it is not retried per test); `pytest -v` adds the errors underneath (the Docker
+engine's own, with their tracebacks).
 """
 
 from __future__ import annotations
@@ -38,15 +39,21 @@ def _workers() -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
-@pytest.fixture(scope="session")
-def ltm_stack() -> Iterator[LtmStack]:
-    """The worker and its three services, started once for the session and stopped at its end."""
+def _start(verbose: bool) -> LtmStack:
+    """The stack, or the test failed with its error's report (outside the `except`: one block, no chain)."""
     from worker.testing.stack import LtmStack, StackError
 
     try:
-        stack = LtmStack.start(workers=_workers())
+        return LtmStack.start(workers=_workers())
     except StackError as error:
-        pytest.fail(str(error), pytrace=False)
+        failure = error
+    pytest.fail(failure.report(verbose=verbose), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ltm_stack(request: pytest.FixtureRequest) -> Iterator[LtmStack]:
+    """The worker and its three services, started once for the session and stopped at its end."""
+    stack = _start(request.config.get_verbosity() > 0)
     try:
         yield stack
     finally:

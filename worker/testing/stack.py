@@ -32,9 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
+from worker.redact import describe
 from worker.testing.containers import (
     Container,
     ContainerError,
@@ -93,8 +95,41 @@ WORK_QUEUE = "ltm.create_memory"
 EXCHANGES = ("tomori.tool_calls", "tomori.tool_results", "tomori.notifications", "tomori.dead_letter")
 
 
+UNDERNEATH = "(the errors underneath, with their tracebacks: pytest -v, or StackError.underneath())"
+
+
 class StackError(Exception):
-    """The stack did not become ready in time (or a part of it failed); the message carries the logs."""
+    """The stack did not become ready in time (or a part of it failed); the message carries the reasons,
+    each once, and the logs. It is raised `from None`: the errors underneath (the Docker engine's HTTP
+    errors, a timed-out `worker migrate`) are `causes`, printed by `underneath()`, so a failed start reads
+    as one block."""
+
+    def __init__(self, message: str, causes: Sequence[BaseException] = ()) -> None:
+        super().__init__(message)
+        self.causes = tuple(causes)
+
+    def underneath(self) -> str:
+        """Each cause with its traceback and chain, as Python prints an uncaught error."""
+        return "\n".join("".join(traceback.format_exception(cause)).rstrip() for cause in self.causes)
+
+    def report(self, *, verbose: bool) -> str:
+        """The message, and with `verbose` the errors underneath it."""
+        if not verbose or not self.causes:
+            return str(self)
+        return f"{self}\n\n--- the errors underneath ---\n{self.underneath()}"
+
+
+def reasons(errors: Sequence[BaseException]) -> str:
+    """Each failure's sentence once (an engine that does not answer fails the three services alike), the
+    Docker client's own errors named as the engine's."""
+    lines: list[str] = []
+    for error in errors:
+        text = str(error)
+        if type(error).__module__.split(".")[0] == "docker":
+            text = f"the Docker engine (DOCKER_HOST, else its socket) did not answer: {describe(error)}"
+        if text not in lines:
+            lines.append(text)
+    return "\n\n".join(lines)
 
 
 def stack_timeout(environ: Mapping[str, str] | None = None) -> float:
@@ -208,8 +243,9 @@ class LtmStack:
         if errors:
             for started in containers:
                 started.stop()
-            text = "\n\n".join(str(error) for error in errors)
-            raise StackError(f"the LTM test stack did not start:\n{text}") from errors[0]
+            raise StackError(
+                f"the LTM test stack did not start:\n{reasons(errors)}\n{UNDERNEATH}", errors
+            ) from None
         postgres, rabbitmq, redis = containers
         stack = cls(postgres, rabbitmq, redis, [], "", Path(tempfile.mkdtemp(prefix="ltm-stack-")))
         stack.timings["containers"] = time.monotonic() - began
@@ -219,7 +255,7 @@ class LtmStack:
             logs = stack.logs()
             stack.close()
             if isinstance(error, StackError | ContainerError):
-                raise StackError(f"{error}\n\n{logs}") from error
+                raise StackError(f"{error}\n\n{logs}\n{UNDERNEATH}", [error]) from None
             raise
         stack.start_seconds = time.monotonic() - began
         return stack
