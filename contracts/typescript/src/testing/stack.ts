@@ -1010,15 +1010,16 @@ export async function attachLtmStack(description: string): Promise<LtmStack> {
  * One stack per test process, started by the first call and reused by every later one (the options of the
  * first call count). It stops by itself when the process has nothing left to do (`beforeExit`), or call
  * stopLtmStack() in an `after` hook. With LTM_STACK set (`ltm-stack -- node --test`, a global setup), every
- * process attaches to that one stack instead.
+ * process attaches to that one stack instead. A start that failed is remembered: every later call rejects at
+ * once with the same error (a file's other tests fail in milliseconds instead of starting again each), until
+ * stopLtmStack() forgets it.
  */
 export function getLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
   if (shared === null) {
     const description = process.env.LTM_STACK?.trim();
     shared = description ? attachLtmStack(description) : startLtmStack(options);
-    shared.catch(() => {
-      shared = null;
-    });
+    // kept when it rejects: the callers see the rejection; this only keeps it from counting as unhandled
+    shared.catch(() => {});
     process.once("beforeExit", () => {
       void stopLtmStack();
     });
@@ -1026,7 +1027,7 @@ export function getLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
   return shared;
 }
 
-/** Stop the stack of getLtmStack(), if one was started. */
+/** Stop the stack of getLtmStack(), if one was started; a failed start is forgotten (the next call starts anew). */
 export async function stopLtmStack(): Promise<void> {
   const current = shared;
   shared = null;
