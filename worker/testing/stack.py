@@ -159,8 +159,8 @@ class LtmShard:
         return f"tomori.shard.{self.shard_id}.notifications"
 
     async def seed(self) -> TryOut:
-        """A new guild with a persona and a user in the bot tables; `.event(...)` builds events that name
-        them."""
+        """A new guild with a persona, a user and the member Sparrow in the bot tables
+        (worker/testing/seed.py); `.context()` and `.event(...)` build what names them."""
         return await seed_try_out(self.postgres_dsn)
 
     async def client(self, **options: Any) -> LtmClient:
