@@ -8,6 +8,8 @@ dependencies of this package already:
   :class:`contracts.models.ToolResult`; notices, late and duplicate results, the AMQP ``user_id`` and the
   shard's own routing key with its fallback, the typed refusals of :mod:`contracts.shard.errors`;
 - :class:`InvalidationSubscriber` and :func:`invalidation_id_of`: the Redis invalidations by kind;
+- :func:`build_context` (with :class:`MemberInput`, :class:`ParticipantInput`, :class:`ReplyViaInput`): the
+  event's ``context`` from plain data, the TypeScript kit's ``buildContext``;
 - the message models themselves are :mod:`contracts.models` (``ToolResult``, ``Notification``,
   ``EventContext``, ``Status``).
 """
@@ -23,6 +25,7 @@ from contracts.shard.client import (
     tool_routing_keys,
     user_of_url,
 )
+from contracts.shard.context import MemberInput, ParticipantInput, ReplyViaInput, build_context
 from contracts.shard.errors import (
     InvalidEventError,
     LtmBacklogFullError,
@@ -58,6 +61,10 @@ __all__ = [
     "LtmPublishRejectedError",
     "LtmTimeoutError",
     "LtmUnroutableError",
+    "MemberInput",
+    "ParticipantInput",
+    "ReplyViaInput",
+    "build_context",
     "invalidation_id_of",
     "shard_work_queue",
     "tool_routing_keys",

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aio_pika
+import asyncpg
 import pytest
 
 from contracts.models import Notification, ServerStateInvalidation, Status, ToolResult, UserInvalidation
@@ -49,6 +50,7 @@ from tests.support.wait import eventually
 from worker.broker.topology import work_queue_arguments
 from worker.config import Settings, Topology
 from worker.runner import Worker
+from worker.testing.seed import seed_try_out
 
 WAIT = 60.0
 SHARD = 3
@@ -268,6 +270,39 @@ async def test_saves_through_the_worker_typed_results_the_wire_notices_and_inval
         await client.close()
         await invalidations.close()
         await spy_connection.close()
+
+
+async def test_a_personal_memory_of_the_test_stacks_seeded_member_is_saved(
+    worker: Worker, migrated_dsn: str, rabbitmq_url: str
+) -> None:
+    """worker.testing's seed (what `ltm_shard.seed()` returns) gives the event the member Sparrow, as the
+    TypeScript stack's does: a `target_user` save names them; the same event without them is
+    `user_not_found`."""
+    try_out = await seed_try_out(migrated_dsn)
+    personal = {
+        "memory_content": "{user} likes cats",
+        "memory_scope": "target_user",
+        "target_user": "Sparrow",
+    }
+    async with await LtmClient.connect(rabbitmq_url, SHARD, timeout=WAIT) as client:
+        saved = await client.create_memory(
+            tool_call_id=call_id(), arguments=personal, context=try_out.context()
+        )
+        alone = await client.create_memory(
+            tool_call_id=call_id(), arguments=personal, context=try_out.context(participants=[], members=[])
+        )
+    assert saved.status is Status.SAVED, saved
+    assert saved.data["target_user"] == "Sparrow"
+    assert alone.status is Status.USER_NOT_FOUND, alone
+    connection = await asyncpg.connect(migrated_dsn)
+    try:
+        row = await connection.fetchrow(
+            "SELECT user_id, persona_lineage_id FROM personal_memories WHERE personal_memory_id = $1",
+            saved.data["memory_id"],
+        )
+    finally:
+        await connection.close()
+    assert (row["user_id"], row["persona_lineage_id"]) == (try_out.member_user_id, try_out.persona_lineage_id)
 
 
 async def test_with_the_shards_own_queue_bound_the_event_lands_there_by_its_key(rabbitmq_url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,18 @@ def test_the_stack_waits_for_the_contract_exchanges() -> None:
     assert set(stack.EXCHANGES) == {e["name"] for e in definitions["exchanges"]}
 
 
+def test_both_stacks_name_their_database_as_deploy_does() -> None:
+    typescript = (REPO / "contracts/typescript/src/testing/stack.ts").read_text()
+    named = re.search(r'^const DATABASE = "([a-z_]+)";$', typescript, re.M)
+    compose = (REPO / "deploy/compose.yaml").read_text()
+    deployed = re.search(r"^ *LTM_POSTGRES_DSN: postgresql://[^/\s]+/([a-z_]+)\?", compose, re.M)
+    assert named is not None
+    assert deployed is not None
+    assert named[1] == deployed[1] == stack.DATABASE == "tomoribot"
+
+
 def test_a_try_out_event_is_a_contract_event() -> None:
-    try_out = TryOut(1, discord_id(), 2, 3, 4, discord_id(), discord_id(), discord_id())
+    try_out = TryOut(1, discord_id(), 2, 3, 4, discord_id(), discord_id(), discord_id(), 5, discord_id())
     body = try_out.event({"memory_content": "{user} likes dogs", "memory_scope": "server_wide"}, shard_id=7)
     parsed = ToolCallEvent.model_validate_json(json.dumps(body))
     assert parsed.shard_id == 7

@@ -295,7 +295,9 @@ def test_without_the_packages_it_warns_once_and_runs_untraced(monkeypatch: pytes
             assert span.traceparent == TRACEPARENT
     [(event, fields)] = recording.warnings
     assert "not installed" in event
-    assert fields["install"] == "pip install 'tomoribot-ltm-worker[tracing]'"
+    assert fields["install"] == (
+        "pip install -e '/path/to/checkout[tracing]' (the tracing extra, from the worker's checkout)"
+    )
     assert fields["tracing"] == "otlp"
 
 

@@ -239,8 +239,8 @@ class Settings(BaseModel):
     tracing: Annotated[TracingMode, Env("LTM_TRACING", Choice(TRACING_MODES), "--tracing")] = Field(
         "off",
         description="`otlp` (configured by the `OTEL_EXPORTER_OTLP_*` variables) or `console`: an "
-        "OpenTelemetry span per event (needs "
-        "`pip install 'tomoribot-ltm-worker[tracing]'`)",
+        "OpenTelemetry span per event (needs the `tracing` extra, from the worker's checkout: "
+        "`pip install -e '/path/to/checkout[tracing]'`)",
     )
     topology: Topology = Field(default_factory=Topology)
     #: settings that were given but invalid, as (variable, raw value, default used); those of a ``strict``

@@ -42,7 +42,7 @@ OFF = "off"
 OTLP = "otlp"
 CONSOLE = "console"
 SERVICE_NAME = "tomoribot-ltm-worker"
-INSTALL_HINT = "pip install 'tomoribot-ltm-worker[tracing]'"
+INSTALL_HINT = "pip install -e '/path/to/checkout[tracing]' (the tracing extra, from the worker's checkout)"
 #: how long the worker's exit waits for the last spans to be exported
 SHUTDOWN_SECONDS = 5.0
 

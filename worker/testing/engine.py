@@ -82,7 +82,7 @@ def owner() -> str:
 PROBE_TIMEOUT = 5.0
 POLL_SECONDS = 0.2
 LOG_LINES = 40
-INSTALL_HINT = "pip install 'tomoribot-ltm-worker[testing]' (testcontainers)"
+INSTALL_HINT = "pip install -e '/path/to/checkout[testing]' (the testing extra, from the worker's checkout)"
 
 
 class ContainerError(Exception):

@@ -5,7 +5,8 @@ Enable it in the root `conftest.py` (or a test module) of the tests that use it:
     pytest_plugins = ["worker.testing.pytest_plugin"]
 
 or on the command line: `pytest -p worker.testing.pytest_plugin`. Needs a Docker engine and the `testing`
-extra (`pip install 'tomoribot-ltm-worker[testing]'`).
+extra, installed from the worker's checkout into the tests' environment
+(`pip install -e '/path/to/checkout[testing]'`).
 
 - `ltm_stack` (session): one `worker.testing.stack.LtmStack` for the test run: Postgres migrated, RabbitMQ
   with the contract's users and topology, Redis, and `LTM_STACK_WORKERS` (default 1) `worker run` processes.
@@ -14,8 +15,9 @@ extra (`pip install 'tomoribot-ltm-worker[testing]'`).
   Redis URL, the Postgres DSN and `await ltm_shard.seed()` for bot rows with a new guild; the user and its
   queues are deleted after the test.
 
-A stack that cannot start fails every test that uses it with one message carrying the containers' and the
-workers' logs (it is not retried per test).
+A stack that cannot start fails every test that uses it with one message: each reason once, the containers'
+and the workers' logs (it is not retried per test); `pytest -v` adds the errors underneath (the Docker
+engine's own, with their tracebacks).
 """
 
 from __future__ import annotations
@@ -37,15 +39,21 @@ def _workers() -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
-@pytest.fixture(scope="session")
-def ltm_stack() -> Iterator[LtmStack]:
-    """The worker and its three services, started once for the session and stopped at its end."""
+def _start(verbose: bool) -> LtmStack:
+    """The stack, or the test failed with its error's report (outside the `except`: one block, no chain)."""
     from worker.testing.stack import LtmStack, StackError
 
     try:
-        stack = LtmStack.start(workers=_workers())
+        return LtmStack.start(workers=_workers())
     except StackError as error:
-        pytest.fail(str(error), pytrace=False)
+        failure = error
+    pytest.fail(failure.report(verbose=verbose), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ltm_stack(request: pytest.FixtureRequest) -> Iterator[LtmStack]:
+    """The worker and its three services, started once for the session and stopped at its end."""
+    stack = _start(request.config.get_verbosity() > 0)
     try:
         yield stack
     finally:

@@ -1,7 +1,10 @@
-"""Bot rows for a try-out: a server (guild), a persona and a user, as the bot itself would have created them,
-and tool-call events that name them (CONTRACT.md section 3).
+"""Bot rows for a try-out: a server (guild), a persona, the triggering user and a second member "Sparrow", as
+the bot itself would have created them, and tool-call events that name them (CONTRACT.md section 3).
 
-Each call makes a new guild and user with random Discord ids, so tests sharing one database never meet.
+Each call makes a new guild and users with random Discord ids, so tests sharing one database never meet.
+The seed is the TypeScript stack's (`seed()` of `@tomoribot/ltm-client/testing`): Sparrow is in the event's
+context as a participant and a guild member, so a personal memory (`"memory_scope": "target_user",
+"target_user": "Sparrow"`) is saved as it would be in the bot.
 """
 
 from __future__ import annotations
@@ -12,7 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["TryOut", "discord_id", "seed_try_out"]
+from contracts.shard.context import MemberInput, ParticipantInput, build_context
+
+__all__ = ["MEMBER_LABEL", "MEMBER_USERNAME", "TryOut", "discord_id", "seed_try_out"]
+
+#: the seeded second member: their username, and the global name and label a `target_user` names them by
+MEMBER_USERNAME = "sparrow_ow"
+MEMBER_LABEL = "Sparrow"
 
 
 def discord_id() -> str:
@@ -32,6 +41,9 @@ class TryOut:
     user_disc_id: str
     channel_disc_id: str
     bot_user_disc_id: str
+    #: the second member, "Sparrow": `users.user_id` and Discord id
+    member_user_id: int
+    member_disc_id: str
 
     def event(
         self,
@@ -57,27 +69,30 @@ class TryOut:
             "context": self.context(),
         }
 
-    def context(self) -> dict[str, Any]:
-        """The event's ``context`` in this guild: its user triggers, to this persona (no participants or
-        members); what ``contracts.shard.LtmClient.create_memory(context=...)`` takes."""
-        return {
-            "guild_disc_id": self.guild_disc_id,
-            "channel_disc_id": self.channel_disc_id,
-            "thread_id": None,
-            "triggering_user_disc_id": self.user_disc_id,
-            "bot_user_disc_id": self.bot_user_disc_id,
+    def context(self, **overrides: Any) -> dict[str, Any]:
+        """The event's ``context`` in this guild (``contracts.shard.build_context``): its user triggers, to
+        this persona, with Sparrow as participant and member; what
+        ``contracts.shard.LtmClient.create_memory(context=...)`` takes. ``overrides`` are ``build_context``'s
+        parameters (``participants=[]``, ``thread_id=...``)."""
+        sparrow = self.member_disc_id
+        inputs: dict[str, Any] = {
+            "guild_id": self.guild_disc_id,
+            "channel_id": self.channel_disc_id,
+            "user_id": self.user_disc_id,
+            "bot_user_id": self.bot_user_disc_id,
             "persona_id": self.persona_id,
-            "reply_via": None,
-            "participants": [],
-            "guild_members": [],
+            "participants": [ParticipantInput(sparrow, MEMBER_LABEL, (MEMBER_LABEL, MEMBER_USERNAME))],
+            "members": [MemberInput(sparrow, MEMBER_USERNAME, MEMBER_LABEL)],
         }
+        return build_context(**{**inputs, **overrides})
 
 
 async def seed_try_out(postgres_dsn: str, *, persona_nickname: str = "Tomori") -> TryOut:
-    """Insert a server, a persona of it and a user into the migrated database at `postgres_dsn`."""
+    """Insert a server, a persona of it, a user and the member Sparrow into the migrated database at
+    `postgres_dsn`."""
     import asyncpg
 
-    guild, user_disc_id = discord_id(), discord_id()
+    guild, user_disc_id, member_disc_id = discord_id(), discord_id(), discord_id()
     connection = await asyncpg.connect(postgres_dsn, timeout=10)
     try:
         async with connection.transaction():
@@ -90,9 +105,9 @@ async def seed_try_out(postgres_dsn: str, *, persona_nickname: str = "Tomori") -
                 server_id,
                 persona_nickname,
             )
-            user_id = await connection.fetchval(
-                "INSERT INTO users (user_disc_id) VALUES ($1) RETURNING user_id", user_disc_id
-            )
+            add_user = "INSERT INTO users (user_disc_id) VALUES ($1) RETURNING user_id"
+            user_id = await connection.fetchval(add_user, user_disc_id)
+            member_user_id = await connection.fetchval(add_user, member_disc_id)
     finally:
         await connection.close()
     return TryOut(
@@ -104,4 +119,6 @@ async def seed_try_out(postgres_dsn: str, *, persona_nickname: str = "Tomori") -
         user_disc_id=user_disc_id,
         channel_disc_id=discord_id(),
         bot_user_disc_id=discord_id(),
+        member_user_id=int(member_user_id),
+        member_disc_id=member_disc_id,
     )

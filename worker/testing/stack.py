@@ -5,7 +5,7 @@
 1. Postgres, RabbitMQ (management image) and Redis in containers, concurrently (worker/testing/containers.py),
    their ports on 127.0.0.1, Redis with the users of deploy/redis/users.acl (random passwords);
 2. the `worker` RabbitMQ user with the permissions of deploy/rabbitmq/definitions.json;
-3. `worker migrate` on the database `ltm`;
+3. `worker migrate` on the database `tomoribot` (the bot's database in deploy/, and the TypeScript stack's);
 4. one or more `worker run` processes of the installed package (`python -m worker run`), as that user.
 
 It is ready when every worker's `/readyz` says ready (consuming, Postgres and Redis answering) and the
@@ -32,9 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 from contracts import names
+from worker.redact import describe
 from worker.testing.containers import (
     Container,
     ContainerError,
@@ -88,14 +90,47 @@ __all__ = [
 TIMEOUT_ENV = "LTM_STACK_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0
 VHOST = "/"
-DATABASE = "ltm"
+DATABASE = "tomoribot"
 WORKER_USER = "worker"
 WORK_QUEUE = names.WORK_QUEUE
 EXCHANGES = names.EXCHANGES
 
 
+UNDERNEATH = "(the errors underneath, with their tracebacks: pytest -v, or StackError.underneath())"
+
+
 class StackError(Exception):
-    """The stack did not become ready in time (or a part of it failed); the message carries the logs."""
+    """The stack did not become ready in time (or a part of it failed); the message carries the reasons,
+    each once, and the logs. It is raised `from None`: the errors underneath (the Docker engine's HTTP
+    errors, a timed-out `worker migrate`) are `causes`, printed by `underneath()`, so a failed start reads
+    as one block."""
+
+    def __init__(self, message: str, causes: Sequence[BaseException] = ()) -> None:
+        super().__init__(message)
+        self.causes = tuple(causes)
+
+    def underneath(self) -> str:
+        """Each cause with its traceback and chain, as Python prints an uncaught error."""
+        return "\n".join("".join(traceback.format_exception(cause)).rstrip() for cause in self.causes)
+
+    def report(self, *, verbose: bool) -> str:
+        """The message, and with `verbose` the errors underneath it."""
+        if not verbose or not self.causes:
+            return str(self)
+        return f"{self}\n\n--- the errors underneath ---\n{self.underneath()}"
+
+
+def reasons(errors: Sequence[BaseException]) -> str:
+    """Each failure's sentence once (an engine that does not answer fails the three services alike), the
+    Docker client's own errors named as the engine's."""
+    lines: list[str] = []
+    for error in errors:
+        text = str(error)
+        if type(error).__module__.split(".")[0] == "docker":
+            text = f"the Docker engine (DOCKER_HOST, else its socket) did not answer: {describe(error)}"
+        if text not in lines:
+            lines.append(text)
+    return "\n\n".join(lines)
 
 
 def stack_timeout(environ: Mapping[str, str] | None = None) -> float:
@@ -125,8 +160,8 @@ class LtmShard:
         return names.shard_queue(self.shard_id, "notifications")
 
     async def seed(self) -> TryOut:
-        """A new guild with a persona and a user in the bot tables; `.event(...)` builds events that name
-        them."""
+        """A new guild with a persona, a user and the member Sparrow in the bot tables
+        (worker/testing/seed.py); `.context()` and `.event(...)` build what names them."""
         return await seed_try_out(self.postgres_dsn)
 
     async def client(self, **options: Any) -> LtmClient:
@@ -209,8 +244,9 @@ class LtmStack:
         if errors:
             for started in containers:
                 started.stop()
-            text = "\n\n".join(str(error) for error in errors)
-            raise StackError(f"the LTM test stack did not start:\n{text}") from errors[0]
+            raise StackError(
+                f"the LTM test stack did not start:\n{reasons(errors)}\n{UNDERNEATH}", errors
+            ) from None
         postgres, rabbitmq, redis = containers
         stack = cls(postgres, rabbitmq, redis, [], "", Path(tempfile.mkdtemp(prefix="ltm-stack-")))
         stack.timings["containers"] = time.monotonic() - began
@@ -220,7 +256,7 @@ class LtmStack:
             logs = stack.logs()
             stack.close()
             if isinstance(error, StackError | ContainerError):
-                raise StackError(f"{error}\n\n{logs}") from error
+                raise StackError(f"{error}\n\n{logs}\n{UNDERNEATH}", [error]) from None
             raise
         stack.start_seconds = time.monotonic() - began
         return stack

@@ -4,7 +4,9 @@
 // management API (LTM_TEST_RABBITMQ_MANAGEMENT_URL, else port 15672 of the broker's host): HTTP calls of
 // milliseconds; `rabbitmqctl` (an Erlang VM's start, about 1.2 s a call) only where no API answers. Databases
 // are copies of one template migrated once per `npm test` (LTM_TS_TEMPLATE_DB, made by test/run.ts), else of a
-// template this process migrates the first time a stack asks.
+// template this process migrates the first time a stack asks. Waits, the management API and worker processes are
+// the testing entry's own (src/testing/wait.ts, management.ts, process.ts): what a shard team's stack runs on is
+// what these tests run on.
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, mkdirSync, rmSync, writeFileSync, chmodSync, copyFileSync } from "node:fs";
@@ -16,7 +18,9 @@ import { promisify } from "node:util";
 
 import pg from "pg";
 
+import { ManagementClient } from "../src/testing/management.js";
 import { WorkerProcess } from "../src/testing/process.js";
+import { Deadline, StopWaiting, sleep, until } from "../src/testing/wait.js";
 
 export { WorkerProcess };
 
@@ -48,20 +52,22 @@ export function hex(): string {
   return randomBytes(4).toString("hex");
 }
 
-/** Poll until `check` returns a value other than undefined/false; fail after `timeoutMs` naming `what`. */
+/**
+ * Poll until `check` returns a value other than undefined/false, and return it: the kit's `until` on a deadline of
+ * `timeoutMs`; an error `check` throws ends the wait at once (a test's check does not fail "not yet").
+ */
 export async function waitFor<T>(what: string, check: () => T | undefined | false | Promise<T | undefined | false>, timeoutMs = 30_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined && value !== false) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(50);
-  }
+  const checked = async (): Promise<T | undefined | false> => {
+    try {
+      return await check();
+    } catch (error) {
+      throw new StopWaiting(`${what}: ${error instanceof Error ? error.message : String(error)}`, { cause: error });
+    }
+  };
+  return until(what, new Deadline(timeoutMs), checked, 50);
 }
 
-export function sleep(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms));
-}
+export { sleep };
 
 /** rabbitmqctl, against the machine's node or `node`. */
 export async function rabbitmqctl(args: string[], node?: string): Promise<string> {
@@ -89,64 +95,15 @@ export interface BrokerAdmin {
 export const MANAGEMENT_URL =
   process.env.LTM_TEST_RABBITMQ_MANAGEMENT_URL ?? `http://${new URL(RABBITMQ_URL).hostname}:15672`;
 
-/** The management API as the URL's user. */
-class ManagementApi implements BrokerAdmin {
-  private readonly auth: string;
-
-  constructor(readonly baseUrl: string, user: string, password: string) {
-    this.auth = `Basic ${Buffer.from(`${user}:${password}`).toString("base64")}`;
-  }
-
-  async call(method: string, path: string, body?: unknown, allow404 = false): Promise<Response> {
-    const response = await fetch(`${this.baseUrl.replace(/\/$/, "")}${path}`, {
-      method,
-      headers: { authorization: this.auth, "content-type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-      signal: AbortSignal.timeout(30_000),
-    });
-    if (!response.ok && !(allow404 && response.status === 404)) {
-      throw new Error(`${method} ${path}: ${response.status} ${await response.text()}`);
-    }
-    return response;
-  }
-
-  async answers(): Promise<boolean> {
-    try {
-      return (await this.call("GET", "/api/overview")).ok;
-    } catch {
-      return false;
-    }
-  }
-
+/** The kit's management client (src/testing/management.ts) as the URL's user, with a test's vhost and tracing. */
+class ManagementApi extends ManagementClient implements BrokerAdmin {
   async addVhost(vhost: string, user: string): Promise<void> {
-    await this.call("PUT", `/api/vhosts/${encodeURIComponent(vhost)}`, {});
+    await this.putVhost(vhost);
     await this.setPermissions(vhost, user, ".*", ".*", ".*");
   }
 
-  async deleteVhost(vhost: string): Promise<void> {
-    await this.call("DELETE", `/api/vhosts/${encodeURIComponent(vhost)}`, undefined, true);
-  }
-
-  async addUser(user: string, password: string): Promise<void> {
-    await this.call("PUT", `/api/users/${encodeURIComponent(user)}`, { password, tags: "" });
-  }
-
-  async deleteUser(user: string): Promise<void> {
-    await this.call("DELETE", `/api/users/${encodeURIComponent(user)}`, undefined, true);
-  }
-
-  async setPermissions(vhost: string, user: string, configure: string, write: string, read: string): Promise<void> {
-    const path = `/api/permissions/${encodeURIComponent(vhost)}/${encodeURIComponent(user)}`;
-    await this.call("PUT", path, { configure, write, read });
-  }
-
-  async setTopicPermissions(vhost: string, user: string, exchange: string, write: string, read: string): Promise<void> {
-    const path = `/api/topic-permissions/${encodeURIComponent(vhost)}/${encodeURIComponent(user)}`;
-    await this.call("PUT", path, { exchange, write, read });
-  }
-
   async tracing(vhost: string, on: boolean): Promise<void> {
-    await this.call("PUT", `/api/vhosts/${encodeURIComponent(vhost)}`, { tracing: on });
+    await this.putVhost(vhost, { tracing: on });
   }
 }
 
@@ -196,6 +153,7 @@ export function broker(): Promise<BrokerAdmin> {
       MANAGEMENT_URL,
       decodeURIComponent(url.username || "guest"),
       decodeURIComponent(url.password || "guest"),
+      30_000,
     );
     return (await api.answers()) ? api : new Rabbitmqctl();
   })();

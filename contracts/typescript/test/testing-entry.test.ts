@@ -9,7 +9,15 @@ import { join } from "node:path";
 import { test } from "node:test";
 
 import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, SERVICE_IMAGES, resolveImage } from "../src/testing/images.js";
-import { LtmStackStartError, REDIS_USER_RULES, findWorkerBin, publishAddressFor, startLtmStack } from "../src/testing/stack.js";
+import {
+  LtmStackStartError,
+  REDIS_USER_RULES,
+  findWorkerBin,
+  getLtmStack,
+  publishAddressFor,
+  startLtmStack,
+  stopLtmStack,
+} from "../src/testing/stack.js";
 import { PACKAGE_ROOT, REPO_ROOT } from "./harness.js";
 
 interface PythonImage {
@@ -121,6 +129,28 @@ test("a worker that cannot be found fails the start before any container or engi
   assert.ok(error instanceof LtmStackStartError, String(error));
   assert.equal(error.step, "finding the worker");
   assert.match(error.message, /the workerBin option names \/nonexistent\/ltm\/worker, which is not an executable file/);
+});
+
+test("getLtmStack remembers a failed start: later calls reject at once with its error, until stopLtmStack", async () => {
+  const attached = process.env.LTM_STACK;
+  delete process.env.LTM_STACK;
+  const failed = (promise: Promise<unknown>) => promise.then(() => assert.fail("the start succeeded"), (error: unknown) => error);
+  try {
+    const first = await failed(getLtmStack({ workerBin: "/nonexistent/ltm/first" }));
+    assert.ok(first instanceof LtmStackStartError, String(first));
+    assert.match(first.message, /\/nonexistent\/ltm\/first/);
+    // a second start would look for this worker and name it: the same error object says none was made
+    const second = await failed(getLtmStack({ workerBin: "/nonexistent/ltm/second" }));
+    assert.equal(second, first);
+    await stopLtmStack();
+    const anew = await failed(getLtmStack({ workerBin: "/nonexistent/ltm/second" }));
+    assert.ok(anew instanceof LtmStackStartError, String(anew));
+    assert.notEqual(anew, first);
+    assert.match(anew.message, /\/nonexistent\/ltm\/second/);
+  } finally {
+    await stopLtmStack();
+    if (attached !== undefined) process.env.LTM_STACK = attached;
+  }
 });
 
 test("ports are published on 127.0.0.1 for a loopback engine, or for a guessed host that is this machine's own address", async () => {

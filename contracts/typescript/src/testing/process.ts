@@ -4,12 +4,10 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { closeSync, existsSync, openSync, readFileSync } from "node:fs";
 
+import { sleep } from "./wait.js";
+
 /** How much of the log an error message quotes. */
 const TAIL_CHARS = 3000;
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms));
-}
 
 /**
  * A `worker` child (`run --log-format json` unless told) in a process group of its own, so a stop reaches the

@@ -24,7 +24,9 @@ import {
   shardUser,
 } from "../names.js";
 import { POSTGRES_IMAGE, RABBITMQ_IMAGE, REDIS_IMAGE, WORKER_IMAGE, resolveImage, type ServiceImage } from "./images.js";
+import { ManagementClient } from "./management.js";
 import { WorkerProcess } from "./process.js";
+import { Deadline, StopWaiting, allOrAbandon, until } from "./wait.js";
 
 /** The label every container of a stack carries (its value: the stack's id; the Python stack uses the same key), to find leftovers. */
 export const STACK_LABEL = "org.tomoribot.ltm.testing";
@@ -187,86 +189,6 @@ class LogBook {
       stream.on("error", () => {});
     };
   }
-}
-
-class Deadline {
-  private readonly end: number;
-  private readonly abandonHooks: Array<() => void> = [];
-  /** another step failed: every wait on this deadline stops at its next look */
-  abandoned = false;
-  constructor(readonly ms: number) {
-    this.end = Date.now() + ms;
-  }
-  left(): number {
-    return Math.max(0, this.end - Date.now());
-  }
-  passed(): boolean {
-    return Date.now() >= this.end;
-  }
-  abandon(): void {
-    if (this.abandoned) return;
-    this.abandoned = true;
-    for (const hook of this.abandonHooks.splice(0)) hook();
-  }
-  /** Run `hook` when the start is abandoned (kill a child process); returns the way to take it back. */
-  onAbandon(hook: () => void): () => void {
-    this.abandonHooks.push(hook);
-    return () => {
-      const at = this.abandonHooks.indexOf(hook);
-      if (at >= 0) this.abandonHooks.splice(at, 1);
-    };
-  }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms));
-}
-
-/** Thrown inside `until` to stop waiting at once (a worker that exited will not become ready). */
-class StopWaiting extends Error {}
-
-/**
- * Steps that run at once: the first failure abandons the others (their waits stop at once), and this rejects
- * with it only when every step has settled, so nothing of a failed start runs on (newcomer review 4, F3: a step
- * still polling kept the process alive until the deadline).
- */
-async function allOrAbandon(deadline: Deadline, steps: Array<Promise<unknown>>): Promise<void> {
-  let first: { error: unknown } | null = null;
-  await Promise.allSettled(
-    steps.map((step) =>
-      step.catch((error: unknown) => {
-        first ??= { error };
-        deadline.abandon();
-      }),
-    ),
-  );
-  if (first !== null) throw (first as { error: unknown }).error;
-}
-
-/** Retry `attempt` until it returns true (a thrown error counts as "not yet"); the last error in the failure. */
-async function until(what: string, deadline: Deadline, attempt: () => Promise<boolean>): Promise<void> {
-  let last = "";
-  for (;;) {
-    if (deadline.abandoned) throw new StopWaiting(`${what}: abandoned (another step failed)`);
-    try {
-      if (await attempt()) return;
-    } catch (error) {
-      if (error instanceof StopWaiting) throw error;
-      last = describeError(error);
-    }
-    if (deadline.passed()) throw new Error(`${what}: not within the deadline (${deadline.ms} ms)${last ? `; last error: ${last}` : ""}`);
-    await sleep(100);
-  }
-}
-
-/** An error's message with its causes: fetch's "fetch failed" alone does not say "ECONNREFUSED 172.17.0.1:32771". */
-function describeError(error: unknown): string {
-  const parts: string[] = [];
-  for (let e: unknown = error; e !== undefined && e !== null && parts.length < 4; e = (e as { cause?: unknown }).cause) {
-    parts.push(e instanceof Error ? e.message : String(e));
-    if (!(e instanceof Error)) break;
-  }
-  return parts.join(": ");
 }
 
 /**
@@ -466,27 +388,16 @@ class RunningStack implements LtmStack {
     return `http://${this.host}:${this.managementPort}`;
   }
 
-  /** A call of RabbitMQ's HTTP API as the stack's administrator. */
-  async management(method: string, path: string, body?: unknown): Promise<Response> {
-    const auth = Buffer.from(`${this.rabbitAdmin.user}:${this.rabbitAdmin.password}`).toString("base64");
-    return fetch(`${this.managementUrl}${path}`, {
-      method,
-      headers: { authorization: `Basic ${auth}`, "content-type": "application/json" },
-      body: body === undefined ? null : JSON.stringify(body),
-      signal: AbortSignal.timeout(10_000),
-    });
-  }
-
-  async importDefinitions(definitions: unknown): Promise<void> {
-    const response = await this.management("POST", "/api/definitions", definitions);
-    if (!response.ok) throw new Error(`importing definitions: HTTP ${response.status} ${await response.text()}`);
+  /** RabbitMQ's HTTP API as the stack's administrator. */
+  get management(): ManagementClient {
+    return new ManagementClient(this.managementUrl, this.rabbitAdmin.user, this.rabbitAdmin.password);
   }
 
   async newShard(shardId?: number): Promise<StackShard> {
     const id = shardId ?? randomInt(1_000, 2_000_000_000);
     if (!Number.isInteger(id) || id < 0 || id > 2_147_483_647) throw new RangeError(`shard id ${id}: an integer 0..2147483647`);
     const password = newPassword();
-    await this.importDefinitions(shardDefinitions(id, password));
+    await this.management.importDefinitions(shardDefinitions(id, password));
     return { shardId: id, amqpUrl: urlWithCredentials(this.host, this.amqpPort, shardUser(id), password), redisUrl: this.redisUrl };
   }
 
@@ -699,9 +610,9 @@ export async function startLtmStack(options: LtmStackOptions = {}): Promise<LtmS
 
     await allOrAbandon(deadline, [
       timed("RabbitMQ: definitions imported, topology seen as shard-0", async () => {
-        await until(`RabbitMQ's management API (${stack.managementUrl})`, deadline, async () => (await stack.management("GET", "/api/overview")).ok);
+        await until(`RabbitMQ's management API (${stack.managementUrl})`, deadline, async () => (await stack.management.request("GET", "/api/overview")).ok);
         const { definitions, passwords } = definitionsWithPasswords();
-        await stack.importDefinitions(definitions);
+        await stack.management.importDefinitions(definitions);
         stack.passwords = passwords;
         await until("the contract's exchanges, as shard-0 over AMQP", deadline, async () => {
           const connection = await amqp.connect(stack.amqpUrl, { timeout: 5_000 });
@@ -1004,7 +915,7 @@ export async function attachLtmStack(description: string): Promise<LtmStack> {
   const stack = new RunningStack();
   Object.assign(stack, parsed, { owned: false });
   stack.pg = (await optionalPeer<{ default: Pg }>("pg")).default;
-  const overview = await stack.management("GET", "/api/overview").catch((error: Error) => error);
+  const overview = await stack.management.request("GET", "/api/overview").catch((error: Error) => error);
   if (overview instanceof Error || !overview.ok) {
     const why = overview instanceof Error ? overview.message : `HTTP ${overview.status}`;
     throw new Error(`the stack ${parsed.id} of LTM_STACK does not answer (${why}): has its owner stopped it?`);
@@ -1016,15 +927,16 @@ export async function attachLtmStack(description: string): Promise<LtmStack> {
  * One stack per test process, started by the first call and reused by every later one (the options of the
  * first call count). It stops by itself when the process has nothing left to do (`beforeExit`), or call
  * stopLtmStack() in an `after` hook. With LTM_STACK set (`ltm-stack -- node --test`, a global setup), every
- * process attaches to that one stack instead.
+ * process attaches to that one stack instead. A start that failed is remembered: every later call rejects at
+ * once with the same error (a file's other tests fail in milliseconds instead of starting again each), until
+ * stopLtmStack() forgets it.
  */
 export function getLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
   if (shared === null) {
     const description = process.env.LTM_STACK?.trim();
     shared = description ? attachLtmStack(description) : startLtmStack(options);
-    shared.catch(() => {
-      shared = null;
-    });
+    // kept when it rejects: the callers see the rejection; this only keeps it from counting as unhandled
+    shared.catch(() => {});
     process.once("beforeExit", () => {
       void stopLtmStack();
     });
@@ -1032,7 +944,7 @@ export function getLtmStack(options: LtmStackOptions = {}): Promise<LtmStack> {
   return shared;
 }
 
-/** Stop the stack of getLtmStack(), if one was started. */
+/** Stop the stack of getLtmStack(), if one was started; a failed start is forgotten (the next call starts anew). */
 export async function stopLtmStack(): Promise<void> {
   const current = shared;
   shared = null;
