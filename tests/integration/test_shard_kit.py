@@ -45,6 +45,7 @@ from contracts.shard import (
 from tests.factories import BOT, CHANNEL, GUILD, TRIGGER, BotRows, World, member, participant
 from tests.services import is_this_machine
 from tests.support.commands import run_command
+from tests.support.harness import queue_depth
 from tests.support.outages import PrivateRedis, find_redis_server
 from tests.support.wait import eventually
 from worker.broker.topology import work_queue_arguments
@@ -583,16 +584,6 @@ async def test_one_guild_cannot_fill_its_shards_queue_ahead_of_the_others(rabbit
     finally:
         await client.close()
     assert all(isinstance(r, LtmClosedError) for r in await asyncio.gather(*waiting[1:], *others, again))
-
-
-async def queue_depth(url: str, name: str) -> int:
-    connection = await aio_pika.connect(url)
-    try:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(name, passive=True)
-        return int(queue.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
 
 
 async def _depth_reaches(url: str, name: str, depth: int) -> bool:

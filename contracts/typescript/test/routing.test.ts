@@ -51,6 +51,12 @@ async function declareExchanges(url: string, body?: (channel: amqp.Channel) => P
   }
 }
 
+/** The shard's own queue as the workers declare it, bound with its keys. */
+async function ownQueue(channel: amqp.Channel): Promise<void> {
+  await channel.assertQueue(OWN_QUEUE, { durable: true, arguments: workQueueArguments() });
+  for (const tool of TOOLS) await channel.bindQueue(OWN_QUEUE, "tomori.tool_calls", `tool.${tool}.shard.${SHARD}`);
+}
+
 /** A call whose outcome is taken at once (so a rejection is handled when it happens). */
 function outcome(kit: Harnessed, request: Partial<Parameters<Harnessed["client"]["createMemory"]>[0]> = {}): Promise<ToolResult | Error> {
   return kit.client
@@ -160,10 +166,7 @@ test("with the shard's own queue bound (as the workers bind it): the event lands
   const vhost = await createVhost();
   let kit: Harnessed | undefined;
   try {
-    await declareExchanges(vhost.url, async (channel) => {
-      await channel.assertQueue(OWN_QUEUE, { durable: true, arguments: workQueueArguments() });
-      for (const tool of TOOLS) await channel.bindQueue(OWN_QUEUE, "tomori.tool_calls", `tool.${tool}.shard.${SHARD}`);
-    });
+    await declareExchanges(vhost.url, ownQueue);
     kit = await connectClient(vhost.url);
     const calls = [outcome(kit), outcome(kit, { toolName: "remember_this_fact", eventId: randomUUID() })];
     await waitFor("the broker's confirms", () => kit?.client.unconfirmed === 0 && kit.client.inFlight === 2);
@@ -207,10 +210,7 @@ test("one guild cannot fill its shard's queue ahead of the others: past guildInF
   const vhost = await createVhost();
   let kit: Harnessed | undefined;
   try {
-    await declareExchanges(vhost.url, async (channel) => {
-      await channel.assertQueue(OWN_QUEUE, { durable: true, arguments: workQueueArguments() });
-      for (const tool of TOOLS) await channel.bindQueue(OWN_QUEUE, "tomori.tool_calls", `tool.${tool}.shard.${SHARD}`);
-    });
+    await declareExchanges(vhost.url, ownQueue);
     kit = await connectClient(vhost.url, { guildInFlightMax: 3 });
     const loud = worldContext(7);
     const calls = [outcome(kit, { context: loud }), outcome(kit, { context: loud }), outcome(kit, { context: loud })];
