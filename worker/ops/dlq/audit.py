@@ -105,6 +105,16 @@ class Audit:
             )
         return cls(conn, dsn)
 
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def opened(cls, dsn: str) -> AsyncIterator[Audit]:
+        """``async with Audit.opened(dsn) as audit``: :meth:`open`, then closed however the block ends."""
+        audit = await cls.open(dsn)
+        try:
+            yield audit
+        finally:
+            await audit.close()
+
     async def close(self) -> None:
         try:
             await self._conn.close(timeout=5)

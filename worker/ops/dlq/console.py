@@ -49,6 +49,12 @@ class Console:
     err: TextIO = field(default_factory=lambda: sys.stderr)
 
 
+def unavailable(exc: AuditUnavailable, console: Console) -> int:
+    """Say why the audit record cannot be opened or read; its exit code."""
+    console.err.write(f"{exc}\n")
+    return EXIT_AUDIT
+
+
 async def guarded(work: Awaitable[int], url: str, console: Console) -> int:
     """Run a command; turn the failures an operator can act on into a message and an exit code."""
     try:

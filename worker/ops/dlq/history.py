@@ -22,7 +22,7 @@ import orjson
 from worker.broker.headers import rfc3339
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable
-from worker.ops.dlq.console import EXIT_AUDIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console
+from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, unavailable
 from worker.ops.dlq.letters import Letter, Selection
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.record import LETTERS, OPERATIONS
@@ -117,14 +117,12 @@ async def history_command(
             console.err.write(f"not an operation id: {operation!r}\n")
             return EXIT_USAGE
     try:
-        audit = await Audit.open(dsn)
+        async with Audit.opened(dsn) as audit:
+            record = await read_record(
+                audit, limit=limit, operation_id=operation_id, url=url, topology=topology
+            )
     except AuditUnavailable as exc:
-        console.err.write(f"{exc}\n")
-        return EXIT_AUDIT
-    try:
-        record = await read_record(audit, limit=limit, operation_id=operation_id, url=url, topology=topology)
-    finally:
-        await audit.close()
+        return unavailable(exc, console)
     if operation_id is not None and not record.entries:
         console.err.write(f"no operation {operation_id} in the audit record\n")
         return EXIT_FAILED

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from worker.ops.dlq.audit import Audit, AuditUnavailable
-from worker.ops.dlq.console import EXIT_AUDIT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console
+from worker.ops.dlq.console import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, unavailable
 from worker.ops.dlq.render import terminal_safe
 from worker.ops.dlq.running import ask_to_stop, live, state_of
 
@@ -25,17 +25,10 @@ async def operations_command(dsn: str, *, as_json: bool = False, console: Consol
     """``worker dlq operations``: every replay and purge whose record is open, oldest first."""
     console = console or Console()
     try:
-        audit = await Audit.open(dsn)
+        async with Audit.opened(dsn) as audit:
+            rows = await live(audit)
     except AuditUnavailable as exc:
-        console.err.write(f"{exc}\n")
-        return EXIT_AUDIT
-    try:
-        rows = await live(audit)
-    except AuditUnavailable as exc:
-        console.err.write(f"{exc}\n")
-        return EXIT_AUDIT
-    finally:
-        await audit.close()
+        return unavailable(exc, console)
     if rows and not as_json:
         console.out.write(operations_header() + "\n")
     for row in rows:
@@ -89,17 +82,10 @@ async def cancel_command(
         console.err.write(f"not an operation id: {operation!r} (`worker dlq operations` lists them)\n")
         return EXIT_USAGE
     try:
-        audit = await Audit.open(dsn)
+        async with Audit.opened(dsn) as audit:
+            return await _cancel(audit, operation_id, actor, wait, console)
     except AuditUnavailable as exc:
-        console.err.write(f"{exc}\n")
-        return EXIT_AUDIT
-    try:
-        return await _cancel(audit, operation_id, actor, wait, console)
-    except AuditUnavailable as exc:
-        console.err.write(f"{exc}\n")
-        return EXIT_AUDIT
-    finally:
-        await audit.close()
+        return unavailable(exc, console)
 
 
 async def _cancel(audit: Audit, operation_id: uuid.UUID, actor: str, wait: float, console: Console) -> int:

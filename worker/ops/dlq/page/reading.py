@@ -84,8 +84,7 @@ class Reader:
         """The audit record (``operation``: that one, with its letters), each replay with the letters that
         came back; ``letters``: the DLQ as a view just read it (else read here if the record cannot tell)."""
         operation_id = uuid.UUID(operation) if operation else None
-        audit = await Audit.open(self.dsn)
-        try:
+        async with Audit.opened(self.dsn) as audit:
             return await read_record(
                 audit,
                 limit=limit,
@@ -94,29 +93,18 @@ class Reader:
                 topology=self.topology,
                 in_dlq=None if letters is None else returned(letters),
             )
-        finally:
-            await audit.close()
 
     async def life(self, event_id: str) -> list[dict[str, Any]]:
         """What the audit record knows of the event (history.py ``life``)."""
-        audit = await Audit.open(self.dsn)
-        try:
+        async with Audit.opened(self.dsn) as audit:
             return await life(audit, event_id)
-        finally:
-            await audit.close()
 
     async def operations(self) -> list[dict[str, Any]]:
         """What runs now (running.py ``live``)."""
-        audit = await Audit.open(self.dsn)
-        try:
+        async with Audit.opened(self.dsn) as audit:
             return await live(audit)
-        finally:
-            await audit.close()
 
     async def cancel(self, operation_id: str, actor: str) -> dict[str, Any] | None:
         """Ask a running replay to stop (running.py ``ask_to_stop``); the operation then, or None."""
-        audit = await Audit.open(self.dsn)
-        try:
+        async with Audit.opened(self.dsn) as audit:
             return await ask_to_stop(audit, uuid.UUID(operation_id), actor)
-        finally:
-            await audit.close()
