@@ -394,7 +394,9 @@ async def test_a_refused_vhost_or_login_says_what_to_do_in_every_command(
 async def test_every_setting_note_is_listed_by_check_and_logged_by_run_and_migrate(
     migrated_dsn: str, rabbitmq_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    remote = urlunsplit(urlsplit(migrated_dsn)._replace(netloc="ltm@pg.ltm-no-such-host.invalid:5432"))
+    # 192.0.2.1 (TEST-NET-1) is an address no network routes: Postgres there never answers, and being an
+    # address, not a name that resolves nowhere, it is noted for its missing sslmode
+    remote = urlunsplit(urlsplit(migrated_dsn)._replace(netloc="ltm@192.0.2.1:5432"))
     settings = {
         "LTM_POSTGRES_DSN": remote,
         "LTM_RABBITMQ_URL": rabbitmq_url,
@@ -403,7 +405,7 @@ async def test_every_setting_note_is_listed_by_check_and_logged_by_run_and_migra
         "LTM_CONCURENCY": "4",
     }
     notes = [
-        "LTM_POSTGRES_DSN reaches 'pg.ltm-no-such-host.invalid' without sslmode: the server is not "
+        "LTM_POSTGRES_DSN reaches '192.0.2.1' without sslmode: the server is not "
         "verified, and without TLS on offer the connection goes on in plaintext without a word; say "
         "sslmode=verify-full (docs/tls.md), or sslmode=disable to choose plaintext in the open",
         "LTM_CONCURRENCY='3O' read as 3 (the text after the digits is ignored, as parseInt does)",

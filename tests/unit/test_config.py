@@ -175,18 +175,29 @@ SSL_ADVICE = (
 @pytest.mark.parametrize(
     ("dsn", "env", "said"),
     [
-        ("postgresql://ltm:S3cret@pg.example:5432/bot", {}, "reaches 'pg.example' without sslmode"),
+        ("postgresql://ltm:S3cret@192.0.2.10:5432/bot", {}, "reaches '192.0.2.10' without sslmode"),
         ("postgresql://ltm@10.0.0.7/bot?sslmode=prefer", {}, "reaches '10.0.0.7' with sslmode=prefer"),
         (
             "postgresql://ltm@[2001:db8::1]:5432/bot",
             {"PGSSLMODE": "allow"},
             "reaches '2001:db8::1' with sslmode=allow",
         ),
-        ("postgresql://ltm@127.0.0.1,pg-b:5433/bot", {}, "reaches 'pg-b' without sslmode"),
-        ("postgresql:///bot", {"PGHOST": "pg.example"}, "reaches 'pg.example' without sslmode"),
-        ("postgresql://ltm@pg.example/bot?sslmode=verify-full&sslrootcert=/ca.pem", {}, None),
-        ("postgresql://ltm@pg.example/bot?sslmode=require", {}, None),
-        ("postgresql://ltm@pg.example/bot", {"PGSSLMODE": "verify-ca"}, None),
+        ("postgresql://ltm@127.0.0.1,192.0.2.11:5433/bot", {}, "reaches '192.0.2.11' without sslmode"),
+        (
+            "postgresql://ltm@127.0.0.0l:5432/bot",
+            {},
+            None,
+        ),  # a typo that resolves nowhere: its own error says so
+        ("postgresql://ltm@pg.ltm-no-such-host.invalid/bot", {}, None),
+        (
+            "postgresql://ltm@localhost,pg.ltm-no-such-host.invalid,192.0.2.11/bot",
+            {},
+            "reaches '192.0.2.11' without sslmode",
+        ),
+        ("postgresql:///bot", {"PGHOST": "192.0.2.10"}, "reaches '192.0.2.10' without sslmode"),
+        ("postgresql://ltm@192.0.2.10/bot?sslmode=verify-full&sslrootcert=/ca.pem", {}, None),
+        ("postgresql://ltm@192.0.2.10/bot?sslmode=require", {}, None),
+        ("postgresql://ltm@192.0.2.10/bot", {"PGSSLMODE": "verify-ca"}, None),
         ("postgresql://ltm@postgres:5432/bot?sslmode=disable", {}, None),  # compose: plaintext in the open
         ("postgresql://postgres@127.0.0.1:5432/postgres", {}, None),
         ("postgresql://ltm@localhost/bot", {}, None),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -181,7 +182,8 @@ class PostgresDsn(Url):
     """A Postgres DSN (libpq URI, several hosts allowed): noted when it reaches a host other than this one
     without saying ``sslmode`` (or saying ``prefer``/``allow``): nothing is verified, and a server (or whoever
     sits between) that offers no TLS gets plaintext without a word. ``sslmode=disable`` chooses plaintext in
-    the open and is not noted, nor is a loopback host or a Unix socket."""
+    the open and is not noted, nor is a loopback host, a Unix socket or a name that does not resolve (a typo:
+    the connection's own error says so, and TLS is beside the point)."""
 
     def __init__(self, schemes: tuple[str, ...], *, keywords: str | None = None) -> None:
         super().__init__(schemes, hosts_listed=True, keywords=keywords)
@@ -199,7 +201,7 @@ class PostgresDsn(Url):
         hosts += [h for value in query.get("host", []) for h in value.split(",") if h]
         if not hosts and env.get("PGHOST"):
             hosts = env["PGHOST"].split(",")
-        remote = next((h for h in hosts if not _is_local(h)), None)
+        remote = next((h for h in hosts if not _is_local(h) and _resolves(h)), None)
         if remote is None:
             return None
         given = "sslmode" in query or "PGSSLMODE" in env
@@ -216,6 +218,19 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return unquote(host[1:].partition("]")[0])
     return unquote(host.rpartition(":")[0] if ":" in host else host)
+
+
+def _resolves(host: str) -> bool:
+    """Whether ``host`` is an address, or a name this machine resolves now."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        return bool(socket.getaddrinfo(host, None))
+    except (OSError, UnicodeError):
+        return False
 
 
 def _is_local(host: str) -> bool:
