@@ -16,7 +16,7 @@ import structlog
 
 from worker.bootstrap import Stopped, open_services
 from worker.config import Settings
-from worker.faults import explain, needs_a_person
+from worker.faults import Problem, explain, needs_a_person
 from worker.observability.logs import log_setting_warnings
 from worker.observability.metrics import build_versions
 from worker.observability.probes import InvalidSetting
@@ -112,7 +112,7 @@ class Worker:
             self.fair = fair = FairShares(self.settings, self._stopping, services.metrics)
             while not self._stopping.is_set():
                 started = time.monotonic()
-                failure: str | None = None
+                failure: Problem | None = None
                 self._consumer = Consumer(services, fair, self._stopping)
                 try:
                     await self._consumer.run()
