@@ -40,7 +40,7 @@ from worker.runtime.services import Services
 from worker.service.batcher import Batcher
 from worker.service.policy import RetryPolicy
 from worker.store.pool import create_pool
-from worker.store.repository import registered_shards
+from worker.store.shard_queues import registered_shards
 
 log = structlog.get_logger("worker")
 

@@ -23,7 +23,7 @@ from worker.ops.demo.example import (
 )
 from worker.redact import describe, redact_setting
 from worker.store.pool import connect_once
-from worker.store.repository import registered_shards
+from worker.store.shard_queues import registered_shards
 
 
 async def seed(dsn: str, *, out: Callable[[str], None] = say) -> int:
