@@ -213,20 +213,17 @@ class BotRows:
 
     async def server_memories(self, server_id: int, lineage: int, n: int) -> None:
         """``n`` server memories of a persona's lineage."""
-        await self.conn.execute(
-            "INSERT INTO server_memories (server_id, persona_lineage_id, content)"
-            " SELECT $1, $2, 'seeded ' || g FROM generate_series(1, $3) g",
-            server_id,
-            lineage,
-            n,
-        )
+        await self._memories("server_memories", "server_id", server_id, lineage, n)
 
     async def personal_memories(self, user_id: int, lineage: int, n: int) -> None:
         """``n`` personal memories of a user with a persona's lineage."""
+        await self._memories("personal_memories", "user_id", user_id, lineage, n)
+
+    async def _memories(self, table: str, owner: str, owner_id: int, lineage: int, n: int) -> None:
         await self.conn.execute(
-            "INSERT INTO personal_memories (user_id, persona_lineage_id, content)"
+            f"INSERT INTO {table} ({owner}, persona_lineage_id, content)"
             " SELECT $1, $2, 'seeded ' || g FROM generate_series(1, $3) g",
-            user_id,
+            owner_id,
             lineage,
             n,
         )
