@@ -78,8 +78,7 @@ async def serve(
                 )
             else:
                 await sent
-            assert message.delivery_tag is not None
-            await acks.ack(message.delivery_tag)
+            await acks.ack(message)
 
         heap.freeze_startup()  # the worker's collector settings (runtime/heap.py): the same on both sides
         await queue.consume(on_message, no_ack=False)

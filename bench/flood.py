@@ -34,6 +34,7 @@ from sim.process import ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
 from worker.config import env_of
 from worker.store.migrate import apply_migrations
+from worker.testing.seed import BotRows
 from worker.testing.workers import free_port
 
 GUILD, CHANNEL, TRIGGER, BOT = (
@@ -71,15 +72,7 @@ async def seed(dsn: str) -> int:
     """One server with one persona and the triggering user; the persona's id."""
     conn = await asyncpg.connect(dsn)
     try:
-        server_id = await conn.fetchval(
-            "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id", GUILD
-        )
-        persona_id: int = await conn.fetchval(
-            "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori') RETURNING persona_id",
-            server_id,
-        )
-        await conn.execute("INSERT INTO users (user_disc_id) VALUES ($1)", TRIGGER)
-        return persona_id
+        return (await BotRows(conn).world(GUILD, TRIGGER)).persona_id
     finally:
         await conn.close()
 

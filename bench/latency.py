@@ -46,6 +46,7 @@ from worker.broker.topology import declare_topology
 from worker.config import load_settings, overridden_env
 from worker.service.policy import RetryPolicy
 from worker.store.migrate import apply_migrations
+from worker.testing.seed import BotRows
 
 REPO = Path(__file__).resolve().parent.parent
 KIT_DIST = REPO / "contracts/typescript/dist/index.js"
@@ -283,15 +284,10 @@ async def seed(dsn: str) -> int:
     """The rows the original bot would have: a server, its persona, the triggering user and Sparrow."""
     conn = await asyncpg.connect(dsn)
     try:
-        server_id = await conn.fetchval(
-            "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id", GUILD
-        )
-        persona_id = await conn.fetchval(
-            "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori') RETURNING persona_id",
-            server_id,
-        )
-        await conn.execute("INSERT INTO users (user_disc_id) VALUES ($1), ($2)", TRIGGER, SPARROW)
-        return int(persona_id)
+        rows = BotRows(conn)
+        world = await rows.world(GUILD, TRIGGER)
+        await rows.user(SPARROW)
+        return world.persona_id
     finally:
         await conn.close()
 

@@ -74,6 +74,7 @@ from worker.broker.topology import shard_queue_name
 from worker.config import Topology, env_of
 from worker.store.migrate import apply_migrations
 from worker.testing.management import ManagementApi
+from worker.testing.seed import BotRows
 from worker.testing.workers import free_port
 
 TOPOLOGY = Topology()
@@ -167,17 +168,11 @@ async def seed(dsn: str, guilds: list[str]) -> Seeded:
     """A server and a persona per guild, and the author's users row."""
     conn = await asyncpg.connect(dsn)
     try:
+        rows = BotRows(conn)
         personas = {}
         for guild in guilds:
-            server_id = await conn.fetchval(
-                "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id", guild
-            )
-            personas[guild] = await conn.fetchval(
-                "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'Tomori')"
-                " RETURNING persona_id",
-                server_id,
-            )
-        await conn.execute("INSERT INTO users (user_disc_id) VALUES ($1)", AUTHOR)
+            personas[guild], _ = await rows.persona(await rows.server(guild))
+        await rows.user(AUTHOR)
         return Seeded(personas)
     finally:
         await conn.close()

@@ -25,7 +25,7 @@ from worker.broker import content_header
 from worker.broker.topology import shard_queue_name
 from worker.broker.urls import Nodes
 from worker.config import Settings, connection_problems, refused_settings
-from worker.faults import explain, needs_a_person
+from worker.faults import Problem, explain, needs_a_person
 from worker.invalidation.outbox import InvalidationOutbox
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.activity import ActivityRecorder
@@ -40,7 +40,7 @@ from worker.runtime.services import Services
 from worker.service.batcher import Batcher
 from worker.service.policy import RetryPolicy
 from worker.store.pool import create_pool
-from worker.store.repository import registered_shards
+from worker.store.shard_queues import registered_shards
 
 log = structlog.get_logger("worker")
 
@@ -151,7 +151,7 @@ async def _wait_for_dependencies(
     backoff = Backoff()
     pool: asyncpg.Pool | None = given
     while not stopping.is_set():
-        problems: dict[str, str] = {}
+        problems: dict[str, Problem] = {}
         postgres = await migrations_problem(settings.postgres_dsn)
         if postgres is None and pool is None:
             try:

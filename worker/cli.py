@@ -7,7 +7,8 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -24,9 +25,8 @@ from worker.config import (
     refused_settings,
 )
 from worker.config.rules import Choice, NonNegativeInt, Port, PositiveInt
-from worker.observability.logs import configure_logging, guard_std_streams, log_setting_warnings
+from worker.observability.logs import configure_logging, guard_std_streams
 from worker.ops.subcommands import Action, AllSettings, Setting, add_action, option
-from worker.redact import redact_setting
 
 ENVIRONMENT_HELP = environment_help()
 #: what the commands that read a few settings list (the log settings: every command logs)
@@ -247,72 +247,100 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:  # before logging is set up: its format is a setting too
         return _settings_refused(args.command, str(exc), as_json=getattr(args, "json", False))
     configure_logging(settings.log_format, settings.log_level)
-    if args.command == "migrate":
-        log_setting_warnings(settings)  # `worker run` logs them itself, as it starts
-        problem = connection_problems(settings, "postgres_dsn").get("postgres_dsn")
-        if problem is not None:
-            structlog.get_logger("worker.migrate").error(
-                "invalid Postgres connection string", dsn=redact_setting(settings.postgres_dsn), error=problem
-            )
-            return 1
-        return asyncio.run(_migrate(settings.postgres_dsn))
-    if args.command == "run":
-        from worker.observability.http_server import ListenError
-        from worker.runner import Worker
+    runner = RUNNERS.get(args.command)
+    if runner is None:
+        return 2
+    refusals = [*connection_problems(settings, *runner.needs).values()] if runner.needs else []
+    if runner.identity:
+        refusals += refused_settings(settings).values()
+    if refusals:
+        return _settings_refused(args.command, "; ".join(refusals))
+    return runner.run(args, settings)
 
-        try:
-            return _run_fast(Worker(settings).run())
-        except ListenError as exc:
-            structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
-            return 1
-    if args.command == "check":
-        from worker.ops.check import SHARD_QUEUES_SKIPPED, as_json, judge, render, run_checks
 
-        results = asyncio.run(run_checks(settings, management_url=args.management_url))
-        refused = refused_settings(settings)  # listed as failures by run_checks, not as fallbacks
-        fallbacks = tuple(fallback for fallback in settings.fallbacks if fallback[0] not in refused)
-        skipped = () if args.management_url else (("shard queues", SHARD_QUEUES_SKIPPED),)
-        report = (results, fallbacks, settings.notes)
-        if args.json:
-            print(json.dumps(as_json(*report, all_nodes=args.all_nodes, skipped=skipped)))
-        else:
-            print(render(*report, all_nodes=args.all_nodes, skipped=skipped))
-        return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
-    if args.command == "dlq":
-        from worker.ops.dlq.cli import run_dlq
+@dataclass(frozen=True)
+class Runner:
+    """What a command needs of its settings before it starts, and what runs it."""
 
-        # the identity settings too: a replay is checked by them (LTM_SHARD_IDENTITY=required refuses what
-        # has no known sender), and the letters' senders are read by LTM_TRUSTED_PUBLISHERS
-        refusals = [
-            *connection_problems(settings, "rabbitmq_url").values(),
-            *refused_settings(settings).values(),
-        ]
-        if refusals:
-            return _settings_refused("dlq", "; ".join(refusals))
-        return run_dlq(args, settings)
-    if args.command == "shards":
-        from worker.ops.shards_report import run_shards
+    run: Callable[[argparse.Namespace, Settings], int]
+    #: the connection settings a command cannot start without: one that can never work (a malformed URL)
+    #: refuses it in one line, with its exit code (``_SETTINGS_EXIT``)
+    needs: tuple[str, ...] = ()
+    #: the identity settings (LTM_SHARD_IDENTITY, LTM_TRUSTED_PUBLISHERS) refuse it too when misspelled
+    identity: bool = False
 
-        problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
-        if problems:
-            return _settings_refused("shards", "; ".join(problems.values()))
-        if args.declare:
-            from worker.ops.shard_queues import run_declare
 
-            return run_declare(settings, args.declare)
-        if args.forget:
-            from worker.ops.shard_queues import run_forget
+def _run_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.migrate import run_migrate
 
-            return run_forget(settings, args.forget, quiet_minutes=args.quiet_minutes)
-        return run_shards(settings, minutes=args.minutes, json_output=args.json, show_quiet=args.all)
-    if args.command == "demo":
-        from worker.ops.demo import run_demo
+    return run_migrate(settings)
 
-        problems = connection_problems(settings, "postgres_dsn", "rabbitmq_url")
-        if problems:
-            return _settings_refused("demo", "; ".join(problems.values()))
-        return run_demo(args, settings)
-    return 2
+
+def _run_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.observability.http_server import ListenError
+    from worker.runner import Worker
+
+    try:
+        return _run_fast(Worker(settings).run())
+    except ListenError as exc:
+        structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
+        return 1
+
+
+def _run_check(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.check import SHARD_QUEUES_SKIPPED, as_json, judge, render, run_checks
+
+    results = asyncio.run(run_checks(settings, management_url=args.management_url))
+    refused = refused_settings(settings)  # listed as failures by run_checks, not as fallbacks
+    fallbacks = tuple(fallback for fallback in settings.fallbacks if fallback[0] not in refused)
+    skipped = () if args.management_url else (("shard queues", SHARD_QUEUES_SKIPPED),)
+    report = (results, fallbacks, settings.notes)
+    if args.json:
+        print(json.dumps(as_json(*report, all_nodes=args.all_nodes, skipped=skipped)))
+    else:
+        print(render(*report, all_nodes=args.all_nodes, skipped=skipped))
+    return 0 if judge(results, all_nodes=args.all_nodes).ok else 1
+
+
+def _run_shards(args: argparse.Namespace, settings: Settings) -> int:
+    if args.declare:
+        from worker.ops.shard_queues import run_declare
+
+        return run_declare(settings, args.declare)
+    if args.forget:
+        from worker.ops.shard_queues import run_forget
+
+        return run_forget(settings, args.forget, quiet_minutes=args.quiet_minutes)
+    from worker.ops.shards_report import run_shards
+
+    return run_shards(settings, minutes=args.minutes, json_output=args.json, show_quiet=args.all)
+
+
+def _run_dlq(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.dlq.cli import run_dlq
+
+    return run_dlq(args, settings)
+
+
+def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from worker.ops.demo import run_demo
+
+    return run_demo(args, settings)
+
+
+#: every command -> what it needs of its settings and what runs it, as :data:`COMMANDS` declares their
+#: options. `migrate` checks its DSN itself (its refusal is a log line) and `run` at start-up (the worker
+#: logs it); `dlq` is also refused by an identity setting: a replay is checked by them
+#: (LTM_SHARD_IDENTITY=required refuses what has no known sender), and the letters' senders are read by
+#: LTM_TRUSTED_PUBLISHERS
+RUNNERS: Mapping[str, Runner] = {
+    "migrate": Runner(_run_migrate),
+    "run": Runner(_run_worker),
+    "check": Runner(_run_check),
+    "shards": Runner(_run_shards, needs=("postgres_dsn", "rabbitmq_url")),
+    "dlq": Runner(_run_dlq, needs=("rabbitmq_url",), identity=True),
+    "demo": Runner(_run_demo, needs=("postgres_dsn", "rabbitmq_url")),
+}
 
 
 def _version() -> str:
@@ -332,50 +360,6 @@ def _run_fast(main: Coroutine[Any, Any, int]) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on the platforms it supports
         return asyncio.run(main)
     return uvloop.run(main)
-
-
-async def _migrate(dsn: str) -> int:
-    from worker.store.migrate import MigrationError, apply_migrations
-    from worker.store.pool import describe_failure
-
-    log = structlog.get_logger("worker.migrate")
-    try:
-        applied = await apply_migrations(dsn)
-    except MigrationError as exc:
-        log.error("migration refused", error=str(exc))
-        return 1
-    except Exception as exc:
-        event = _migrate_failure(exc)
-        if event is None:
-            raise
-        log.error(event, dsn=redact_setting(dsn), error=describe_failure(exc, dsn))
-        return 1
-    if applied:
-        log.info("migrations applied", applied=applied)
-    else:
-        log.info("schema is up to date")
-    return 0
-
-
-def _migrate_failure(exc: Exception) -> str | None:
-    """The event of ``worker migrate``'s one error line for ``exc``, or None for a bug (a traceback)."""
-    import ssl
-
-    import asyncpg
-
-    from worker.faults import ClientKeyRefused
-
-    if isinstance(exc, ClientKeyRefused):  # libpq's rule on the key file's mode
-        return "Postgres client key refused"
-    if isinstance(exc, ssl.SSLCertVerificationError):  # a ValueError too, but the DSN may well be right
-        return "cannot reach Postgres"
-    if isinstance(exc, ValueError):  # the DSN itself (asyncpg's ClientConfigurationError is a ValueError)
-        return "invalid Postgres connection string"
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):  # refused, unresolvable, cut
-        return "cannot reach Postgres"
-    if isinstance(exc, asyncpg.PostgresError):  # the server said no: no such database or role, a privilege
-        return "migration failed"
-    return None
 
 
 if __name__ == "__main__":

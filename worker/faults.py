@@ -7,8 +7,10 @@ publish the broker did not confirm. Anything else is a bug (``internal``) and is
 A failure that needs a person is a dependency refusing the worker (a login, a vhost, a permission, a
 database that does not exist, a certificate, a host name that does not resolve): waiting alone will not
 fix it. :func:`explain` is the one place that turns such an exception into a line that says what to do,
-for every command (``run``'s log, ``check``, ``migrate``, ``demo``, ``dlq``); :func:`needs_a_person`
-tells such a line apart (``worker run`` logs it at ERROR and keeps retrying: docs/operating.md).
+for every command (``run``'s log, ``check``, ``migrate``, ``demo``, ``dlq``). The line is a
+:class:`Problem`: a ``str`` that also carries the :class:`Refusal` it found, so :func:`needs_a_person`
+reads what was found instead of searching the sentence (``worker run`` logs a refusal at ERROR and keeps
+retrying: docs/operating.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import asyncio
 import re
 import shlex
 import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import unquote
 
 import aio_pika.exceptions
@@ -24,10 +29,13 @@ import aiormq.exceptions
 import asyncpg
 import redis.exceptions
 
-from worker.redact import CERTIFICATE_REFUSED, describe, message_of
+from worker.redact import certificate_failure, describe, message_of
 
 __all__ = [
     "ClientKeyRefused",
+    "FailedEverywhere",
+    "Problem",
+    "Refusal",
     "TransientError",
     "explain",
     "is_transient",
@@ -94,21 +102,50 @@ def _is_transient_one(exc: BaseException) -> bool:
 
 # --- failures that need a person -------------------------------------------------------------------------
 
-#: how the lines of :func:`refusal` begin (and describe's for a certificate): what needs_a_person finds
+#: how the lines of :func:`refusal` begin
 RABBITMQ_REFUSED = "RabbitMQ refused"
 POSTGRES_REFUSED = "Postgres refused"
 POSTGRES_NO_DATABASE = "Postgres has no database"
 REDIS_REFUSED = "Redis refused"
 HOST_UNKNOWN = "cannot resolve host"
-_PERSON_NEEDED = (
-    CERTIFICATE_REFUSED,
-    KEY_REFUSED,
-    RABBITMQ_REFUSED,
-    POSTGRES_REFUSED,
-    POSTGRES_NO_DATABASE,
-    REDIS_REFUSED,
-    HOST_UNKNOWN,
-)
+
+#: what a dependency refused: a login, a vhost, a permission (an operation, a command), a database that
+#: does not exist, a client key or a certificate (TLS), a host name (it does not resolve)
+Refused = Literal["login", "vhost", "permission", "database", "client key", "certificate", "host"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A dependency refusing the worker, which waiting alone will not fix: someone must act. ``line`` says
+    what to do; ``dependency`` is "RabbitMQ", "Postgres" or "Redis", or "" when the URL does not say."""
+
+    dependency: str
+    refused: Refused
+    line: str
+
+
+class Problem(str):
+    """A line of :func:`explain` (what failed, in words a person reads) and the :class:`Refusal` behind it,
+    None for a failure that may pass by itself (an outage, a timeout). It is a ``str``: it is logged,
+    printed and compared as the line."""
+
+    refusal: Refusal | None
+
+    def __new__(cls, line: str, refusal: Refusal | None = None) -> Problem:
+        problem = super().__new__(cls, line)
+        problem.refusal = refusal
+        return problem
+
+
+class FailedEverywhere(ConnectionError):
+    """Every one of several attempts failed (one per RabbitMQ node: worker/broker/urls.py), each explained:
+    a person is needed when one of them needs one."""
+
+    def __init__(self, message: str, problems: Sequence[Problem]) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
 #: SQLSTATE class 28, invalid authorization: a wrong password, an unknown role, no pg_hba.conf line
 _POSTGRES_LOGIN_REFUSED = "28"
 _MISSING_DATABASE = re.compile(r'database "(.+)" does not exist')
@@ -118,18 +155,42 @@ _REDIS_LOGIN_REFUSED = (
 )
 
 
-def needs_a_person(problem: str) -> bool:
-    """True when ``problem`` (a line of :func:`explain`, or a list of them, one per RabbitMQ node) names a
-    failure that waiting will not fix: a refused login, vhost, permission or certificate, a missing
-    database, a host name that does not resolve. ``worker run`` logs it at ERROR (and keeps retrying)."""
-    return any(marker in problem for marker in _PERSON_NEEDED)
+def needs_a_person(problem: Problem) -> Refusal | None:
+    """The refusal behind ``problem`` (a line of :func:`explain`; for several RabbitMQ nodes, the first node
+    refused) when it is a failure waiting will not fix: a refused login, vhost, permission, client key or
+    certificate, a missing database, a host name that does not resolve; None otherwise. ``worker run`` logs
+    it at ERROR (and keeps retrying)."""
+    return problem.refusal
 
 
-def explain(exc: BaseException, url: str | None = None) -> str:
+def explain(exc: BaseException, url: str | None = None) -> Problem:
     """One line for ``exc``, met connecting to (or talking with) the dependency at ``url``: :func:`refusal`'s
     sentence when a person must act, else :func:`describe`'s ``Type: message``, with a hint where nothing
-    answered (a refused connection, a silent one). Passwords never show."""
-    return refusal(exc, url) or _with_hint(exc, url)
+    answered (a refused connection, a silent one). Passwords never show. The line carries its
+    :class:`Refusal` (:func:`needs_a_person`)."""
+    refused = _refused(exc, url)
+    if refused is not None:
+        return Problem(refused.line, refused)
+    line = _with_hint(exc, url)
+    return Problem(line, _certificate_refused(exc, url, line) or _refused_somewhere(exc))
+
+
+def _certificate_refused(exc: BaseException, url: str | None, line: str) -> Refusal | None:
+    """A TLS certificate the client did not accept (:func:`describe` words it)."""
+    if certificate_failure(exc) is None:
+        return None
+    scheme = (url or "").partition("://")[0].lower()
+    return Refusal(_DEPENDENCIES.get(scheme, ""), "certificate", line)
+
+
+def _refused_somewhere(exc: BaseException) -> Refusal | None:
+    """The first refusal among the attempts of a :class:`FailedEverywhere` in ``exc``'s chain."""
+    for current in _chain(exc):
+        if isinstance(current, FailedEverywhere):
+            for problem in current.problems:
+                if problem.refusal is not None:
+                    return problem.refusal
+    return None
 
 
 #: the dependency a URL's scheme names, for the hints
@@ -173,61 +234,87 @@ def refusal(exc: BaseException, url: str | None = None) -> str | None:
 
     A refused TLS certificate is :func:`describe`'s (``TLS certificate not accepted (...)``).
     """
+    refused = _refused(exc, url)
+    return refused.line if refused is not None else None
+
+
+def _refused(exc: BaseException, url: str | None) -> Refusal | None:
     for current in _chain(exc):
-        said = _refusal_one(current, url)
-        if said is not None:
-            return said
+        refused = _refusal_one(current, url)
+        if refused is not None:
+            return refused
     return None
 
 
-def _refusal_one(exc: BaseException, url: str | None) -> str | None:
+def _refusal_one(exc: BaseException, url: str | None) -> Refusal | None:
     user = _user_of(url)
     if isinstance(exc, ClientKeyRefused):
-        return str(exc)
+        return Refusal("Postgres", "client key", str(exc))
     if isinstance(exc, aiormq.exceptions.AuthenticationError | aiormq.exceptions.ProbableAuthenticationError):
-        return (
+        return _rabbitmq(
+            "login",
             f"{RABBITMQ_REFUSED} the login of user {user or '(none given)'!r} (ACCESS_REFUSED): check the "
-            "user and password in the URL"
+            "user and password in the URL",
         )
     if isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc):
         who = user or "guest"
-        return (
+        return _rabbitmq(
+            "vhost",
             f"{RABBITMQ_REFUSED} vhost {_vhost_of(url)!r} to user {who!r} (does the vhost exist, and may "
             f"user {who!r} use it? rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions "
-            f"{shlex.quote(who)})"
+            f"{shlex.quote(who)})",
         )
     if isinstance(exc, aiormq.exceptions.ChannelAccessRefused | aiormq.exceptions.ConnectionNotAllowed):
         who = user or "guest"
-        return (
+        return _rabbitmq(
+            "permission",
             f"{RABBITMQ_REFUSED} user {who!r}: {message_of(exc)} (its permissions on the vhost: rabbitmqctl "
-            f"list_user_permissions {shlex.quote(who)}; deploy/README.md lists what the worker needs)"
+            f"list_user_permissions {shlex.quote(who)}; deploy/README.md lists what the worker needs)",
         )
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         found = _MISSING_DATABASE.search(str(exc))
         database = found.group(1) if found else _database_of(url)
-        return (
+        return Refusal(
+            "Postgres",
+            "database",
             f"{POSTGRES_NO_DATABASE} {database!r}: create it ({_createdb(url, database)}) or correct the "
-            "database in the DSN"
+            "database in the DSN",
         )
     if isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "").startswith(_POSTGRES_LOGIN_REFUSED):
-        return (
+        return Refusal(
+            "Postgres",
+            "login",
             f"{POSTGRES_REFUSED} the login: {message_of(exc)} (check the user and password in the DSN, and "
-            "that the server's pg_hba.conf admits this host, user and database)"
+            "that the server's pg_hba.conf admits this host, user and database)",
         )
     if isinstance(
         exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError
     ):
-        return f"{REDIS_REFUSED} the login: {message_of(exc)} (check the user and password in the URL)"
+        return Refusal(
+            "Redis",
+            "login",
+            f"{REDIS_REFUSED} the login: {message_of(exc)} (check the user and password in the URL)",
+        )
     if isinstance(exc, redis.exceptions.NoPermissionError):
-        return (
-            f"{REDIS_REFUSED} a command: {message_of(exc)} (the user's ACL must allow PING, INFO and PUBLISH)"
+        return Refusal(
+            "Redis",
+            "permission",
+            f"{REDIS_REFUSED} a command: {message_of(exc)} "
+            "(the user's ACL must allow PING, INFO and PUBLISH)",
         )
     if isinstance(exc, socket.gaierror):
         host = _host_of(url)
-        return (
-            f"{HOST_UNKNOWN} {repr(host) if host else 'name'} ({message_of(exc)}): check the host in the URL"
+        scheme = (url or "").partition("://")[0].lower()
+        return Refusal(
+            _DEPENDENCIES.get(scheme, ""),
+            "host",
+            f"{HOST_UNKNOWN} {repr(host) if host else 'name'} ({message_of(exc)}): check the host in the URL",
         )
     return None
+
+
+def _rabbitmq(refused: Refused, line: str) -> Refusal:
+    return Refusal("RabbitMQ", refused, line)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

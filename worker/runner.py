@@ -12,14 +12,17 @@ import os
 import signal
 import time
 
+import asyncpg
 import structlog
 
 from worker.bootstrap import Stopped, open_services
 from worker.config import Settings
-from worker.faults import explain, needs_a_person
+from worker.faults import Problem, explain, needs_a_person
+from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.logs import log_setting_warnings
 from worker.observability.metrics import build_versions
 from worker.observability.probes import InvalidSetting
+from worker.observability.tracing import EventTracer
 from worker.redact import redact_setting, redact_url
 from worker.runtime import heap
 from worker.runtime.backoff import Backoff
@@ -33,10 +36,22 @@ RECONNECT_RESET_SECONDS = 30.0
 
 
 class Worker:
-    """One worker process: any number of them may consume the same queue."""
+    """One worker process: any number of them may consume the same queue.
 
-    def __init__(self, settings: Settings) -> None:
+    ``pool``, ``cache`` and ``tracer`` replace the Postgres pool, the Redis publisher and the tracer built
+    from ``settings`` (:func:`~worker.bootstrap.open_services`): a test, or a program that embeds the worker,
+    hands in its own, and closes them itself after the worker stopped."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pool: asyncpg.Pool | None = None,
+        cache: InvalidationPublisher | None = None,
+        tracer: EventTracer | None = None,
+    ) -> None:
         self.settings = settings
+        self._pool, self._cache, self._tracer = pool, cache, tracer
         self._stopping = asyncio.Event()
         self._signals = 0
         #: how the worker shares itself out, once it runs (process-wide: it outlives a connection)
@@ -104,7 +119,9 @@ class Worker:
         - the memory and disk alarm is watched on the connection itself (:mod:`worker.broker.blocking`),
           which a restore would replace under it.
         """
-        async with open_services(self.settings, self._stopping) as services:
+        async with open_services(
+            self.settings, self._stopping, pool=self._pool, cache=self._cache, tracer=self._tracer
+        ) as services:
             # start-up's objects out of the collector's way, and fewer young collections (runtime/heap.py)
             heap.freeze_startup()
             backoff = Backoff()
@@ -112,7 +129,7 @@ class Worker:
             self.fair = fair = FairShares(self.settings, self._stopping, services.metrics)
             while not self._stopping.is_set():
                 started = time.monotonic()
-                failure: str | None = None
+                failure: Problem | None = None
                 self._consumer = Consumer(services, fair, self._stopping)
                 try:
                     await self._consumer.run()

@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from worker.store.migrate import MigrationError, apply_migrations, available_migrations, pending_migrations
+from worker.testing.seed import BotRows
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -50,12 +51,8 @@ async def test_lineage_sequence_starts_at_10000(postgres_dsn: str) -> None:
     await apply_migrations(postgres_dsn)
     conn = await asyncpg.connect(postgres_dsn)
     try:
-        server = await conn.fetchval("INSERT INTO servers (server_disc_id) VALUES ('1') RETURNING server_id")
-        lineage = await conn.fetchval(
-            "INSERT INTO personas (server_id, persona_nickname) VALUES ($1, 'T')"
-            " RETURNING persona_lineage_id",
-            server,
-        )
+        rows = BotRows(conn)
+        _, lineage = await rows.persona(await rows.server("1"), "T")
         assert lineage == 10000
     finally:
         await conn.close()

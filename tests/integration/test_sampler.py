@@ -20,7 +20,7 @@ from worker.observability import sampler as sampler_module
 from worker.observability.metrics import Metrics
 from worker.observability.sampler import Sampler
 from worker.store.pool import create_pool
-from worker.store.repository import register_shard, registered_shards
+from worker.store.shard_queues import register_shard, registered_shards
 from worker.testing.workers import free_port
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import asyncio
 import json
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,6 +24,9 @@ import aio_pika
 import aio_pika.exceptions
 import pytest
 import structlog
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body
@@ -33,9 +36,12 @@ from tests.support.harness import InvalidationListener, Shard, queue_depth, take
 from tests.support.wait import eventually
 from worker.broker.topology import retry_queue_arguments
 from worker.config import Settings, Topology
+from worker.invalidation.redis import InvalidationPublisher
+from worker.observability.tracing import TracedEvents
 from worker.ops.dlq.kinds import replay_note
 from worker.ops.dlq.letters import describe_dead_letter
 from worker.runner import Worker
+from worker.store.pool import create_pool
 
 #: every wait's deadline: generous, for a loaded machine; a passing test never waits it out
 WAIT = 60.0
@@ -70,10 +76,11 @@ class Workers:
 
         await eventually(logged, f"the worker logs {event!r} {at_least} time(s)")
 
-    async def start(self, **overrides: Any) -> Worker:
-        """One more worker life; returns once it consumes."""
+    async def start(self, *, adapters: Mapping[str, Any] | None = None, **overrides: Any) -> Worker:
+        """One more worker life (``adapters``: the pool, cache or tracer it is given); returns once it
+        consumes."""
         consuming = self.count("consuming")
-        worker = Worker(self.settings.model_copy(update=overrides))
+        worker = Worker(self.settings.model_copy(update=overrides), **(adapters or {}))
         self.running.append((worker, asyncio.create_task(worker.run(signals=False))))
         await self.wait_for_log("consuming", at_least=consuming + 1)
         return worker
@@ -259,6 +266,67 @@ async def test_a_saved_event_is_answered_end_to_end(
     assert await workers.stop(worker) == 0
     assert await queue_depth(rabbitmq_url, WORK_QUEUE) == 0
     assert workers.count("stopped cleanly") == 1
+
+
+class RecordedPublisher(InvalidationPublisher):
+    """The Redis publisher a test hands the worker: it records what it was asked to publish."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        super().__init__(url, channel)
+        self.published: list[dict[str, Any]] = []
+
+    async def publish(self, invalidation: dict[str, Any]) -> None:
+        self.published.append(invalidation)
+        await super().publish(invalidation)
+
+
+async def test_a_worker_given_a_pool_a_cache_and_a_tracer_uses_them_and_leaves_them_open(
+    workers: Workers, rows: BotRows, rabbitmq_url: str, migrated_dsn: str
+) -> None:
+    """Worker(settings, pool=..., cache=..., tracer=...): the event is saved through the test's pool (a
+    trigger records the application name of the connection that wrote it), its invalidation goes through
+    the test's publisher and its span to the test's tracer (tracing is off in the settings); after the stop
+    all three are still the test's to close."""
+    world = await rows.world()
+    await rows.conn.execute("""
+        CREATE TABLE written_by (application text);
+        CREATE FUNCTION record_writer() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN INSERT INTO written_by VALUES (current_setting('application_name')); RETURN NEW; END $$;
+        CREATE TRIGGER record_writer AFTER INSERT ON server_memories
+            FOR EACH ROW EXECUTE FUNCTION record_writer();
+    """)
+    given = "ltm-test-given-pool"
+    joined = "&" if "?" in migrated_dsn else "?"
+    pool = await create_pool(f"{migrated_dsn}{joined}application_name={given}", size=2)
+    cache = RecordedPublisher(workers.settings.redis_url, workers.settings.topology.invalidation_channel)
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    assert workers.settings.tracing == "off"
+    try:
+        worker = await workers.start(
+            adapters={"pool": pool, "cache": cache, "tracer": TracedEvents(provider)}
+        )
+        body = event(world.persona_id, "through the given pool")
+        async with Shard(rabbitmq_url) as shard:
+            await shard.publish(body)
+            await shard.wait_for_results([body["event_id"]], timeout=WAIT)
+        [result] = shard.received.results[body["event_id"]]
+        assert (result["success"], result["status"]) == (True, Status.SAVED)
+        await eventually(lambda: cache.published, "the invalidation through the given publisher")
+        assert await rows.conn.fetchval("SELECT array_agg(application) FROM written_by") == [given]
+        [span] = [s for s in spans.get_finished_spans() if s.name == "ltm.create_memory process"]
+        assert span.attributes is not None
+        assert span.attributes["messaging.message.id"] == body["event_id"]
+        assert await workers.stop(worker) == 0
+        # the worker closed none of them: the test still uses each
+        assert not pool.is_closing()
+        assert await pool.fetchval("SELECT content FROM server_memories") == "through the given pool"
+        assert await cache.ping()
+    finally:
+        await pool.close()
+        await cache.close()
+        provider.shutdown()
 
 
 async def test_a_stop_finishes_the_events_in_flight_and_takes_no_more(

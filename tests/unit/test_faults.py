@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 import redis.exceptions
 
-from worker.faults import TransientError, explain, is_transient, needs_a_person, refusal
+from worker.broker.urls import NoNodeAnswered
+from worker.faults import Problem, Refusal, TransientError, explain, is_transient, needs_a_person, refusal
 from worker.redact import certificate_failure, describe
 from worker.store.pool import describe_failure
 
@@ -96,7 +97,10 @@ def _wrapped(outer: BaseException, cause: BaseException) -> BaseException:
 def test_a_refused_certificate_reads_the_same_whichever_library_raised_it(exc: BaseException) -> None:
     described = describe(exc)
     assert described.startswith("TLS certificate not accepted (unable to get local issuer certificate): ")
-    assert needs_a_person(described)
+    assert needs_a_person(explain(exc)) == Refusal("", "certificate", described)
+    refused = needs_a_person(explain(exc, "rediss://127.0.0.1:6380/0"))
+    assert refused is not None
+    assert (refused.dependency, refused.refused) == ("Redis", "certificate")
     assert certificate_failure(exc) is not None
     assert is_transient(exc)  # retried like any other dependency failure
     assert "CERTIFICATE_VERIFY_FAILED" in described
@@ -109,7 +113,7 @@ def test_a_refused_certificate_is_not_an_invalid_connection_string() -> None:
     assert describe_failure(ValueError("`sslmode` parameter must be one of ...")).startswith(
         "invalid connection string: "
     )
-    assert not needs_a_person(describe(ConnectionRefusedError(111, "Connect call failed")))
+    assert needs_a_person(explain(ConnectionRefusedError(111, "Connect call failed"))) is None
     assert certificate_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")) is None
 
 
@@ -128,93 +132,143 @@ OPERATION_REFUSED = aiormq.exceptions.ChannelAccessRefused(
 )
 
 
+#: a refusal of each kind: the exception, the URL it was met at, what explain says
+REFUSALS = [
+    (
+        VHOST_CLOSED,
+        "amqp://nc4:s3cret@127.0.0.1:5672/nc4-ltm-typo",
+        "RabbitMQ refused vhost 'nc4-ltm-typo' to user 'nc4' (does the vhost exist, and may user 'nc4' "
+        "use it? rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions nc4)",
+    ),
+    (
+        VHOST_CLOSED,
+        "amqp://127.0.0.1/",
+        "RabbitMQ refused vhost '/' to user 'guest' (does the vhost exist, and may user 'guest' use it? "
+        "rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions guest)",
+    ),
+    (
+        LOGIN_REFUSED,
+        "amqp://guest:wrong@127.0.0.1:5672/",
+        "RabbitMQ refused the login of user 'guest' (ACCESS_REFUSED): check the user and password in the URL",
+    ),
+    (
+        OPERATION_REFUSED,
+        "amqp://w:s3cret@rmq/",
+        "RabbitMQ refused user 'w': ACCESS_REFUSED - access to exchange 'tomori.tool_calls' in vhost '/' "
+        "refused for user 'w' (its permissions on the vhost: rabbitmqctl list_user_permissions w; "
+        "deploy/README.md lists what the worker needs)",
+    ),
+    (
+        asyncpg.InvalidCatalogNameError('database "ltm nc4" does not exist'),
+        "postgresql://ltm:s3cret@pg-a:5433,pg-b:5434/ltm%20nc4?sslmode=verify-full",
+        "Postgres has no database 'ltm nc4': create it (createdb -h pg-a -p 5433 -U ltm 'ltm nc4') or "
+        "correct the database in the DSN",
+    ),
+    (
+        asyncpg.InvalidCatalogNameError('database "ltm_demo" does not exist'),
+        None,
+        "Postgres has no database 'ltm_demo': create it (createdb ltm_demo) or correct the database in "
+        "the DSN",
+    ),
+    (
+        asyncpg.InvalidPasswordError('password authentication failed for user "ltm"'),
+        "postgresql://ltm:s3cret@[::1]:5432/tomoribot",
+        'Postgres refused the login: password authentication failed for user "ltm" (check the user and '
+        "password in the DSN, and that the server's pg_hba.conf admits this host, user and database)",
+    ),
+    (
+        redis.exceptions.AuthenticationError("invalid username-password pair or user is disabled."),
+        "redis://:s3cret@127.0.0.1:6379/0",
+        "Redis refused the login: invalid username-password pair or user is disabled. (check the user "
+        "and password in the URL)",
+    ),
+    (
+        redis.exceptions.NoPermissionError("this user has no permissions to run the 'info' command"),
+        "redis://w:s3cret@127.0.0.1:6379/0",
+        "Redis refused a command: this user has no permissions to run the 'info' command (the user's ACL "
+        "must allow PING, INFO and PUBLISH)",
+    ),
+    (
+        _wrapped(
+            aiormq.exceptions.AMQPConnectionError(-2, "Name or service not known"),
+            socket.gaierror(-2, "Name or service not known"),
+        ),
+        "amqp://guest:s3cret@rmq.nowhere.invalid:5672/",
+        "cannot resolve host 'rmq.nowhere.invalid' ([Errno -2] Name or service not known): check the "
+        "host in the URL",
+    ),
+]
+REFUSAL_IDS = [
+    "vhost",
+    "vhost-default-user",
+    "login",
+    "permission",
+    "no-database",
+    "no-database-no-dsn",
+    "postgres-login",
+    "redis-login",
+    "redis-acl",
+    "unknown-host",
+]
+#: the dependency and what it refused, per case of REFUSALS
+REFUSED = [
+    ("RabbitMQ", "vhost"),
+    ("RabbitMQ", "vhost"),
+    ("RabbitMQ", "login"),
+    ("RabbitMQ", "permission"),
+    ("Postgres", "database"),
+    ("Postgres", "database"),
+    ("Postgres", "login"),
+    ("Redis", "login"),
+    ("Redis", "permission"),
+    ("RabbitMQ", "host"),
+]
+
+
 @pytest.mark.parametrize(
-    ("exc", "url", "said"),
-    [
-        (
-            VHOST_CLOSED,
-            "amqp://nc4:s3cret@127.0.0.1:5672/nc4-ltm-typo",
-            "RabbitMQ refused vhost 'nc4-ltm-typo' to user 'nc4' (does the vhost exist, and may user 'nc4' "
-            "use it? rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions nc4)",
-        ),
-        (
-            VHOST_CLOSED,
-            "amqp://127.0.0.1/",
-            "RabbitMQ refused vhost '/' to user 'guest' (does the vhost exist, and may user 'guest' use it? "
-            "rabbitmqctl list_vhosts; rabbitmqctl list_user_permissions guest)",
-        ),
-        (
-            LOGIN_REFUSED,
-            "amqp://guest:wrong@127.0.0.1:5672/",
-            "RabbitMQ refused the login of user 'guest' (ACCESS_REFUSED): check the user and password in the "
-            "URL",
-        ),
-        (
-            OPERATION_REFUSED,
-            "amqp://w:s3cret@rmq/",
-            "RabbitMQ refused user 'w': ACCESS_REFUSED - access to exchange 'tomori.tool_calls' in vhost '/' "
-            "refused for user 'w' (its permissions on the vhost: rabbitmqctl list_user_permissions w; "
-            "deploy/README.md lists what the worker needs)",
-        ),
-        (
-            asyncpg.InvalidCatalogNameError('database "ltm nc4" does not exist'),
-            "postgresql://ltm:s3cret@pg-a:5433,pg-b:5434/ltm%20nc4?sslmode=verify-full",
-            "Postgres has no database 'ltm nc4': create it (createdb -h pg-a -p 5433 -U ltm 'ltm nc4') or "
-            "correct the database in the DSN",
-        ),
-        (
-            asyncpg.InvalidCatalogNameError('database "ltm_demo" does not exist'),
-            None,
-            "Postgres has no database 'ltm_demo': create it (createdb ltm_demo) or correct the database in "
-            "the DSN",
-        ),
-        (
-            asyncpg.InvalidPasswordError('password authentication failed for user "ltm"'),
-            "postgresql://ltm:s3cret@[::1]:5432/tomoribot",
-            'Postgres refused the login: password authentication failed for user "ltm" (check the user and '
-            "password in the DSN, and that the server's pg_hba.conf admits this host, user and database)",
-        ),
-        (
-            redis.exceptions.AuthenticationError("invalid username-password pair or user is disabled."),
-            "redis://:s3cret@127.0.0.1:6379/0",
-            "Redis refused the login: invalid username-password pair or user is disabled. (check the user "
-            "and password in the URL)",
-        ),
-        (
-            redis.exceptions.NoPermissionError("this user has no permissions to run the 'info' command"),
-            "redis://w:s3cret@127.0.0.1:6379/0",
-            "Redis refused a command: this user has no permissions to run the 'info' command (the user's ACL "
-            "must allow PING, INFO and PUBLISH)",
-        ),
-        (
-            _wrapped(
-                aiormq.exceptions.AMQPConnectionError(-2, "Name or service not known"),
-                socket.gaierror(-2, "Name or service not known"),
-            ),
-            "amqp://guest:s3cret@rmq.nowhere.invalid:5672/",
-            "cannot resolve host 'rmq.nowhere.invalid' ([Errno -2] Name or service not known): check the "
-            "host in the URL",
-        ),
-    ],
-    ids=[
-        "vhost",
-        "vhost-default-user",
-        "login",
-        "permission",
-        "no-database",
-        "no-database-no-dsn",
-        "postgres-login",
-        "redis-login",
-        "redis-acl",
-        "unknown-host",
-    ],
+    ("exc", "url", "said", "refused"),
+    [(*case, kind) for case, kind in zip(REFUSALS, REFUSED, strict=True)],
+    ids=REFUSAL_IDS,
 )
-def test_a_refusal_says_what_to_do_and_needs_a_person(exc: BaseException, url: str | None, said: str) -> None:
+def test_a_refusal_says_what_to_do_and_needs_a_person(
+    exc: BaseException, url: str | None, said: str, refused: tuple[str, str]
+) -> None:
     assert refusal(exc, url) == said
-    assert explain(exc, url) == said
-    assert needs_a_person(said)
-    assert needs_a_person(f"no RabbitMQ node answered: amqp://a/: {said}; amqp://b/: ConnectionRefusedError")
+    problem = explain(exc, url)
+    assert problem == said
+    assert needs_a_person(problem) == Refusal(*refused, said)
     assert "s3cret" not in said
+
+
+@pytest.mark.parametrize(("exc", "url", "said"), REFUSALS, ids=REFUSAL_IDS)
+def test_a_node_that_refuses_among_several_that_are_down_needs_a_person(
+    exc: BaseException, url: str | None, said: str
+) -> None:
+    down = explain(ConnectionRefusedError(111, "Connect call failed"), "amqp://guest@rmq-2/")
+    problems = [down, Problem(f"amqp://rmq-1/: {explain(exc, url)}", explain(exc, url).refusal)]
+    everywhere = NoNodeAnswered("no RabbitMQ node answered: " + "; ".join(problems), problems)
+    problem = explain(everywhere, "amqp://guest@rmq-2/")
+    assert said in problem
+    refused = needs_a_person(problem)
+    assert refused is not None
+    assert refused.line == said
+    assert needs_a_person(explain(NoNodeAnswered("no RabbitMQ node answered: ...", [down, down]))) is None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("cannot resolve host 'x' in the event's text"),
+        ValueError("RabbitMQ refused the login of user 'guest': a quoted sentence"),
+        asyncpg.exceptions.DataError("Postgres has no database 'x' (an event's own words)"),
+    ],
+    ids=["host-words", "login-words", "database-words"],
+)
+def test_the_words_of_a_refusal_in_another_failure_do_not_make_it_one(exc: BaseException) -> None:
+    """What needs a person is what the exception is, not what its message happens to say."""
+    problem = explain(exc, "amqp://guest@127.0.0.1/")
+    assert needs_a_person(problem) is None
+    assert needs_a_person(Problem(str(problem))) is None
 
 
 @pytest.mark.parametrize(
@@ -230,7 +284,7 @@ def test_a_refusal_says_what_to_do_and_needs_a_person(exc: BaseException, url: s
 def test_an_outage_is_described_as_it_is_and_waited_on(exc: BaseException) -> None:
     assert refusal(exc, "amqp://guest:guest@127.0.0.1/") is None
     assert explain(exc, "amqp://guest:guest@127.0.0.1/").startswith(describe(exc))  # a hint may follow
-    assert not needs_a_person(explain(exc, "amqp://guest:guest@127.0.0.1/"))
+    assert needs_a_person(explain(exc, "amqp://guest:guest@127.0.0.1/")) is None
 
 
 def test_postgres_failures_go_through_the_same_words() -> None:

@@ -176,8 +176,8 @@ def test_ports_are_published_on_loopback_for_an_engine_on_this_machine() -> None
 
 def test_a_guessed_host_counts_as_this_machine_only_when_a_socket_binds_to_it() -> None:
     # testcontainers' guess inside a container is the bridge gateway: ours when this namespace runs the engine
-    from worker.testing import engine
+    from worker.testing import ports
 
-    assert engine._is_own_address("127.0.0.1")
-    assert not engine._is_own_address("203.0.113.7")  # TEST-NET-3: no interface here has it
-    assert not engine._is_own_address("docker.example")
+    assert ports._is_own_address("127.0.0.1")
+    assert not ports._is_own_address("203.0.113.7")  # TEST-NET-3: no interface here has it
+    assert not ports._is_own_address("docker.example")

@@ -29,6 +29,21 @@ class AckChannel(Protocol):
     ) -> Awaitable[None]: ...
 
 
+class Delivery(Protocol):
+    """What this needs of a delivery (aio-pika's ``AbstractIncomingMessage``): its tag on the channel."""
+
+    @property
+    def delivery_tag(self) -> int | None: ...
+
+
+def tag_of(delivery: Delivery) -> int:
+    """The delivery's tag on its channel (every delivery of a consumer that acks has one)."""
+    tag = delivery.delivery_tag
+    if tag is None:
+        raise ValueError("a delivery without a tag cannot be acked (consumed with no_ack?)")
+    return tag
+
+
 class AlreadySettled(RuntimeError):
     """A delivery was acked or nacked twice (a bug in the caller)."""
 
@@ -52,14 +67,18 @@ class Acks:
         self.acked = 0
         self.nack_frames = 0
 
-    def settled(self, tag: int) -> bool:
-        """True once ``tag`` was acked or nacked (or its ack is waiting for the flush)."""
+    def settled(self, delivery: Delivery) -> bool:
+        """True once ``delivery`` was acked or nacked (or its ack is waiting for the flush)."""
+        return self._settled(tag_of(delivery))
+
+    def _settled(self, tag: int) -> bool:
         return tag <= self._through or tag in self._done or tag in self._ready
 
-    async def ack(self, tag: int) -> None:
-        """Ack ``tag`` with the other acks asked for in this turn of the loop; returns once its frame is
+    async def ack(self, delivery: Delivery) -> None:
+        """Ack ``delivery`` with the other acks asked for in this turn of the loop; returns once its frame is
         queued on the connection. Raises when the channel is closed (the broker then redelivers it)."""
-        if self.settled(tag):
+        tag = tag_of(delivery)
+        if self._settled(tag):
             raise AlreadySettled(f"delivery {tag} is already settled")
         self._ready.add(tag)
         if self._flushed is None:
@@ -71,9 +90,10 @@ class Acks:
         # several callers await one future: shield it, so a cancelled caller does not cancel the others'
         await asyncio.shield(self._flushed)
 
-    async def nack(self, tag: int, *, requeue: bool = True) -> None:
-        """Hand ``tag`` back (``requeue``) or drop it, at once, on its own frame."""
-        if self.settled(tag):
+    async def nack(self, delivery: Delivery, *, requeue: bool = True) -> None:
+        """Hand ``delivery`` back (``requeue``) or drop it, at once, on its own frame."""
+        tag = tag_of(delivery)
+        if self._settled(tag):
             raise AlreadySettled(f"delivery {tag} is already settled")
         async with self._lock:
             await self._channel.basic_nack(tag, requeue=requeue, wait=False)

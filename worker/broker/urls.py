@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 import aio_pika
 
-from worker.faults import explain
+from worker.faults import FailedEverywhere, Problem, explain
 from worker.redact import redact_url
 
 
@@ -40,8 +40,9 @@ def split_urls(value: str) -> list[str]:
     return urls
 
 
-class NoNodeAnswered(ConnectionError):
-    """Every listed node refused or timed out; the message names each with its error."""
+class NoNodeAnswered(FailedEverywhere):
+    """Every listed node refused or timed out; the message names each with its error (``problems``, one
+    per node, say whether a person must act)."""
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Nodes:
         tried once; ``options`` go to :func:`aio_pika.connect`. Raises :class:`NoNodeAnswered` naming each
         node's error when none answers. A process that reads deliveries installs
         :func:`worker.broker.content_header.install` first (worker/cli.py, worker/bootstrap.py)."""
-        errors: list[str] = []
+        errors: list[Problem] = []
         last: Exception | None = None
         count = len(self.urls)
         for step in range(count):
@@ -75,7 +76,8 @@ class Nodes:
                 )
             except Exception as exc:  # refused, timed out, authentication or vhost refused
                 last = exc
-                errors.append(f"{redact_url(url)}: {explain(exc, url)}")
+                problem = explain(exc, url)
+                errors.append(Problem(f"{redact_url(url)}: {problem}", problem.refusal))
                 continue
             # a later reconnect (this node lost, or failing after the connect) starts with the next node
             self._next = (index + 1) % count
@@ -84,7 +86,7 @@ class Nodes:
         self._next = (self._next + 1) % count
         if count == 1 and last is not None:
             raise last  # one node: its own error, as before there were lists
-        raise NoNodeAnswered("no RabbitMQ node answered: " + "; ".join(errors))
+        raise NoNodeAnswered("no RabbitMQ node answered: " + "; ".join(errors), errors)
 
 
 async def connect_any(

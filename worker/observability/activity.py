@@ -25,7 +25,7 @@ import structlog
 
 from worker.aio import cancel_within, finish_within
 from worker.redact import describe
-from worker.store.repository import ActivityRow, GuildActivity, forget_shard_activity, write_shard_activity
+from worker.store.activity import ActivityRow, GuildActivity, forget_shard_activity, write_shard_activity
 
 log = structlog.get_logger("worker")
 #: the row of every shard without a queue of its own (``other`` in the metrics and in ``worker shards``): the

@@ -8,14 +8,14 @@ from typing import Any
 
 import asyncpg
 
-from worker.faults import explain
+from worker.faults import Problem, explain
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.metrics import Metrics
 from worker.redact import certificate_failure, describe
 from worker.store.migrate import pending_migrations
 
 
-async def probe(check: Awaitable[Any], timeout: float = 3.0, *, url: str | None = None) -> str | None:
+async def probe(check: Awaitable[Any], timeout: float = 3.0, *, url: str | None = None) -> Problem | None:
     """None when ``check`` (of the dependency at ``url``) completes in time, else a one-line reason."""
     try:
         await asyncio.wait_for(check, timeout=timeout)
@@ -29,7 +29,7 @@ class InvalidSetting(Exception):
     wait for."""
 
 
-async def migrations_problem(dsn: str) -> str | None:
+async def migrations_problem(dsn: str) -> Problem | None:
     """Why the worker cannot use Postgres yet (unreachable, or migrations pending), or None.
 
     Raises :class:`InvalidSetting` for a connection string that cannot be used at all. A certificate the
@@ -45,7 +45,7 @@ async def migrations_problem(dsn: str) -> str | None:
             raise InvalidSetting(f"invalid Postgres connection string: {reason}") from exc
         return explain(exc, dsn)
     if pending:
-        return f"schema not migrated (run `worker migrate`): {', '.join(pending)}"
+        return Problem(f"schema not migrated (run `worker migrate`): {', '.join(pending)}")
     return None
 
 

@@ -49,7 +49,7 @@ DEFAULT_INTERVAL_SECONDS = 15
 #: how long reading the recorded shards may take (a Postgres that does not answer must not stall the sampling)
 SHARDS_TIMEOUT_SECONDS = 5.0
 
-#: the shards that have a queue of their own, in order (``worker.store.repository.registered_shards``)
+#: the shards that have a queue of their own, in order (``worker.store.shard_queues.registered_shards``)
 ShardSource = Callable[[], Awaitable[Sequence[int]]]
 
 

@@ -32,8 +32,9 @@ from worker.broker.urls import Nodes
 from worker.config import Settings
 from worker.ops.shards_report import queue_depth
 from worker.redact import describe
+from worker.store.activity import read_shard_activity
 from worker.store.pool import connect_once
-from worker.store.repository import claim_shard_queue, forget_shard_queue, read_shard_activity, register_shard
+from worker.store.shard_queues import claim_shard_queue, forget_shard_queue, register_shard
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,9 @@ from worker.config import Settings
 from worker.observability.activity import OTHER_SHARD
 from worker.observability.metrics import SHARD_WAIT_BUCKETS
 from worker.redact import describe
+from worker.store.activity import read_guild_activity, read_shard_activity
 from worker.store.pool import connect_once
-from worker.store.repository import read_guild_activity, read_shard_activity, registered_shards
+from worker.store.shard_queues import registered_shards
 
 #: what the command says when a shard holds this share of the backlog (the alert's threshold too)
 LOUD_SHARE = 0.5

@@ -28,7 +28,6 @@ from worker.broker.blocking import watch as watch_blocks
 from worker.broker.publisher import BacklogFull, Publisher
 from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.redact import describe, redact_url
-from worker.runtime.delivery import delivery_tag
 from worker.runtime.fair import Action, FairShares, Guild, Ticket
 from worker.runtime.handler import EventHandler
 from worker.runtime.services import Services
@@ -191,7 +190,7 @@ class Consumer:
                 # past the byte budget, or stopping before this event started: hand it back now, so
                 # another worker takes it without waiting for this one's drain to end
                 with contextlib.suppress(Exception):
-                    await route.acks.nack(delivery_tag(message), requeue=True)
+                    await route.acks.nack(message, requeue=True)
                 return
             await route.handler.handle(message, route.acks, read=ticket.read, sender=ticket.sender)
         except asyncio.CancelledError:
@@ -227,7 +226,7 @@ class Consumer:
         guild = ticket.tenant.guild if isinstance(ticket.tenant, Guild) else None
         self._services.metrics.shard_moved(shard_id, guild)
         with contextlib.suppress(Exception):  # a lost channel: redelivered, and answered once by the ledger
-            await route.acks.ack(delivery_tag(message))
+            await route.acks.ack(message)
         return True
 
     async def _keep_window(self, common: _Common, shards: ShardQueues) -> None:

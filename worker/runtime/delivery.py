@@ -96,7 +96,7 @@ class Delivery:
         """Ack the delivery (with the acks of its turn: :class:`worker.broker.acks.Acks`); False when its
         channel is gone (the broker then redelivers it)."""
         try:
-            await self._acks.ack(delivery_tag(self.message))
+            await self._acks.ack(self.message)
         except Exception as exc:
             log.warning(
                 "ack failed; the broker redelivers the event",
@@ -194,7 +194,7 @@ class Delivery:
         Nothing is done for a delivery already settled, or whose channel is gone (the broker requeues it).
         The pause ends early when the worker starts ``stopping``."""
         message = self.message
-        if self._acks.settled(delivery_tag(message)) or self.channel_closed:
+        if self._acks.settled(message) or self.channel_closed:
             return
         log.warning(
             "delivery not settled; handing it back to the queue",
@@ -206,12 +206,6 @@ class Delivery:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), timeout=UNSETTLED_REQUEUE_SECONDS)
         try:
-            await self._acks.nack(delivery_tag(message), requeue=True)
+            await self._acks.nack(message, requeue=True)
         except Exception as exc:
             log.warning("could not hand a delivery back; the broker requeues it", error=describe(exc))
-
-
-def delivery_tag(message: AbstractIncomingMessage) -> int:
-    """The delivery's tag on its channel (every delivery of a consumer has one)."""
-    assert message.delivery_tag is not None
-    return message.delivery_tag

@@ -26,7 +26,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from worker.broker.topology import declare_shard_queue, shard_queue_name
 from worker.config import Topology
 from worker.redact import describe
-from worker.store.repository import claim_shard_queue, registered_shards
+from worker.store.shard_queues import claim_shard_queue, registered_shards
 
 log = structlog.get_logger("worker")
 

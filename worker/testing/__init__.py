@@ -10,6 +10,7 @@
 - `worker.testing.permissions`: the worker's and a shard's RabbitMQ grants, the Redis users;
 - `worker.testing.process`: a `python -m` child with its own log file (the repository's one process runner);
 - `worker.testing.workers`: one `worker run` process (its probe port, its log, its stop);
-- `worker.testing.seed`: bot rows for a try-out and events that name them;
+- `worker.testing.seed`: bot rows as the bot would write them (`BotRows`), a try-out's guild and events that
+  name it;
 - `worker.testing.pytest_plugin`: the `ltm_stack` and `ltm_shard` fixtures (docs/testing-your-shard.md).
 """

@@ -2,10 +2,11 @@
 ready: a query answered, an AMQP connection and the management API, PING.
 
 Images come from worker/testing/images.py (official, pinned; `LTM_*_IMAGE` overrides each). How one
-container is started, bounded (`LTM_CONTAINER_START_TIMEOUT`), published (`LTM_STACK_PUBLISH_ADDRESS`) and
-cleaned up (Ryuk, or `TESTCONTAINERS_RYUK_DISABLED=true`) is worker/testing/engine.py; its public names are
-importable from here too. testcontainers is imported only when a container is started, so this module
-imports without it (install the `testing` extra).
+container is started, bounded (`LTM_CONTAINER_START_TIMEOUT`) and cleaned up (Ryuk, or
+`TESTCONTAINERS_RYUK_DISABLED=true`) is worker/testing/engine.py, where its ports are published
+(`LTM_STACK_PUBLISH_ADDRESS`) worker/testing/ports.py; their public names are importable from here too.
+testcontainers is imported only when a container is started, so this module imports without it (install the
+`testing` extra).
 """
 
 from __future__ import annotations
@@ -21,14 +22,11 @@ from worker.testing.engine import (
     LABEL,
     OWNER_LABEL,
     PROBE_TIMEOUT,
-    PUBLISH_ADDRESS_ENV,
     START_TIMEOUT_ENV,
     Container,
     ContainerError,
     Deadline,
     StartAbandoned,
-    bound_address,
-    publish_address,
     run_blocking,
     seconds_from_env,
     start_timeout,
@@ -36,6 +34,7 @@ from worker.testing.engine import (
 )
 from worker.testing.images import POSTGRES, RABBITMQ, REDIS
 from worker.testing.management import ManagementApi
+from worker.testing.ports import PUBLISH_ADDRESS_ENV, bound_address, publish_address
 
 __all__ = [
     "DEFAULT_START_TIMEOUT",

@@ -3,7 +3,7 @@ deleted with the demo's memories and ledger rows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -23,7 +23,8 @@ from worker.ops.demo.example import (
 )
 from worker.redact import describe, redact_setting
 from worker.store.pool import connect_once
-from worker.store.repository import registered_shards
+from worker.store.shard_queues import registered_shards
+from worker.testing.seed import BotRows
 
 
 async def seed(dsn: str, *, out: Callable[[str], None] = say) -> int:
@@ -35,12 +36,10 @@ async def seed(dsn: str, *, out: Callable[[str], None] = say) -> int:
         if not await _has_bot_tables(conn):
             fail(f"{redact_setting(dsn)} has no bot tables: run `worker migrate` first")
             return EXIT_FAILED
+        rows = BotRows(conn)
         async with conn.transaction():
             server_id, added = await _row(
-                conn,
-                "SELECT server_id FROM servers WHERE server_disc_id = $1",
-                "INSERT INTO servers (server_disc_id) VALUES ($1) RETURNING server_id",
-                GUILD,
+                conn, "SELECT server_id FROM servers WHERE server_disc_id = $1", rows.server, GUILD
             )
             out(f"servers: guild {GUILD} (server_id {server_id}) {'added' if added else 'was there'}")
             owner = await conn.fetchval("SELECT server_id FROM personas WHERE persona_id = $1", PERSONA_ID)
@@ -51,22 +50,14 @@ async def seed(dsn: str, *, out: Callable[[str], None] = say) -> int:
                 )
                 return EXIT_FAILED
             if owner is None:
-                await conn.execute(
-                    "INSERT INTO personas (persona_id, server_id, persona_nickname) VALUES ($1, $2, $3)",
-                    PERSONA_ID,
-                    server_id,
-                    PERSONA_NICKNAME,
-                )
+                await rows.persona(server_id, PERSONA_NICKNAME, persona_id=PERSONA_ID)
             out(
                 f"personas: persona {PERSONA_ID} ({PERSONA_NICKNAME}) on that server "
                 f"{'was there' if owner is not None else 'added'}"
             )
             for disc_id, who in ((AUTHOR, "the author"), (SPARROW, "Sparrow, a member")):
                 user_id, added = await _row(
-                    conn,
-                    "SELECT user_id FROM users WHERE user_disc_id = $1",
-                    "INSERT INTO users (user_disc_id) VALUES ($1) RETURNING user_id",
-                    disc_id,
+                    conn, "SELECT user_id FROM users WHERE user_disc_id = $1", rows.user, disc_id
                 )
                 out(f"users: {disc_id}, {who} (user_id {user_id}) {'added' if added else 'was there'}")
     except asyncpg.PostgresError as exc:
@@ -90,12 +81,14 @@ async def _has_bot_tables(conn: asyncpg.Connection) -> bool:
     return await conn.fetchval("SELECT to_regclass('public.personas')") is not None
 
 
-async def _row(conn: asyncpg.Connection, select: str, insert: str, key: str) -> tuple[int, bool]:
+async def _row(
+    conn: asyncpg.Connection, select: str, insert: Callable[[str], Awaitable[int]], key: str
+) -> tuple[int, bool]:
     """The id of the row ``select`` finds, else of the row ``insert`` adds; and whether it was added."""
     found = await conn.fetchval(select, key)
     if found is not None:
         return int(found), False
-    return int(await conn.fetchval(insert, key)), True
+    return await insert(key), True
 
 
 async def recorded_shards(dsn: str) -> list[int]:
