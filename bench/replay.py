@@ -46,7 +46,7 @@ import asyncpg
 import orjson
 
 from bench.noisy import AUTHOR, BOT, Answers, event, queue_depths, seed
-from bench.replay_steps import against_target, exactly_once, periods, spread, where_the_time_goes
+from bench.replay_steps import against_target, exactly_once, on_record, spread, where_the_time_goes
 from bench.sandbox import Sandbox
 from contracts.shard import LtmClient, LtmClientError
 from sim.process import CHECKOUT, ModuleProcess
@@ -63,6 +63,7 @@ LETTER_SHARD, QUIET_SHARD = 1, 2
 #: the letters of each scenario come from a guild of their own (their memories counted apart); the quiet one's
 GUILDS = {"paced": "1150000000000000011", "cancelled": "1150000000000000012", "steps": "1150000000000000013"}
 GUILDS["quiet"] = "1150000000000000002"
+AUDIT_TABLES = "ltm_dlq_operations, ltm_dlq_operation_letters"
 ERROR = "database unavailable: connection to 127.0.0.1:5432 refused"
 
 
@@ -188,27 +189,6 @@ async def operation_id(env: Mapping[str, str], by: str, timeout: float = 30) -> 
     raise RuntimeError(f"no running replay by {by} listed within {timeout:g} s")
 
 
-async def on_record(dsn: str, actor: str) -> tuple[float, list[float]]:
-    """The latest operation by ``actor``: its own time on record (start to finish, s), and its rounds'
-    periods (ms)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        row = await conn.fetchrow(
-            "SELECT operation_id, started_at, finished_at FROM ltm_dlq_operations WHERE actor = $1"
-            " ORDER BY started_at DESC LIMIT 1",
-            actor,
-        )
-        stamps = await conn.fetch(
-            "SELECT recorded_at FROM ltm_dlq_operation_letters WHERE operation_id = $1"
-            " AND outcome = 'replayed'",
-            row["operation_id"],
-        )
-    finally:
-        await conn.close()
-    took = (row["finished_at"] - row["started_at"]).total_seconds() if row and row["finished_at"] else -1.0
-    return took, periods([r["recorded_at"] for r in stamps])
-
-
 async def in_postgres(dsn: str, ids: list[str], persona: int) -> tuple[int, int, int]:
     """Of ``ids``: ledger rows, letters without one; the persona's memories beyond one per letter."""
     conn = await asyncpg.connect(dsn)
@@ -232,7 +212,7 @@ async def answered(answers: Answers, ids: list[str], timeout: float = 180) -> fl
 
 
 async def paced(args: argparse.Namespace, ctx: Context, live: Live) -> None:
-    ids = await fill(ctx.url, args.letters, ctx.personas["paced"], GUILDS["paced"], 0)
+    ids = await ctx.letters(args.letters, "paced", 0)
     say(f"1. paced: {args.letters} transient_exhausted letters of shard {LETTER_SHARD} in the DLQ")
     stop = asyncio.Event()
     live_task = asyncio.ensure_future(live.run(stop))
@@ -255,7 +235,7 @@ async def paced(args: argparse.Namespace, ctx: Context, live: Live) -> None:
 
 async def cancelled(args: argparse.Namespace, ctx: Context) -> bool:
     persona = ctx.personas["cancelled"]
-    ids = await fill(ctx.url, args.letters, persona, GUILDS["cancelled"], 100_000)
+    ids = await ctx.letters(args.letters, "cancelled", 100_000)
     say(
         f"2. cancelled: {args.letters} more letters; replay at {args.rate:g}/s, `worker dlq cancel` "
         f"{args.cancel_after:g} s in from another process, then the replay run again"
@@ -307,6 +287,21 @@ class Context:
     dsn: str
     personas: dict[str, int]
     answers: Answers
+    analyze: bool
+
+    async def letters(self, count: int, scenario: str, first: int) -> list[str]:
+        """``count`` dead letters from the scenario's guild; with ``--analyze``, ANALYZE then as autovacuum
+        would on a server that runs it (this machine's Postgres runs with autovacuum off)."""
+        ids = await fill(self.url, count, self.personas[scenario], GUILDS[scenario], first)
+        if self.analyze:
+            conn = await asyncpg.connect(self.dsn)
+            try:
+                await conn.execute(
+                    "ANALYZE ltm_dlq_operations, ltm_dlq_operation_letters, ltm_processed_events"
+                )
+            finally:
+                await conn.close()
+        return ids
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -339,7 +334,7 @@ async def run(args: argparse.Namespace) -> int:
         await letters.open(answers.on_result, answers.on_notice, no_ack=True)
         client = await LtmClient.connect(url, QUIET_SHARD)
         personas = {name: seeded.personas[guild] for name, guild in GUILDS.items()}
-        ctx = Context(env, url, dsn, personas, answers)
+        ctx = Context(env, url, dsn, personas, answers, args.analyze)
         live = Live(client, personas["quiet"], args.live_rate)
         say(
             f"one worker of {CHECKOUT} at its defaults; {args.letters} letters a scenario, replayed at "
@@ -351,7 +346,7 @@ async def run(args: argparse.Namespace) -> int:
         if args.scenario in ("all", "cancelled"):
             ok = await cancelled(args, ctx)
         if args.scenario in ("all", "steps"):
-            ids = await fill(url, args.letters, personas["steps"], GUILDS["steps"], 200_000)
+            ids = await ctx.letters(args.letters, "steps", 200_000)
             say(f"3. where the time goes: {args.letters} more letters at {args.rate:g}/s, each step timed")
             say("\n".join(await where_the_time_goes(url, dsn, args.letters, args.rate)))
             await answered(answers, ids)
@@ -383,6 +378,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet-seconds", type=float, default=10.0, help="the quiet shard alone before (10)")
     p.add_argument("--cancel-after", type=float, default=5.0, help="seconds into the replay to cancel it (5)")
     p.add_argument("--scenario", choices=("all", "paced", "cancelled", "steps"), default="all")
+    p.add_argument("--analyze", action="store_true", help="ANALYZE the record and the ledger before each")
     p.add_argument("--postgres-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
     return p

@@ -5,10 +5,12 @@ bench prints them)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
-from bench import replay_steps
 from bench.replay import parser
 from bench.replay_steps import STEPS, Clock, against_target, exactly_once, periods, spread, steps_timed
+from worker.ops.dlq.audit import Operation
+from worker.ops.dlq.operations import Pace
 
 
 def test_against_target_says_within_or_by_how_much_outside() -> None:
@@ -54,21 +56,34 @@ def test_clock_keeps_each_step_and_the_rounds_bounds_without_the_heartbeat() -> 
     assert (clock.first, clock.last) == (1.0, 2.25)
     assert clock.took[take] == [0.5, 0.25]
     table = clock.table(wall=10.0)
-    assert table[0].split() == ["step", "calls", "total", "s", "share", "p50", "ms", "p99", "ms"]
+    assert table[0].split() == [
+        "step", "calls", "total", "s", "share", "p50", "ms", "p99", "ms", "first", "10%", "last", "10%"
+    ]  # fmt: skip
     rows = {line[:36].strip(): line[36:].split() for line in table[1:]}
     assert list(rows) == [take, publish, heartbeat]  # in a round's order; steps never taken left out
-    assert rows[take] == ["2", "0.75", "8%", "250.0", "500.0"]  # bench.flood.percentile: nearest rank
-    assert rows[heartbeat] == ["2", "1.00", "10%", "500.0", "500.0"]
+    # bench.flood.percentile: nearest rank; a tenth of 2 calls is the first one, and the last
+    assert rows[take] == ["2", "0.75", "8%", "250.0", "500.0", "500.0", "250.0"]
+    assert rows[heartbeat] == ["2", "1.00", "10%", "500.0", "500.0", "500.0", "500.0"]
 
 
-async def test_steps_timed_wraps_each_step_while_inside_and_puts_it_back() -> None:
+def test_the_tenths_show_a_step_that_grows_as_the_replay_goes_on() -> None:
+    clock = Clock()
+    ask = STEPS[1][0]
+    for n in range(100):  # 1 ms to 100 ms: the first ten calls 1-10 ms, the last ten 91-100
+        clock.add(ask, float(n), n + (n + 1) / 1000)
+    row = clock.table(wall=100.0)[1][36:].split()
+    assert row[-2:] == ["5.0", "95.0"]  # nearest rank: the fifth of ten
+
+
+async def test_steps_timed_wraps_each_step_while_inside_and_puts_it_back_and_skips_empty_calls() -> None:
     originals = [getattr(owner, name) for _, owner, name in STEPS]
     clock = Clock()
     with steps_timed(clock):
         wrapped = [getattr(owner, name) for _, owner, name in STEPS]
         assert all(w is not o for w, o in zip(wrapped, originals, strict=True))
-        pace = replay_steps.operations.Pace(1000.0)
+        pace = Pace(1000.0)
         assert await pace.take(1, lambda: False) is True  # the real step runs under its wrapper
+        await Operation.settled(cast(Operation, None), [], "not_replayed")  # no letters: returns at once
     assert [getattr(owner, name) for _, owner, name in STEPS] == originals
     assert list(clock.took) == ["the pace's wait"]
     assert len(clock.took["the pace's wait"]) == 1
