@@ -24,4 +24,8 @@ if __name__ == "__main__":
         from bench.memory import main as memory
 
         sys.exit(memory(sys.argv[2:]))
+    if sys.argv[1:2] == ["replay"]:  # python -m bench replay: worker dlq replay --rate beside live saves
+        from bench.replay import main as replay
+
+        sys.exit(replay(sys.argv[2:]))
     sys.exit(main(bench_parser().parse_args()))

@@ -274,3 +274,40 @@ async def test_bench_noisy_answers_every_event_of_both_shards_once_and_reports_t
     rows = [line.split() for line in report[1:] if line.split() and line.split()[0].isdigit()]
     assert rows, report
     assert rows[0][0] == "0", f"shard A (0) is the loudest: {report}"
+
+
+async def test_bench_replay_answers_every_letter_once_through_a_cancel_and_times_each_step(
+    postgres_dsn: str, rabbitmq_url: str, test_services: Services
+) -> None:
+    """``python -m bench replay`` on 800 letters at 100/s: the paced replay moves them all beside the quiet
+    shard's saves, the cancelled one stops with exit 130 and the next finishes it with every letter answered
+    once and the queues empty, history shows both, and the steps are timed (correctness only: the figures are
+    the command's to print)."""
+    if shutil.which("redis-server") is None:
+        pytest.fail(
+            "redis-server is not installed: bench replay starts a private Redis (apt-get install redis)"
+        )
+    management = test_services.resolve(RABBITMQ).management_url
+    extra = {MANAGEMENT_ENV_VAR: management} if management else {}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench", "replay", "--letters=800", "--rate=100", "--quiet-seconds=1",
+        "--cancel-after=1", f"--postgres-dsn={postgres_dsn}", f"--rabbitmq-url={rabbitmq_url}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, **extra},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    text = out.decode(errors="replace")
+    assert process.returncode == 0, text[-3000:] + err.decode(errors="replace")[-3000:]
+    lines = [line.strip() for line in text.splitlines()]
+    assert "$ worker dlq replay --rate 100 --by bench-paced  -> exit 0" in text, text
+    assert any(line.startswith("quiet shard 2, during the replay: n ") for line in lines), text
+    cancelled = next(line for line in lines if "--by bench-cancelled" in line)
+    assert "-> exit 130" in cancelled, cancelled
+    assert "cancelled by bench-canceller" in cancelled, cancelled
+    once = "0 missing, 0 answered twice; Postgres: 800 ledger rows (0 missing), 0 memories saved twice"
+    assert once in text, text
+    assert "queues left non-empty: none" in text, text
+    history = next(line for line in lines if line.startswith("history: the cancelled replay"))
+    assert history.endswith(": 800 replayed between them"), history
+    assert any(line.startswith("publish, wait for the confirms") for line in lines), text
+    assert "replayed in this process (exit 0: moved 800, kept 0)" in text, text
