@@ -13,7 +13,6 @@ import json
 import re
 import secrets
 import shutil
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -128,24 +127,38 @@ async def worker(migrated_dsn: str, rabbitmq_url: str, redis_url: str) -> AsyncI
 
 async def wait_for_consumer(url: str, task: asyncio.Task[int]) -> None:
     """Until the work queue has a consumer (the worker's), failing at once when the worker ended."""
-    deadline = time.monotonic() + WAIT
-    while True:
+
+    async def consumed() -> bool:
         if task.done():
             raise AssertionError(f"the worker ended: {task.result()}")
         connection = await aio_pika.connect(url)
         try:
             channel = await connection.channel()
-            try:
-                queue = await channel.declare_queue(Topology().work_queue, passive=True)
-                if queue.declaration_result.consumer_count:
-                    return
-            except aio_pika.exceptions.ChannelClosed:
-                pass
+            queue = await channel.declare_queue(Topology().work_queue, passive=True)
+            return bool(queue.declaration_result.consumer_count)
+        except aio_pika.exceptions.ChannelClosed:
+            return False
         finally:
             await connection.close()
-        if time.monotonic() > deadline:
-            raise AssertionError("the worker never consumed")
-        await asyncio.sleep(0.1)
+
+    await eventually(consumed, "the worker consumes", WAIT, interval=0.1)
+
+
+async def taken(
+    queue: aio_pika.abc.AbstractQueue, n: int, *, ack: bool = False
+) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """The first ``n`` messages of ``queue`` (``basic.get``, acked with ``ack``), once they are there."""
+    got: list[aio_pika.abc.AbstractIncomingMessage] = []
+
+    async def all_there() -> bool:
+        while len(got) < n and (message := await queue.get(fail=False)) is not None:
+            if ack:
+                await message.ack()
+            got.append(message)
+        return len(got) >= n
+
+    await eventually(all_there, f"{n} message(s) in {queue.name}", WAIT, interval=0.05)
+    return got
 
 
 async def declare(url: str, body: Callable[[aio_pika.abc.AbstractChannel], Any] | None = None) -> None:
@@ -227,14 +240,7 @@ async def test_saves_through_the_worker_typed_results_the_wire_notices_and_inval
         assert personal.tool_name == "remember_this_fact"
         assert personal.data["target_user"] == "Sparrow"
 
-        wires: dict[str, aio_pika.abc.AbstractIncomingMessage] = {}
-        deadline = time.monotonic() + WAIT
-        while len(wires) < 2 and time.monotonic() < deadline:
-            message = await spy.get(fail=False)
-            if message is None:
-                await asyncio.sleep(0.05)
-                continue
-            wires[str(message.message_id)] = message
+        wires = {str(message.message_id): message for message in await taken(spy, 2)}
         wire = wires[str(server.event_id)]
         assert wire.routing_key == "tool.create_long_term_memory"
         assert wire.content_type == "application/json"
@@ -317,17 +323,9 @@ async def test_with_the_shards_own_queue_bound_the_event_lands_there_by_its_key(
     try:
         channel = await connection.channel()
         queue = await channel.get_queue(OWN_QUEUE, ensure=False)
-        taken: list[aio_pika.abc.AbstractIncomingMessage] = []
-        deadline = time.monotonic() + WAIT
-        while len(taken) < 2 and time.monotonic() < deadline:
-            message = await queue.get(fail=False)
-            if message is None:
-                await asyncio.sleep(0.05)
-            else:
-                taken.append(message)
-                await message.ack()
-        assert sorted(m.routing_key or "" for m in taken) == [f"tool.{t}.shard.{SHARD}" for t in TOOLS]
-        for message in taken:
+        both = await taken(queue, 2, ack=True)
+        assert sorted(m.routing_key or "" for m in both) == [f"tool.{t}.shard.{SHARD}" for t in TOOLS]
+        for message in both:
             body = json.loads(message.body)
             assert message.user_id == urlsplit(rabbitmq_url).username
             assert message.message_id == body["event_id"]
@@ -382,17 +380,16 @@ async def refused_or_taken(call: asyncio.Task[Any], url: str, depth: int) -> boo
     connection = await aio_pika.connect(url)
     try:
         channel = await (await connection.channel()).get_underlay_channel()
-        deadline = time.monotonic() + WAIT
-        while not call.done():
+
+        async def settled() -> str | None:
+            if call.done():
+                return "refused"
             held = 0
             for name in (OWN_QUEUE, "ltm.create_memory"):
                 held += (await channel.queue_declare(name, passive=True)).message_count or 0
-            if held >= depth:
-                return False
-            if time.monotonic() > deadline:
-                raise AssertionError(f"event {depth} neither refused nor taken within {WAIT}s")
-            await asyncio.sleep(0.05)
-        return True
+            return "taken" if held >= depth else None
+
+        return await eventually(settled, f"event {depth} refused or taken", WAIT, interval=0.05) == "refused"
     finally:
         await connection.close()
 
@@ -422,12 +419,7 @@ async def test_a_user_id_not_the_connections_is_refused_and_false_sends_none(rab
         connection = await aio_pika.connect(rabbitmq_url)
         try:
             queue = await (await connection.channel()).get_queue("parked", ensure=False)
-            message = None
-            deadline = time.monotonic() + WAIT
-            while message is None and time.monotonic() < deadline:
-                message = await queue.get(fail=False)
-                await asyncio.sleep(0.05)
-            assert message is not None
+            (message,) = await taken(queue, 1)
             assert message.user_id is None
         finally:
             await connection.close()
