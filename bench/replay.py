@@ -48,7 +48,7 @@ import orjson
 from bench.noisy import AUTHOR, BOT, Answers, event, queue_depths, seed
 from bench.replay_steps import against_target, exactly_once, on_record, spread, where_the_time_goes
 from bench.sandbox import Sandbox
-from contracts.shard import LtmClient, LtmClientError
+from contracts.shard import LtmClient, LtmClientError, user_of_url
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import ShardLink
 from worker.broker.events import tool_call_message
@@ -107,6 +107,7 @@ class Live:
 async def fill(url: str, count: int, persona: int, guild: str, first: int) -> list[str]:
     """``count`` dead letters of shard 1 as the worker writes them after its retries failed; their ids."""
     connection = await aio_pika.connect(url, timeout=10)
+    sender = user_of_url(url)  # RabbitMQ refuses a user_id other than the connection's own user
     ids = []
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -122,7 +123,7 @@ async def fill(url: str, count: int, persona: int, guild: str, first: int) -> li
                     "x-ltm-failed-at": rfc3339(now - timedelta(seconds=60)),
                 }  # fmt: skip
                 message = tool_call_message(
-                    orjson.loads(body), body, app_id=f"tomori-shard-{LETTER_SHARD}", user_id="guest",
+                    orjson.loads(body), body, app_id=f"tomori-shard-{LETTER_SHARD}", user_id=sender,
                     headers=headers,
                 )  # fmt: skip
                 publishes.append(declared.dead_letter.publish(message, "tool.create_long_term_memory"))
