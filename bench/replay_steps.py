@@ -29,7 +29,7 @@ from worker.ops.dlq.audit import Operation
 from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.commands import replay_command
 from worker.ops.dlq.console import Console
-from worker.ops.dlq.letters import Selection
+from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import Sweep
 
 TOLERANCE = 0.10

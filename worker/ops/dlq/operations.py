@@ -18,8 +18,9 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 from worker.aio import close_quietly
 from worker.broker.headers import copy_message, frame_max_of
 from worker.ops.dlq.audit import Taken
-from worker.ops.dlq.letters import Letter, Selection, replay_headers
+from worker.ops.dlq.letters import Letter, replay_headers
 from worker.ops.dlq.reading import Seen, read
+from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Pass, Sweep
 from worker.redact import describe
 
@@ -153,7 +154,7 @@ async def browse(
 
 @dataclass(frozen=True, slots=True)
 class Senders:
-    """What a replay does with a letter whose sender is unknown (letters.py ``published_by``: the worker
+    """What a replay does with a letter whose sender is unknown (published.py ``published_by``: the worker
     recorded none, or the broker dead-lettered an event that had no ``user_id``)."""
 
     #: leave it in the DLQ, on record as ``not_replayed`` (``LTM_SHARD_IDENTITY=required``: the worker would
