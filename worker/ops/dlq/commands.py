@@ -15,7 +15,7 @@ from worker.ops.dlq.console import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
 from worker.ops.dlq.history import pairs_in
 from worker.ops.dlq.kinds import replay_helps
-from worker.ops.dlq.operations import AS_RECORDED, Pace, Senders, StopFn, Totals, browse, purge, replay
+from worker.ops.dlq.operations import StopFn, Totals, browse, purge
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.render import (
     Progress,
@@ -25,6 +25,7 @@ from worker.ops.dlq.render import (
     list_line,
     terminal_safe,
 )
+from worker.ops.dlq.replaying import AS_RECORDED, Pace, Senders, replay
 from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, Found, open_dead_letters
 

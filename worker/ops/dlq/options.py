@@ -10,8 +10,8 @@ from worker.config import environment_help
 from worker.ops.dlq.console import EXIT_CODES_HELP
 from worker.ops.dlq.kinds import WORKER_KINDS
 from worker.ops.dlq.live import DEFAULT_WAIT
-from worker.ops.dlq.operations import DEFAULT_RATE
 from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
+from worker.ops.dlq.replaying import DEFAULT_RATE
 from worker.ops.dlq.selection import GROUP_FIELDS, parse_duration, parse_group
 from worker.ops.dlq.sweep import DEFAULT_BATCH
 from worker.ops.subcommands import Action, Command, Setting, option

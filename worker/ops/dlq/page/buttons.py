@@ -23,8 +23,8 @@ from typing import Any
 
 from worker.ops.dlq.kinds import advice, replay_helps
 from worker.ops.dlq.letters import Letter
-from worker.ops.dlq.operations import DEFAULT_RATE
 from worker.ops.dlq.page.markup import esc, link, page
+from worker.ops.dlq.replaying import DEFAULT_RATE
 from worker.ops.dlq.selection import GROUP_FIELDS, Selection, parse_group
 
 #: the largest form body a POST may carry
