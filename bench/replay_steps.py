@@ -24,12 +24,12 @@ import asyncpg
 
 from bench.flood import percentile
 from worker.config import Topology
-from worker.ops.dlq import operations
+from worker.ops.dlq import replaying
 from worker.ops.dlq.audit import Operation
 from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.commands import replay_command
 from worker.ops.dlq.console import Console
-from worker.ops.dlq.letters import Selection
+from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import Sweep
 
 TOLERANCE = 0.10
@@ -38,9 +38,9 @@ TOLERANCE = 0.10
 STEPS: tuple[tuple[str, Any, str], ...] = (
     ("take from the DLQ (basic.get each)", Sweep, "next_batch"),
     ("ask the record: sent before?", Operation, "sent_before"),
-    ("the pace's wait", operations.Pace, "take"),
+    ("the pace's wait", replaying.Pace, "take"),
     ("record them pending", Operation, "taking"),
-    ("publish, wait for the confirms", operations, "_republish"),
+    ("publish, wait for the confirms", replaying, "_republish"),
     ("record the outcome", Operation, "settled"),
     ("ack the originals", Sweep, "remove"),
     ("heartbeat (a task of its own)", Operation, "beat"),

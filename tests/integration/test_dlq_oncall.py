@@ -40,7 +40,7 @@ from worker.broker.publisher import Publisher
 from worker.broker.urls import vhost_of
 from worker.ops import dlq
 from worker.ops.dlq.audited import Audited
-from worker.ops.dlq.letters import normalise_error
+from worker.ops.dlq.selection import normalise_error
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from typing import cast
 from bench.replay import parser
 from bench.replay_steps import STEPS, Clock, against_target, exactly_once, periods, spread, steps_timed
 from worker.ops.dlq.audit import Operation
-from worker.ops.dlq.operations import Pace
+from worker.ops.dlq.replaying import Pace
 
 
 def test_against_target_says_within_or_by_how_much_outside() -> None:

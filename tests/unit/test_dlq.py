@@ -16,8 +16,9 @@ from worker.ops import dlq
 from worker.ops.dlq.cli import Interruption
 from worker.ops.dlq.kinds import replay_note
 from worker.ops.dlq.letters import describe_dead_letter
-from worker.ops.dlq.operations import Senders, StopFn, user_of
+from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.render import json_depth, terminal_safe
+from worker.ops.dlq.replaying import Senders, user_of
 from worker.redact import redact_url
 
 TOPOLOGY = Topology()

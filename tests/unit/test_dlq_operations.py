@@ -16,8 +16,8 @@ import pytest
 from worker.ops.dlq.audit import Operation
 from worker.ops.dlq.cli import Interruption, _in_doubt
 from worker.ops.dlq.live import operations_header, operations_line
-from worker.ops.dlq.operations import DEFAULT_RATE, Pace
 from worker.ops.dlq.render import Progress
+from worker.ops.dlq.replaying import DEFAULT_RATE, Pace
 from worker.ops.dlq.running import Busy
 
 

@@ -12,9 +12,9 @@ from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation
 from worker.ops.dlq.console import EXIT_AUDIT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, Console, guarded
-from worker.ops.dlq.letters import Selection
 from worker.ops.dlq.operations import StopFn, Totals
 from worker.ops.dlq.running import Busy, Heartbeat, begin
+from worker.ops.dlq.selection import Selection
 
 #: what an operation does to a letter, as "nothing was ..." says it
 _DONE = {"replay": "replayed", "purge": "deleted"}

@@ -19,10 +19,11 @@ from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
 from worker.ops.dlq.console import EXIT_INTERRUPTED
 from worker.ops.dlq.history import history_command
-from worker.ops.dlq.letters import Selection
 from worker.ops.dlq.live import cancel_command, operations_command
-from worker.ops.dlq.operations import Senders, StopFn
+from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.options import DLQ, epilog
+from worker.ops.dlq.replaying import Senders
+from worker.ops.dlq.selection import Selection
 from worker.ops.subcommands import AddSettings, add_command
 from worker.service.identity import IdentityRule
 

@@ -15,8 +15,7 @@ from worker.ops.dlq.console import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_
 from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
 from worker.ops.dlq.history import pairs_in
 from worker.ops.dlq.kinds import replay_helps
-from worker.ops.dlq.letters import Selection
-from worker.ops.dlq.operations import AS_RECORDED, Pace, Senders, StopFn, Totals, browse, purge, replay
+from worker.ops.dlq.operations import StopFn, Totals, browse, purge
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.render import (
     Progress,
@@ -26,6 +25,8 @@ from worker.ops.dlq.render import (
     list_line,
     terminal_safe,
 )
+from worker.ops.dlq.replaying import AS_RECORDED, Pace, Senders, replay
+from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, Found, open_dead_letters
 
 
@@ -106,7 +107,8 @@ async def show_command(
     console: Console | None = None,
     trusted: frozenset[str] = frozenset(),
 ) -> int:
-    """``trusted``: LTM_TRUSTED_PUBLISHERS, by which "published by" is read (letters.py ``published_by``)."""
+    """``trusted``: LTM_TRUSTED_PUBLISHERS, by which "published by" is read (published.py
+    ``published_by``)."""
     console = console or Console()
 
     async def run() -> int:

@@ -9,10 +9,10 @@ from datetime import timedelta
 from worker.config import environment_help
 from worker.ops.dlq.console import EXIT_CODES_HELP
 from worker.ops.dlq.kinds import WORKER_KINDS
-from worker.ops.dlq.letters import GROUP_FIELDS, parse_duration, parse_group
 from worker.ops.dlq.live import DEFAULT_WAIT
-from worker.ops.dlq.operations import DEFAULT_RATE
 from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
+from worker.ops.dlq.replaying import DEFAULT_RATE
+from worker.ops.dlq.selection import GROUP_FIELDS, parse_duration, parse_group
 from worker.ops.dlq.sweep import DEFAULT_BATCH
 from worker.ops.subcommands import Action, Command, Setting, option
 
@@ -74,7 +74,7 @@ _CONNECTION = (
     ),
 )
 _DATABASE = (Setting("postgres_dsn"),)
-#: who may vouch for a letter's sender (letters.py ``published_by``): ``show``, the page, ``replay``
+#: who may vouch for a letter's sender (published.py ``published_by``): ``show``, the page, ``replay``
 _SENDERS = (Setting("trusted_publishers"),)
 _AUDITED = (
     option(

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.ops.dlq.kinds import advice, replay_helps
-from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection, parse_group
-from worker.ops.dlq.operations import DEFAULT_RATE
+from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.page.markup import esc, link, page
+from worker.ops.dlq.replaying import DEFAULT_RATE
+from worker.ops.dlq.selection import GROUP_FIELDS, Selection, parse_group
 
 #: the largest form body a POST may carry
 MAX_FORM_BYTES = 4096

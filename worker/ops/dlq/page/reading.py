@@ -14,10 +14,11 @@ from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit
 from worker.ops.dlq.history import Record, life, read_record, returned
-from worker.ops.dlq.letters import Letter, Selection
+from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.running import ask_to_stop, live
+from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
 
 
@@ -41,7 +42,7 @@ class Reader:
     dsn: str
     topology: Topology
     batch: int = DEFAULT_BATCH
-    #: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (letters.py ``published_by``)
+    #: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (published.py ``published_by``)
     trusted: frozenset[str] = frozenset()
 
     async def snapshot(self, selection: Selection = Selection(), limit: int | None = None) -> Snapshot:

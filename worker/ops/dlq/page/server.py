@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from worker.ops.dlq.audit import AuditUnavailable
 from worker.ops.dlq.history import Record
-from worker.ops.dlq.letters import GROUP_FIELDS, Letter, Selection
+from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.page.auth import Guard, host_name, without_token
 from worker.ops.dlq.page.buttons import (
     MAX_FORM_BYTES,
@@ -41,6 +41,7 @@ from worker.ops.dlq.page.markup import esc, page
 from worker.ops.dlq.page.reading import Reader
 from worker.ops.dlq.page.views import group_page, history_page, letter_page, overview
 from worker.ops.dlq.render import terminal_safe
+from worker.ops.dlq.selection import GROUP_FIELDS, Selection
 from worker.redact import describe
 
 #: connections served at once; one more is answered 503 and closed

@@ -12,12 +12,13 @@ from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Group, Grouping
 from worker.ops.dlq.history import CAME_BACK, Record, letters_text
 from worker.ops.dlq.kinds import advice, replay_note
-from worker.ops.dlq.letters import GROUP_FIELDS, Letter, group_value
+from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.page.charts import Timeline, sparkline, stacked_chart
 from worker.ops.dlq.page.markup import esc, esc_lines, link, page, pairs, time_text
 from worker.ops.dlq.page.reading import Snapshot
 from worker.ops.dlq.reading import DELIVERY_COUNT, Seen
 from worker.ops.dlq.render import body_lines, format_age, read_count, terminal_safe
+from worker.ops.dlq.selection import GROUP_FIELDS, group_value
 
 #: error groups charted one by one (the rest are in the table)
 CHARTED_ERRORS = 8
