@@ -48,7 +48,7 @@ import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
 from bench.flood import BOT, CHANNEL, GUILD, TRIGGER, seed
-from bench.noisy import _moved, queue_depths, worker_log_lines
+from bench.noisy_report import _moved, queue_depths, worker_log_lines
 from bench.sandbox import Sandbox, management_url_from_env
 from contracts.models import MAX_ALIASES, MAX_LABEL, MAX_PARTICIPANTS
 from sim.process import CHECKOUT, ModuleProcess
