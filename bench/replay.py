@@ -45,7 +45,8 @@ import aio_pika
 import asyncpg
 import orjson
 
-from bench.noisy import AUTHOR, BOT, Answers, event, queue_depths, seed
+from bench.noisy_cast import AUTHOR, BOT, Answers, event, seed
+from bench.noisy_report import queue_depths
 from bench.replay_steps import against_target, exactly_once, on_record, spread, where_the_time_goes
 from bench.sandbox import Sandbox
 from contracts.shard import LtmClient, LtmClientError, user_of_url
