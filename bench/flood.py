@@ -29,13 +29,12 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from bench.sandbox import Sandbox
+from bench.sandbox import PrivateRedis, Sandbox
 from sim.process import ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
 from worker.config import env_of
 from worker.store.migrate import apply_migrations
 from worker.testing.seed import BotRows
-from worker.testing.workers import free_port
 
 GUILD, CHANNEL, TRIGGER, BOT = (
     "1150000000000000001",
@@ -156,23 +155,7 @@ async def one_round(
 async def main_async(args: argparse.Namespace) -> int:
     sandbox = Sandbox(args.postgres_dsn)
     workdir = Path(tempfile.mkdtemp(prefix="ltm-flood-"))
-    redis_port = free_port()
-    redis = await asyncio.create_subprocess_exec(
-        *(
-            "redis-server",
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ),
-        cwd=workdir,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    redis = await PrivateRedis.start(workdir)
     worker: ModuleProcess | None = None
     link: ShardLink | None = None
     try:
@@ -181,7 +164,7 @@ async def main_async(args: argparse.Namespace) -> int:
         await apply_migrations(dsn)
         persona_id = await seed(dsn)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=f"redis://127.0.0.1:{redis_port}/0"))
+        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
         env["PYTHONUNBUFFERED"] = "1"
         worker = ModuleProcess(
             "worker", ["run", "--log-format", "json"], env, workdir / "worker.log", "worker"
@@ -209,8 +192,7 @@ async def main_async(args: argparse.Namespace) -> int:
             await link.close(delete_queues=True)
         if worker is not None:
             worker.kill()
-        redis.kill()
-        await redis.wait()
+        await redis.stop()
         for problem in await sandbox.close():
             print(problem, file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -49,7 +49,7 @@ from bench.memory_report import (
 )
 from bench.memory_stall import Answers, Samples, Stall, memory_kib, migrate, publish_all
 from bench.noisy_report import _moved, queue_depths
-from bench.sandbox import Sandbox
+from bench.sandbox import PrivateRedis, Sandbox
 from contracts.models import MAX_PARTICIPANTS
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
@@ -63,11 +63,7 @@ async def run(args: argparse.Namespace) -> int:
     sandbox = Sandbox(args.postgres_dsn)
     workdir = Path(tempfile.mkdtemp(prefix="ltm-memory-"))
     log_path = workdir / "worker.log"
-    redis_port = free_port()
-    redis = await asyncio.create_subprocess_exec(
-        "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    redis = await PrivateRedis.start(workdir)
     worker: ModuleProcess | None = None
     link: ShardLink | None = None
     stop_sampling = asyncio.Event()
@@ -76,7 +72,7 @@ async def run(args: argparse.Namespace) -> int:
         dsn = await sandbox.new_database("_memory")
         url = await sandbox.new_vhost(args.rabbitmq_url)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=f"redis://127.0.0.1:{redis_port}/0"))
+        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
         http_port = free_port()
         env.update(
             {"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1", "LTM_HTTP_PORT": str(http_port)}
@@ -236,8 +232,7 @@ async def run(args: argparse.Namespace) -> int:
             worker.kill()
             if args.keep_log:
                 shutil.copyfile(log_path, args.keep_log)
-        redis.kill()
-        await redis.wait()
+        await redis.stop()
         for problem in await sandbox.close():
             print(problem, file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -24,7 +24,7 @@ from bench.noisy_report import (
     publishing_line,
     queue_depths,
 )
-from bench.sandbox import Sandbox
+from bench.sandbox import PrivateRedis, Sandbox
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import EVENT_TYPE, TOOL_ROUTING_KEY, ShardLink
 from worker.broker.topology import shard_queue_name
@@ -42,23 +42,7 @@ async def run(args: argparse.Namespace) -> int:
     cast = Cast.of(args.loud, args.same_shard)
     sandbox = Sandbox(args.postgres_dsn)
     workdir = Path(tempfile.mkdtemp(prefix="ltm-noisy-"))
-    redis_port = free_port()
-    redis = await asyncio.create_subprocess_exec(
-        *(
-            "redis-server",
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ),
-        cwd=workdir,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    redis = await PrivateRedis.start(workdir)
     workers: list[ModuleProcess] = []
     killed: ModuleProcess | None = None
     links: list[ShardLink] = []
@@ -68,7 +52,7 @@ async def run(args: argparse.Namespace) -> int:
         await apply_migrations(dsn)
         seeded = await seed(dsn, cast.guilds)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=f"redis://127.0.0.1:{redis_port}/0"))
+        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
         env.update({"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1"})
         if args.shards_report:
             env["LTM_METRICS_INTERVAL_SECONDS"] = "1"  # the activity rows `worker shards` adds up
@@ -274,8 +258,7 @@ async def run(args: argparse.Namespace) -> int:
             await link.close(delete_queues=True)
         for worker in workers:
             worker.kill()
-        redis.kill()
-        await redis.wait()
+        await redis.stop()
         for problem in await sandbox.close():
             print(problem, file=sys.stderr)
         if args.logs is not None:

@@ -48,7 +48,7 @@ import orjson
 from bench.noisy_cast import AUTHOR, BOT, Answers, event, seed
 from bench.noisy_report import queue_depths
 from bench.replay_steps import against_target, exactly_once, on_record, spread, where_the_time_goes
-from bench.sandbox import Sandbox
+from bench.sandbox import PrivateRedis, Sandbox
 from contracts.shard import LtmClient, LtmClientError, user_of_url
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import ShardLink
@@ -309,11 +309,7 @@ class Context:
 async def run(args: argparse.Namespace) -> int:
     sandbox = Sandbox(args.postgres_dsn)
     workdir = Path(tempfile.mkdtemp(prefix="ltm-replay-"))
-    redis_port = free_port()
-    redis = await asyncio.create_subprocess_exec(
-        "redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    redis = await PrivateRedis.start(workdir)
     worker: ModuleProcess | None = None
     letters: ShardLink | None = None
     client: LtmClient | None = None
@@ -323,7 +319,7 @@ async def run(args: argparse.Namespace) -> int:
         await apply_migrations(dsn)
         seeded = await seed(dsn, list(GUILDS.values()))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=f"redis://127.0.0.1:{redis_port}/0"))
+        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
         env.update({"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1"})
         worker_env = {**env, "LTM_HTTP_PORT": str(free_port())}
         worker = ModuleProcess(
@@ -361,8 +357,7 @@ async def run(args: argparse.Namespace) -> int:
             await letters.close(delete_queues=True)
         if worker is not None:
             worker.kill()
-        redis.kill()
-        await redis.wait()
+        await redis.stop()
         for problem in await sandbox.close():
             print(problem, file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -19,6 +19,7 @@ import secrets
 import shutil
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aio_pika
@@ -27,6 +28,7 @@ import asyncpg
 from worker.broker.urls import vhost_of
 from worker.redact import redact_url as redact
 from worker.testing.management import FULL_PERMISSIONS, ManagementApi
+from worker.testing.workers import free_port
 
 RABBITMQCTL_TIMEOUT = 60.0
 MANAGEMENT_ENV_VAR = "LTM_BENCH_RABBITMQ_MANAGEMENT_URL"
@@ -218,3 +220,29 @@ async def check_database_is_empty(dsn: str) -> None:
                 )
     finally:
         await conn.close()
+
+
+@dataclass
+class PrivateRedis:
+    """A ``redis-server`` of the bench's own, on a free loopback port, keeping nothing on disk (its
+    invalidations are for the bench's worker only)."""
+
+    process: asyncio.subprocess.Process
+    port: int
+
+    @classmethod
+    async def start(cls, workdir: Path) -> PrivateRedis:
+        port = free_port()
+        process = await asyncio.create_subprocess_exec(
+            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            cwd=workdir, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        return cls(process, port)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def stop(self) -> None:
+        self.process.kill()
+        await self.process.wait()
