@@ -2,6 +2,7 @@
 import {
   InvalidationSubscriber,
   LtmClient,
+  LtmGuildBusyError,
   LtmTimeoutError,
   buildContext,
   noticeToEmbed,
@@ -51,6 +52,10 @@ export async function createLongTermMemory(toolCallId: string, args: unknown, me
   } catch (error) {
     if (error instanceof LtmTimeoutError) {
       return { success: false, error: "The memory service is slow; the memory may still be saved." };
+    }
+    if (error instanceof LtmGuildBusyError) {
+      // this guild already has 64 saves waiting: a loop calling the tool, most likely
+      return { success: false, error: "The memory service is busy in this server; nothing was saved, try later." };
     }
     throw error;
   }
