@@ -16,7 +16,9 @@ on aio-pika's robust connection:
   ``tool.<name>``, as do the next events for ``per_shard_retry`` seconds. A nack is a full queue
   (:class:`~contracts.shard.errors.LtmBacklogFullError`). A publish the connection's loss interrupts goes
   again, with the same ``event_id``, once it is back: the worker answers a copy from its ledger
-  (``replayed``), and the duplicate filter drops it.
+  (``replayed``), and the duplicate filter drops it. A call whose guild already has
+  ``guild_in_flight_max`` (64) calls waiting is not published
+  (:class:`~contracts.shard.errors.LtmGuildBusyError`).
 - **Results** resolve the call waiting for their ``event_id`` (a :class:`contracts.models.ToolResult`);
   anything else is a late result (``on_late_result``), a copy with a status already seen is dropped.
 - **Notices** go to ``on_notice`` once per ``event_id``, also after the call timed out. The notice, and the
