@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import statistics
 import sys
@@ -29,10 +28,9 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from bench.sandbox import PrivateRedis, Sandbox
+from bench.sandbox import PrivateRedis, Sandbox, env_for_worker
 from sim.process import ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
-from worker.config import env_of
 from worker.store.migrate import apply_migrations
 from worker.testing.seed import BotRows
 
@@ -163,9 +161,7 @@ async def main_async(args: argparse.Namespace) -> int:
         url = await sandbox.new_vhost(args.rabbitmq_url)
         await apply_migrations(dsn)
         persona_id = await seed(dsn)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
-        env["PYTHONUNBUFFERED"] = "1"
+        env = env_for_worker(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url)
         worker = ModuleProcess(
             "worker", ["run", "--log-format", "json"], env, workdir / "worker.log", "worker"
         )

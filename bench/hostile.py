@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -28,14 +27,14 @@ from pathlib import Path
 import aio_pika
 import aiormq
 
-from bench.sandbox import Sandbox
+from bench.sandbox import Sandbox, env_for_worker
 from bench.seed import Prefill, seed_database
 from bench.workload import build_workload
 from bench.world import World, build_world
 from sim import amqp_raw as raw
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import ShardLink
-from worker.config import Limits, env_of
+from worker.config import Limits
 
 TOOL_CALLS, KEY = "tool.create_long_term_memory", "tool.create_long_term_memory"
 EXCHANGE = "tomori.tool_calls"
@@ -141,10 +140,8 @@ async def run_case(
     try:
         dsn = await sandbox.new_database()
         url = await sandbox.new_vhost(args.rabbitmq_url)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
         # the other settings at the defaults of the worker run (--source may be an older checkout)
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=args.redis_url, log_format="json"))
-        env["PYTHONUNBUFFERED"] = "1"
+        env = env_for_worker(postgres_dsn=dsn, rabbitmq_url=url, redis_url=args.redis_url, log_format="json")
         code, output = await _run(sys.executable, "-m", "worker", "migrate", cwd=args.source, env=env)
         if code != 0:
             raise RuntimeError(f"migrate failed: {output[-2000:]}")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import sys
 import tempfile
@@ -49,13 +48,13 @@ from bench.memory_report import (
 )
 from bench.memory_stall import Answers, Samples, Stall, memory_kib, migrate, publish_all
 from bench.noisy_report import _moved, queue_depths
-from bench.sandbox import PrivateRedis, Sandbox
+from bench.sandbox import PrivateRedis, Sandbox, env_for_worker
 from contracts.models import MAX_PARTICIPANTS
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import EVENT_TYPE, ShardLink
 from worker.broker.envelope import Unreadable, read_event
 from worker.broker.topology import shard_queue_name
-from worker.config import declared, env_of
+from worker.config import declared
 from worker.testing.workers import free_port
 
 
@@ -71,12 +70,9 @@ async def run(args: argparse.Namespace) -> int:
     try:
         dsn = await sandbox.new_database("_memory")
         url = await sandbox.new_vhost(args.rabbitmq_url)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
         http_port = free_port()
-        env.update(
-            {"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1", "LTM_HTTP_PORT": str(http_port)}
-        )
+        env = env_for_worker(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url)
+        env.update({"MAX_SERVER_MEMORIES": "100000000", "LTM_HTTP_PORT": str(http_port)})
         for setting in args.set or []:
             name, _, value = setting.partition("=")
             env[name] = value

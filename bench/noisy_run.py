@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
@@ -24,11 +23,11 @@ from bench.noisy_report import (
     publishing_line,
     queue_depths,
 )
-from bench.sandbox import PrivateRedis, Sandbox
+from bench.sandbox import PrivateRedis, Sandbox, env_for_worker
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import EVENT_TYPE, TOOL_ROUTING_KEY, ShardLink
 from worker.broker.topology import shard_queue_name
-from worker.config import Topology, env_of
+from worker.config import Topology
 from worker.store.migrate import apply_migrations
 from worker.testing.workers import free_port
 
@@ -51,9 +50,12 @@ async def run(args: argparse.Namespace) -> int:
         url = await sandbox.new_vhost(args.rabbitmq_url)
         await apply_migrations(dsn)
         seeded = await seed(dsn, cast.guilds)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
-        env.update({"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1"})
+        env = env_for_worker(
+            postgres_dsn=dsn,
+            rabbitmq_url=url,
+            redis_url=redis.url,
+            extra={"MAX_SERVER_MEMORIES": "100000000"},
+        )
         if args.shards_report:
             env["LTM_METRICS_INTERVAL_SECONDS"] = "1"  # the activity rows `worker shards` adds up
         for setting in args.set or []:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import sys
 import tempfile
@@ -48,14 +47,14 @@ import orjson
 from bench.noisy_cast import AUTHOR, BOT, Answers, event, seed
 from bench.noisy_report import queue_depths
 from bench.replay_steps import against_target, exactly_once, on_record, spread, where_the_time_goes
-from bench.sandbox import PrivateRedis, Sandbox
+from bench.sandbox import PrivateRedis, Sandbox, env_for_worker
 from contracts.shard import LtmClient, LtmClientError, user_of_url
 from sim.process import CHECKOUT, ModuleProcess
 from sim.shard import ShardLink
 from worker.broker.events import tool_call_message
 from worker.broker.headers import rfc3339
 from worker.broker.topology import declare_topology
-from worker.config import Topology, env_of, load_settings
+from worker.config import Topology, load_settings
 from worker.store.migrate import apply_migrations
 from worker.testing.workers import free_port
 
@@ -318,9 +317,12 @@ async def run(args: argparse.Namespace) -> int:
         url = await sandbox.new_vhost(args.rabbitmq_url)
         await apply_migrations(dsn)
         seeded = await seed(dsn, list(GUILDS.values()))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
-        env.update(env_of(postgres_dsn=dsn, rabbitmq_url=url, redis_url=redis.url))
-        env.update({"MAX_SERVER_MEMORIES": "100000000", "PYTHONUNBUFFERED": "1"})
+        env = env_for_worker(
+            postgres_dsn=dsn,
+            rabbitmq_url=url,
+            redis_url=redis.url,
+            extra={"MAX_SERVER_MEMORIES": "100000000"},
+        )
         worker_env = {**env, "LTM_HTTP_PORT": str(free_port())}
         worker = ModuleProcess(
             "worker", ["run", "--log-format", "json"], worker_env, workdir / "worker.log", "worker"

@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -26,6 +27,7 @@ import aio_pika
 import asyncpg
 
 from worker.broker.urls import vhost_of
+from worker.config import env_of
 from worker.redact import redact_url as redact
 from worker.testing.management import FULL_PERMISSIONS, ManagementApi
 from worker.testing.workers import free_port
@@ -246,3 +248,14 @@ class PrivateRedis:
     async def stop(self) -> None:
         self.process.kill()
         await self.process.wait()
+
+
+def env_for_worker(*, extra: Mapping[str, str] | None = None, **settings: object) -> dict[str, str]:
+    """The environment of a worker (or a `worker` command) the bench starts: this one without any setting of
+    its own (``LTM_*``, ``MAX_*``), then ``settings`` as ``env_of`` spells them, unbuffered output, and
+    ``extra`` (raw variables: a limit raised, a port)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
+    env.update(env_of(**settings))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env

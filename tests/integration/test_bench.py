@@ -247,21 +247,10 @@ async def test_bench_noisy_answers_every_event_of_both_shards_once_and_reports_t
     """``python -m bench noisy`` on a small flood: both rounds print B's latency and the worker's own share of
     it, `worker shards` names shard A loudest, every event of both shards is answered exactly once and the
     queues end empty (correctness only; the figures are the command's to print)."""
-    if shutil.which("redis-server") is None:
-        pytest.fail(
-            "redis-server is not installed: bench noisy starts a private Redis (apt-get install redis)"
-        )
-    management = test_services.resolve(RABBITMQ).management_url
-    extra = {MANAGEMENT_ENV_VAR: management} if management else {}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench", "noisy", "--flood=200", "--rate=20", "--quiet-seconds=1",
-        "--shards-report", f"--postgres-dsn={postgres_dsn}", f"--rabbitmq-url={rabbitmq_url}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, **extra},
+    text = await bench_output(
+        test_services, "noisy", "--flood=200", "--rate=20", "--quiet-seconds=1", "--shards-report",
+        f"--postgres-dsn={postgres_dsn}", f"--rabbitmq-url={rabbitmq_url}",
     )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
-    text = out.decode(errors="replace")
-    assert process.returncode == 0, text[-3000:] + err.decode(errors="replace")[-3000:]
     lines = text.splitlines()
     quiet = next(line for line in lines if line.startswith("B quiet"))
     assert "20/20 answered" in quiet, quiet
@@ -283,21 +272,10 @@ async def test_bench_replay_answers_every_letter_once_through_a_cancel_and_times
     shard's saves, the cancelled one stops with exit 130 and the next finishes it with every letter answered
     once and the queues empty, history shows both, and the steps are timed (correctness only: the figures are
     the command's to print)."""
-    if shutil.which("redis-server") is None:
-        pytest.fail(
-            "redis-server is not installed: bench replay starts a private Redis (apt-get install redis)"
-        )
-    management = test_services.resolve(RABBITMQ).management_url
-    extra = {MANAGEMENT_ENV_VAR: management} if management else {}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench", "replay", "--letters=800", "--rate=100", "--quiet-seconds=1",
-        "--cancel-after=1", f"--postgres-dsn={postgres_dsn}", f"--rabbitmq-url={rabbitmq_url}",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
-        env={**os.environ, **extra},
+    text = await bench_output(
+        test_services, "replay", "--letters=800", "--rate=100", "--quiet-seconds=1", "--cancel-after=1",
+        f"--postgres-dsn={postgres_dsn}", f"--rabbitmq-url={rabbitmq_url}",
     )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
-    text = out.decode(errors="replace")
-    assert process.returncode == 0, text[-3000:] + err.decode(errors="replace")[-3000:]
     lines = [line.strip() for line in text.splitlines()]
     assert "$ worker dlq replay --rate 100 --by bench-paced  -> exit 0" in text, text
     assert any(line.startswith("quiet shard 2, during the replay: n ") for line in lines), text
@@ -311,3 +289,23 @@ async def test_bench_replay_answers_every_letter_once_through_a_cancel_and_times
     assert history.endswith(": 800 replayed between them"), history
     assert any(line.startswith("publish, wait for the confirms") for line in lines), text
     assert "replayed in this process (exit 0: moved 800, kept 0)" in text, text
+
+
+async def bench_output(test_services: Services, *args: str) -> str:
+    """``python -m bench ARGS``, which starts a private Redis and makes its own vhost (with rabbitmqctl, or
+    through the broker's management API): what it printed, once it exited 0."""
+    if shutil.which("redis-server") is None:
+        pytest.fail(
+            f"redis-server is not installed: bench {args[0]} starts a private Redis (apt-get install redis)"
+        )
+    management = test_services.resolve(RABBITMQ).management_url
+    extra = {MANAGEMENT_ENV_VAR: management} if management else {}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, **extra},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=300)
+    text = out.decode(errors="replace")
+    assert process.returncode == 0, text[-3000:] + err.decode(errors="replace")[-3000:]
+    return text
