@@ -6,7 +6,7 @@ shard 1's user, one with neither; a client requeues them until the broker dead-l
 (``delivery_limit``, x-death). A worker then runs with ``LTM_SHARD_IDENTITY=required`` and the operator
 replays them. Before, ``dlq show`` printed the forged header as "published by", the replay carried it, and
 both were saved for shard 1. Now the letter's sender is what the worker or RabbitMQ vouches for
-(worker/ops/dlq/published.py ``published_by``): shard 0's user (refused by the worker, answered to shard 0),
+(worker/broker/published_by.py ``published_by``): shard 0's user (refused by the worker, answered to shard 0),
 and unknown (not replayed, unless the operator vouches for it with ``--as-trusted-publisher``, on record).
 """
 

@@ -34,12 +34,12 @@ from tests.services import is_this_machine
 from tests.support.commands import run_command
 from tests.support.harness import InvalidationListener, Shard, queue_depth, take_dead_letters
 from tests.support.wait import eventually
+from worker.broker.dead_letters import describe_dead_letter
 from worker.broker.topology import retry_queue_arguments
 from worker.config import Settings, Topology
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.tracing import TracedEvents
 from worker.ops.dlq.kinds import replay_note
-from worker.ops.dlq.letters import describe_dead_letter
 from worker.runner import Worker
 from worker.store.pool import create_pool
 

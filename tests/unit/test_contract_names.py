@@ -16,9 +16,9 @@ import pytest
 
 from contracts import names
 from contracts.models import TOOL_NAMES
+from worker.broker.dead_letters import replay_key
 from worker.broker.topology import retry_queue_name, shard_queue_name, shard_routing_keys
 from worker.config import Topology
-from worker.ops.dlq.letters import replay_key
 from worker.testing.permissions import shard_permissions, shard_topic_permissions
 
 REPO = Path(__file__).resolve().parents[2]

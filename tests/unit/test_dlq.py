@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from worker.broker.dead_letters import describe_dead_letter
 from worker.broker.publisher import no_route
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
 from worker.ops.dlq.cli import Interruption
 from worker.ops.dlq.kinds import replay_note
-from worker.ops.dlq.letters import describe_dead_letter
 from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.render import json_depth, terminal_safe
 from worker.ops.dlq.replaying import Senders, user_of

@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from contracts.models import DeadLetterKind
+from worker.broker.dead_letters import Letter
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Grouping
 from worker.ops.dlq.kinds import WORKER_KINDS, advice, replay_helps, replay_note
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.selection import Selection, group_value, normalise_error, parse_group
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)

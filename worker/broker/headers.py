@@ -118,7 +118,7 @@ def sender_of(message: AbstractIncomingMessage, trusted: frozenset[str]) -> Send
     connection. On the worker's own copy (retry, move to a shard's queue) it is the user the worker
     recorded in ``x-ltm-user-id``; on a delivery from a ``trusted`` user (``worker dlq replay``) it is the
     user that publisher recorded, and only a message with no record at all is that user's own event. A
-    replay records the dead letter's sender as worker/ops/dlq/published.py ``published_by`` finds it (the
+    replay records the dead letter's sender as worker/broker/published_by.py ``published_by`` finds it (the
     worker's record, else the letter's checked ``user_id``, ``""`` for none), never a header a shard wrote."""
     headers = message.headers or {}
     if from_worker(message):

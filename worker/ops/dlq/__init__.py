@@ -1,6 +1,7 @@
 """``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``.
 
-``letters`` reads a dead letter and the key and headers its replay sends, ``published`` who published it,
+``worker.broker.dead_letters`` reads a dead letter (and keys it) and the key and headers its replay sends,
+``worker.broker.published_by`` who published it,
 ``selection`` which letters a command acts on and their groups (the three pure), ``kinds`` says what each kind
 means and whether a replay can help, ``sweep`` connects and takes the queue's messages once, putting back what
 it does not remove, ``reading`` is the read-only pass and what it keeps of each letter (``Seen``),
@@ -11,12 +12,12 @@ or shard, ``audit`` records replays and purges in Postgres and ``audited`` is ho
 ``options`` the actions' options (data), ``cli`` what each action runs and a Ctrl-C.
 """
 
+from worker.broker.dead_letters import Letter, describe_dead_letter, replay_headers
+from worker.broker.published_by import PublishedBy, published_by
 from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
 from worker.ops.dlq.console import EXIT_CODES_HELP, EXIT_INTERRUPTED, Console
 from worker.ops.dlq.history import history_command
-from worker.ops.dlq.letters import Letter, describe_dead_letter, replay_headers
 from worker.ops.dlq.operations import browse, purge
-from worker.ops.dlq.published import PublishedBy, published_by
 from worker.ops.dlq.render import format_age
 from worker.ops.dlq.replaying import replay
 from worker.ops.dlq.selection import Selection, parse_duration

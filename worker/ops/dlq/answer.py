@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from contracts.models import MAX_BODY_BYTES, DeadLetterKind
+from worker.broker.dead_letters import Letter
 from worker.broker.envelope import routable_ids
-from worker.ops.dlq.letters import Letter
 from worker.pipeline import outcome
 
 

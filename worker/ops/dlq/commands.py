@@ -107,7 +107,7 @@ async def show_command(
     console: Console | None = None,
     trusted: frozenset[str] = frozenset(),
 ) -> int:
-    """``trusted``: LTM_TRUSTED_PUBLISHERS, by which "published by" is read (published.py
+    """``trusted``: LTM_TRUSTED_PUBLISHERS, by which "published by" is read (worker/broker/published_by.py
     ``published_by``)."""
     console = console or Console()
 

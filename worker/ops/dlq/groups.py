@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
+from worker.broker.dead_letters import Letter
 from worker.broker.headers import rfc3339
 from worker.ops.dlq.kinds import FAILS_AGAIN, hopeless, replay_note
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.render import terminal_safe
 from worker.ops.dlq.selection import group_value
 

@@ -19,11 +19,11 @@ from typing import Any
 import aiormq.exceptions
 import orjson
 
+from worker.broker.dead_letters import Letter
 from worker.broker.headers import rfc3339
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable
 from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console, unavailable
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.record import LETTERS, OPERATIONS
 from worker.ops.dlq.render import terminal_safe

@@ -74,7 +74,7 @@ _CONNECTION = (
     ),
 )
 _DATABASE = (Setting("postgres_dsn"),)
-#: who may vouch for a letter's sender (published.py ``published_by``): ``show``, the page, ``replay``
+#: who may vouch for a letter's sender (``worker.broker.published_by``): ``show``, the page, ``replay``
 _SENDERS = (Setting("trusted_publishers"),)
 _AUDITED = (
     option(

@@ -27,7 +27,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import DeliveredMessage
 
 from worker.aio import close_quietly
-from worker.ops.dlq.letters import Letter, read_dead_letter
+from worker.broker.dead_letters import Letter, read_dead_letter
 from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import (
     CHANNEL_GONE,

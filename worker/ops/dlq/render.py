@@ -17,9 +17,9 @@ from typing import Any, TextIO
 
 import orjson
 
+from worker.broker.dead_letters import Letter
 from worker.broker.headers import rfc3339
 from worker.ops.dlq.kinds import replay_note
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.reading import DELIVERY_COUNT, DELIVERY_COUNT_MEANS, Seen
 from worker.ops.dlq.sweep import Sweep
 

@@ -17,9 +17,9 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from worker.aio import close_quietly
+from worker.broker.dead_letters import Letter, replay_headers
 from worker.broker.headers import copy_message, frame_max_of
 from worker.ops.dlq.audit import Taken
-from worker.ops.dlq.letters import Letter, replay_headers
 from worker.ops.dlq.operations import Journal, ProgressFn, StopFn, Totals, stop_here, taken
 from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Found, Sweep
@@ -78,7 +78,7 @@ class Pace:
 
 @dataclass(frozen=True, slots=True)
 class Senders:
-    """What a replay does with a letter whose sender is unknown (published.py ``published_by``: the worker
+    """What a replay does with a letter whose sender is unknown (``worker.broker.published_by``: the worker
     recorded none, or the broker dead-lettered an event that had no ``user_id``)."""
 
     #: leave it in the DLQ, on record as ``not_replayed`` (``LTM_SHARD_IDENTITY=required``: the worker would

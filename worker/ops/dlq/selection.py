@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from worker.ops.dlq.letters import Letter
+from worker.broker.dead_letters import Letter
 
 # --- choosing dead letters ----------------------------------------------------------------------------
 

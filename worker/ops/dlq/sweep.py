@@ -15,10 +15,10 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from worker.aio import close_quietly
+from worker.broker.dead_letters import Letter, read_dead_letter
 from worker.broker.urls import NoNodeAnswered, connect_any, vhost_of
 from worker.config import Topology
 from worker.faults import refusal
-from worker.ops.dlq.letters import Letter, read_dead_letter
 from worker.ops.dlq.selection import Selection
 from worker.redact import describe
 from worker.redact import redact_url as redact
@@ -76,7 +76,7 @@ class DeadLetterQueue:
         self.topology = topology
         #: messages ready in the DLQ when it was opened
         self.depth = depth
-        #: LTM_TRUSTED_PUBLISHERS: whose record of a letter's sender counts (published.py ``published_by``)
+        #: LTM_TRUSTED_PUBLISHERS: whose record of a letter's sender counts (``worker.broker.published_by``)
         self.trusted = trusted
 
     @property
@@ -135,7 +135,7 @@ async def open_dead_letters(
     url: str, topology: Topology, *, trusted: frozenset[str] = frozenset()
 ) -> AsyncIterator[DeadLetterQueue]:
     """Connect and check (passive declare on a throwaway channel) that the DLQ exists; ``trusted``:
-    LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (published.py ``published_by``)."""
+    LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (``worker.broker.published_by``)."""
     try:
         # several nodes listed: the first that answers serves the whole command
         connection, url = await connect_any(url, timeout=CONNECT_TIMEOUT)

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from worker.broker.dead_letters import Letter
 from worker.ops.dlq.kinds import advice, replay_helps
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.page.markup import esc, link, page
 from worker.ops.dlq.replaying import DEFAULT_RATE
 from worker.ops.dlq.selection import GROUP_FIELDS, Selection, parse_group

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from worker.ops.dlq.letters import Letter
+from worker.broker.dead_letters import Letter
 from worker.ops.dlq.page.markup import esc, time_text
 from worker.ops.dlq.render import format_age
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from worker.broker.dead_letters import Letter
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit
 from worker.ops.dlq.history import Record, life, read_record, returned
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.operations import browse
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.running import ask_to_stop, live
@@ -42,7 +42,7 @@ class Reader:
     dsn: str
     topology: Topology
     batch: int = DEFAULT_BATCH
-    #: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (published.py ``published_by``)
+    #: LTM_TRUSTED_PUBLISHERS, by which each letter's sender is read (``worker.broker.published_by``)
     trusted: frozenset[str] = frozenset()
 
     async def snapshot(self, selection: Selection = Selection(), limit: int | None = None) -> Snapshot:

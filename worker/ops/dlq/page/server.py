@@ -24,9 +24,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from worker.broker.dead_letters import Letter
 from worker.ops.dlq.audit import AuditUnavailable
 from worker.ops.dlq.history import Record
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.page.auth import Guard, host_name, without_token
 from worker.ops.dlq.page.buttons import (
     MAX_FORM_BYTES,

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from worker.broker.dead_letters import Letter
 from worker.ops.dlq.answer import shard_answer
 from worker.ops.dlq.groups import Group, Grouping
 from worker.ops.dlq.history import CAME_BACK, Record, letters_text
 from worker.ops.dlq.kinds import advice, replay_note
-from worker.ops.dlq.letters import Letter
 from worker.ops.dlq.page.charts import Timeline, sparkline, stacked_chart
 from worker.ops.dlq.page.markup import esc, esc_lines, link, page, pairs, time_text
 from worker.ops.dlq.page.reading import Snapshot

@@ -1,5 +1,5 @@
 """What a dead letter says about itself (the worker's ``x-ltm-*`` headers or the broker's x-death), and the
-key and headers a replay sends: pure, no broker needed. Who published it is :mod:`worker.ops.dlq.published`,
+key and headers a replay sends: pure, no broker needed. Who published it is :mod:`worker.broker.published_by`,
 which ones a command selects :mod:`worker.ops.dlq.selection`."""
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from worker.broker.headers import (
     header_text,
     rfc3339,
 )
-from worker.config import Topology
-from worker.ops.dlq.published import (
+from worker.broker.published_by import (
     NOBODY,
     PUBLISHED_BY,
     PublishedBy,
@@ -35,6 +34,7 @@ from worker.ops.dlq.published import (
     published_by,
     workers_copy,
 )
+from worker.config import Topology
 
 #: broker-owned headers a replayed message must not carry back into the work queue
 _BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count"})
