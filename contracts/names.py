@@ -33,6 +33,9 @@ EXCHANGES = (TOOL_CALLS_EXCHANGE, TOOL_RESULTS_EXCHANGE, NOTIFICATIONS_EXCHANGE,
 WORK_QUEUE = "ltm.create_memory"
 #: what could not be processed, bound to ``tomori.dead_letter`` with ``#``
 DEAD_LETTER_QUEUE = "ltm.create_memory.dlq"
+#: a copy of every dead letter, also bound to ``tomori.dead_letter`` with ``#``: the workers drain it into
+#: Postgres (``ltm_dead_letters``), where the letters are read without taking them from the DLQ
+DEAD_LETTER_COPIES_QUEUE = "ltm.create_memory.dlq.copies"
 #: the worker's retry queues, ``ltm.create_memory.retry.<ms>``: one per backoff delay
 RETRY_QUEUE_PREFIX = "ltm.create_memory.retry"
 #: each shard's own work queue, ``ltm.create_memory.shard.<id>``

@@ -4,6 +4,7 @@ which ones a command selects :mod:`worker.ops.dlq.selection`."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -70,6 +71,8 @@ class Letter:
     published_by: PublishedBy = NOBODY
     #: the error of its first attempt, when the last one failed otherwise (``x-ltm-first-error``)
     first_error: str = ""
+    #: the body's ``context.guild_disc_id`` (None: a direct message, or a body that cannot be read)
+    guild_id: str | None = None
 
     @property
     def errors(self) -> str:
@@ -124,7 +127,7 @@ def describe_dead_letter(
     trusted: frozenset[str] = frozenset(),
 ) -> Letter:
     """Describe a dead letter from its parts (pure: no broker needed); ``user_id``: its AMQP property."""
-    event_id, shard_id = _ids_from_body(body)
+    event_id, shard_id, guild_id = _ids_from_body(body)
     if event_id is None:
         event_id = message_id or None
     replay_count = _integer(headers.get(REPLAY_COUNT)) or 0
@@ -149,6 +152,7 @@ def describe_dead_letter(
             replay_count=replay_count,
             published_by=sender,
             first_error=header_text(headers.get(FIRST_ERROR)) or "",
+            guild_id=guild_id,
         )
 
     # the broker dead-lettered it (over the work queue's delivery limit, or a rejection / TTL / length limit)
@@ -181,21 +185,26 @@ def describe_dead_letter(
         message_id=message_id,
         replay_count=replay_count,
         published_by=sender,
+        guild_id=guild_id,
     )
 
 
-def _ids_from_body(body: bytes) -> tuple[str | None, int | None]:
+def _ids_from_body(body: bytes) -> tuple[str | None, int | None, str | None]:
+    """The body's ``event_id``, ``shard_id`` and ``context.guild_disc_id``, each None where unreadable."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None
+        return None, None, None
     if not isinstance(data, dict):
-        return None, None
+        return None, None, None
     event_id = data.get("event_id")
     shard_id = data.get("shard_id")
+    context = data.get("context")
+    guild_id = context.get("guild_disc_id") if isinstance(context, dict) else None
     return (
         event_id if isinstance(event_id, str) and event_id else None,
         shard_id if isinstance(shard_id, int) and not isinstance(shard_id, bool) else None,
+        guild_id if isinstance(guild_id, str) and guild_id else None,
     )
 
 
@@ -234,6 +243,66 @@ def _timestamp(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# --- keeping: a letter's key, and its parts as JSON -----------------------------------------------------
+
+#: headers the broker changes each time it delivers a message: never part of a letter's key
+_DELIVERY_HEADERS = frozenset({"x-delivery-count", "x-acquired-count"})
+
+#: the AMQP properties a letter may carry, in the order ``show`` and the page list them
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+)
+
+
+def message_properties(message: object) -> list[tuple[str, Any]]:
+    """The AMQP properties a message has set, by name, in the order ``show`` and the page list them."""
+    properties = [(name, getattr(message, name, None)) for name in PROPERTY_NAMES]
+    return [(name, value) for name, value in properties if value is not None]
+
+
+def letter_key(body: bytes, headers: Mapping[str, Any], message_id: str | None) -> str:
+    """What identifies one dead letter in the DLQ and in the table that keeps it: a digest of what the broker
+    gave every queue bound to the dead-letter exchange alike (the body, the message id, the headers but the
+    broker's count of deliveries, which each queue keeps for itself). A copy delivered twice has one key; the
+    same event dead-lettered again (a replay that came back) has another (its replay count, its failure
+    time)."""
+    kept = {name: value for name, value in headers.items() if name not in _DELIVERY_HEADERS}
+    digest = hashlib.sha256()
+    digest.update((message_id or "").encode())
+    digest.update(b"\0")
+    digest.update(orjson.dumps(json_safe(kept), option=orjson.OPT_SORT_KEYS))
+    digest.update(b"\0")
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def json_safe(value: Any) -> Any:
+    """An AMQP header value as JSON can hold it: times as RFC 3339, bytes as text (undecodable bytes
+    replaced), numbers, strings, lists and tables as they are, anything else as its ``str``."""
+    if isinstance(value, Mapping):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    if isinstance(value, datetime):
+        return rfc3339(value if value.tzinfo else value.replace(tzinfo=UTC))
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 # --- replaying ----------------------------------------------------------------------------------------

@@ -123,6 +123,12 @@ async def declare_topology(
         topology.dead_letter_queue, durable=True, arguments=dead_letter_queue_arguments()
     )
     await dlq.bind(dead_letter, routing_key="#")
+    # the same letters again, for the workers to keep in Postgres (worker/runtime/keeper.py); the DLQ stays
+    # what RabbitMQ's own tools and a replay read
+    copies = await channel.declare_queue(
+        topology.dead_letter_copies_queue, durable=True, arguments=dead_letter_queue_arguments()
+    )
+    await copies.bind(dead_letter, routing_key="#")
 
     work = await channel.declare_queue(
         topology.work_queue, durable=True, arguments=work_queue_arguments(topology, delivery_limit)

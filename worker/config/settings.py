@@ -90,6 +90,8 @@ class Topology:
     notifications_exchange: str = names.NOTIFICATIONS_EXCHANGE
     dead_letter_exchange: str = names.DEAD_LETTER_EXCHANGE
     dead_letter_queue: str = names.DEAD_LETTER_QUEUE
+    #: the copies the workers keep in Postgres (docs/dead-letters.md "Kept letters")
+    dead_letter_copies_queue: str = names.DEAD_LETTER_COPIES_QUEUE
     retry_queue_prefix: str = names.RETRY_QUEUE_PREFIX
     #: each shard's own queue, ``ltm.create_memory.shard.<N>`` (docs/fair-shares.md)
     shard_queue_prefix: str = names.SHARD_WORK_QUEUE_PREFIX

@@ -30,8 +30,10 @@ from worker.broker.topology import declare_topology, work_queue_arguments
 from worker.redact import describe, redact_url
 from worker.runtime.fair import Action, FairShares, Guild, Ticket
 from worker.runtime.handler import EventHandler
+from worker.runtime.keeper import Keeper
 from worker.runtime.services import Services
 from worker.runtime.shard_queue_set import ShardQueues
+from worker.service.identity import IdentityRule
 
 log = structlog.get_logger("worker")
 
@@ -110,11 +112,17 @@ class Consumer:
             on_recorded=self._services.metrics.label_shards,
         )
         from_common = _Route(handler, mover, Acks(await common_channel.get_underlay_channel()), shards)
+        keeper = Keeper(
+            await self._channel(connection, lost),
+            self._services.pool,
+            settings.topology,
+            IdentityRule.of(settings).trusted,
+        )
         queue = await common_channel.declare_queue(
             settings.topology.work_queue, durable=True, arguments=work_queue_arguments(settings.topology)
         )
         common = _Common(common_channel, queue, partial(self._on_message, from_common))
-        return _Wiring(common_channel, shard_channel, common, shards)
+        return _Wiring(common_channel, shard_channel, common, shards, keeper)
 
     async def _consume(self, wiring: _Wiring, lost: asyncio.Event) -> None:
         """Start consuming the common queue and following the shards' own queues, under the byte budget."""
@@ -130,6 +138,7 @@ class Consumer:
         await wiring.common.start(self._fair.window())
         self._spawn(wiring.shards.follow())
         self._spawn(self._keep_window(wiring.common, wiring.shards))
+        await wiring.keeper.start()
         self._services.readiness.set_consuming(True)
         settings = self._services.settings
         log.info(
@@ -145,6 +154,7 @@ class Consumer:
         """A stop: take nothing more, then let what is in flight finish within the grace period."""
         await wiring.common.close()
         await wiring.shards.cancel_all()
+        await wiring.keeper.stop()
         await self._drain()
 
     async def _channel(
@@ -322,6 +332,8 @@ class _Wiring:
     shard_channel: AbstractChannel
     common: _Common
     shards: ShardQueues
+    #: the dead letters' copies, into Postgres
+    keeper: Keeper
 
 
 class _Common:

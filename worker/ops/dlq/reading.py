@@ -27,7 +27,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import DeliveredMessage
 
 from worker.aio import close_quietly
-from worker.broker.dead_letters import Letter, read_dead_letter
+from worker.broker.dead_letters import Letter, message_properties, read_dead_letter
 from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import (
     CHANNEL_GONE,
@@ -58,27 +58,6 @@ DELIVERY_COUNT_MEANS = (
     "every list, show and page view takes each letter and puts it back, and RabbitMQ counts that in "
     "x-delivery-count; the processing attempts are x-ltm-attempts"
 )
-
-_PROPERTIES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-)
-
-
-def message_properties(message: object) -> list[tuple[str, Any]]:
-    """The AMQP properties a message has set, by name, in the order ``show`` and the page list them."""
-    properties = [(name, getattr(message, name, None)) for name in _PROPERTIES]
-    return [(name, value) for name, value in properties if value is not None]
 
 
 @dataclass(frozen=True, slots=True)
