@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 
 from tests.factories import BotRows
+from tests.support.inprocess import WAIT, Workers
+from worker.config import Settings
 from worker.store.pool import create_pool
 
 
@@ -29,3 +34,36 @@ async def rows(migrated_dsn: str) -> AsyncIterator[BotRows]:
         yield BotRows(conn)
     finally:
         await conn.close()
+
+
+@pytest.fixture
+def captured() -> Iterator[list[dict[str, Any]]]:
+    """The structlog events logged while the test runs (the worker's loggers are structlog's)."""
+    with structlog.testing.capture_logs() as log:
+        yield log
+
+
+@pytest.fixture
+async def workers(
+    migrated_dsn: str, rabbitmq_url: str, redis_url: str, captured: list[dict[str, Any]]
+) -> AsyncIterator[Workers]:
+    settings = Settings(
+        postgres_dsn=migrated_dsn,
+        rabbitmq_url=rabbitmq_url,
+        redis_url=redis_url,
+        http_port=0,
+        retry_base_delay_ms=200,
+        retry_max_delay_ms=1000,
+        shutdown_grace_seconds=WAIT,
+    )
+    workers = Workers(settings, captured)
+    try:
+        yield workers
+    finally:
+        for worker, _ in workers.running:
+            worker.stop()
+        for _, task in workers.running:
+            try:
+                await asyncio.wait_for(task, WAIT)
+            except BaseException:
+                task.cancel()

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from tests.factories import BotRows, event_body
-from tests.integration.test_worker import Workers, captured, workers  # noqa: F401 (fixtures)
 from tests.support.harness import queue_depth
+from tests.support.inprocess import Workers
 from tests.support.wait import eventually
 from worker.config import Topology
 
@@ -56,8 +56,10 @@ async def test_each_dead_letter_is_kept_once_with_what_it_says_and_stays_in_the_
     assert (wrong["kind"], wrong["event_id"], wrong["shard_id"]) == ("schema", schema["event_id"], 3)
     assert wrong["guild_id"] == schema["context"]["guild_disc_id"]
     assert "schema_version" in wrong["error"]
-    assert orjson.loads(wrong["body"]) == schema and wrong["body_size"] == len(orjson.dumps(schema))
-    assert wrong["state"] == "waiting" and wrong["failed_at"] is not None
+    assert orjson.loads(wrong["body"]) == schema
+    assert wrong["body_size"] == len(orjson.dumps(schema))
+    assert wrong["state"] == "waiting"
+    assert wrong["failed_at"] is not None
     # no event id in a body that is not JSON: the message id stands in, as `worker dlq list` shows it
     assert (malformed["kind"], malformed["guild_id"]) == ("malformed", None)
     assert malformed["event_id"] == malformed["message_id"] is not None

@@ -14,8 +14,6 @@ import asyncio
 import json
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -23,7 +21,6 @@ from urllib.parse import unquote, urlsplit
 import aio_pika
 import aio_pika.exceptions
 import pytest
-import structlog
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -33,14 +30,14 @@ from tests.factories import BotRows, event_body
 from tests.services import is_this_machine
 from tests.support.commands import run_command
 from tests.support.harness import InvalidationListener, Shard, queue_depth, take_dead_letters
+from tests.support.inprocess import Workers
 from tests.support.wait import eventually
 from worker.broker.dead_letters import describe_dead_letter
 from worker.broker.topology import retry_queue_arguments
-from worker.config import Settings, Topology
+from worker.config import Topology
 from worker.invalidation.redis import InvalidationPublisher
 from worker.observability.tracing import TracedEvents
 from worker.ops.dlq.kinds import replay_note
-from worker.runner import Worker
 from worker.store.pool import create_pool
 
 #: every wait's deadline: generous, for a loaded machine; a passing test never waits it out
@@ -51,89 +48,6 @@ NOBODY = 77  # a shard with no queue bound to shard.77
 #: the advisory lock the tests hold to keep events waiting at Postgres (see :func:`hold_at_postgres`)
 LOCK = 4242
 LOST = "rabbitmq connection lost; reconnecting"
-
-
-@dataclass
-class Workers:
-    """Worker lives in this test's event loop, one after another or side by side, and their captured log."""
-
-    settings: Settings
-    log: list[dict[str, Any]]
-    running: list[tuple[Worker, asyncio.Task[int]]] = field(default_factory=list)
-
-    def count(self, event: str) -> int:
-        return sum(1 for line in self.log if line.get("event") == event)
-
-    def lines(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.log if line.get("event") == event]
-
-    async def wait_for_log(self, event: str, *, at_least: int = 1) -> None:
-        def logged() -> bool:
-            for _, task in self.running:
-                if task.done():
-                    raise AssertionError(f"a worker ended before logging {event!r}: {task.result()}")
-            return self.count(event) >= at_least
-
-        await eventually(logged, f"the worker logs {event!r} {at_least} time(s)")
-
-    async def start(self, *, adapters: Mapping[str, Any] | None = None, **overrides: Any) -> Worker:
-        """One more worker life (``adapters``: the pool, cache or tracer it is given); returns once it
-        consumes."""
-        consuming = self.count("consuming")
-        worker = Worker(self.settings.model_copy(update=overrides), **(adapters or {}))
-        self.running.append((worker, asyncio.create_task(worker.run(signals=False))))
-        await self.wait_for_log("consuming", at_least=consuming + 1)
-        return worker
-
-    async def stop(self, worker: Worker) -> int:
-        """Stop ``worker`` gracefully; its exit code."""
-        [task] = [t for w, t in self.running if w is worker]
-        worker.stop()
-        code = await asyncio.wait_for(task, WAIT)
-        self.running = [(w, t) for w, t in self.running if w is not worker]
-        return code
-
-    async def restart_twice(self, url: str) -> tuple[int, int]:
-        """Two more worker lives on the same queues, each from its start to a graceful stop; then (work
-        queue depth, DLQ depth) with no worker. A delivery a worker left unacked is back in the queue once
-        its connection is closed: the depth counts it."""
-        for _ in range(2):
-            worker = await self.start()
-            assert await self.stop(worker) == 0
-        return await queue_depth(url, WORK_QUEUE), await queue_depth(url, DLQ)
-
-
-@pytest.fixture
-def captured() -> Iterator[list[dict[str, Any]]]:
-    """The structlog events logged while the test runs (the worker's loggers are structlog's)."""
-    with structlog.testing.capture_logs() as log:
-        yield log
-
-
-@pytest.fixture
-async def workers(
-    migrated_dsn: str, rabbitmq_url: str, redis_url: str, captured: list[dict[str, Any]]
-) -> AsyncIterator[Workers]:
-    settings = Settings(
-        postgres_dsn=migrated_dsn,
-        rabbitmq_url=rabbitmq_url,
-        redis_url=redis_url,
-        http_port=0,
-        retry_base_delay_ms=200,
-        retry_max_delay_ms=1000,
-        shutdown_grace_seconds=WAIT,
-    )
-    workers = Workers(settings, captured)
-    try:
-        yield workers
-    finally:
-        for worker, _ in workers.running:
-            worker.stop()
-        for _, task in workers.running:
-            try:
-                await asyncio.wait_for(task, WAIT)
-            except BaseException:
-                task.cancel()
 
 
 # --- Postgres that keeps events waiting ---------------------------------------------------------------

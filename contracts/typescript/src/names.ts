@@ -7,6 +7,7 @@ export const NOTIFICATIONS_EXCHANGE = "tomori.notifications";
 export const DEAD_LETTER_EXCHANGE = "tomori.dead_letter";
 export const WORK_QUEUE = "ltm.create_memory";
 export const DEAD_LETTER_QUEUE = "ltm.create_memory.dlq";
+export const DEAD_LETTER_COPIES_QUEUE = "ltm.create_memory.dlq.copies";
 export const RETRY_QUEUE_PREFIX = "ltm.create_memory.retry";
 export const SHARD_WORK_QUEUE_PREFIX = "ltm.create_memory.shard";
 export const INVALIDATION_CHANNEL = "tomori:cache-invalidation";
