@@ -65,6 +65,8 @@ def kept_letter(message: AbstractIncomingMessage, topology: Topology, trusted: f
         properties={name: json_safe(value) for name, value in message_properties(message)},
         body=message.body[:MAX_KEPT_BODY],
         body_size=len(message.body),
+        exchange=message.exchange or "",
+        delivery_routing_key=message.routing_key or "",
     )
 
 

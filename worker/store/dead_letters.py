@@ -42,16 +42,20 @@ class KeptLetter:
     properties: dict[str, object]
     body: bytes
     body_size: int
+    #: the exchange and routing key of the delivery (``tomori.dead_letter``, the key it was dead-lettered with)
+    exchange: str = ""
+    delivery_routing_key: str = ""
 
 
 _KEEP = f"""
 WITH kept AS (
     INSERT INTO {TABLE} (letter_key, event_id, kind, error, first_error, attempts, failed_at,
                          shard_id, guild_id, routing_key, message_id, replay_count, headers, properties,
-                         body, body_size)
+                         body, body_size, exchange, delivery_routing_key)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
                          $7::timestamptz[], $8::bigint[], $9::text[], $10::text[], $11::text[], $12::int[],
-                         $13::text[]::jsonb[], $14::text[]::jsonb[], $15::bytea[], $16::int[])
+                         $13::text[]::jsonb[], $14::text[]::jsonb[], $15::bytea[], $16::int[],
+                         $17::text[], $18::text[])
     ON CONFLICT (letter_key) DO NOTHING
     RETURNING letter_key, event_id, replay_count
 )
@@ -88,4 +92,6 @@ async def keep(conn: asyncpg.Connection | asyncpg.Pool, letters: Sequence[KeptLe
         [orjson.dumps(letter.properties).decode() for letter in letters],
         [letter.body for letter in letters],
         [letter.body_size for letter in letters],
+        [letter.exchange for letter in letters],
+        [letter.delivery_routing_key for letter in letters],
     )

@@ -17,7 +17,11 @@ CREATE TABLE IF NOT EXISTS public.ltm_dead_letters (
     -- the body's shard_id and context.guild_disc_id (NULL: unreadable, or a direct message's guild)
     shard_id BIGINT,
     guild_id TEXT,
+    -- the key a replay sends it with (the shard's, before any retry); the exchange and routing key the DLQ got it
+    -- with, from which (with the headers and the user_id property) who published it is read
     routing_key TEXT NOT NULL,
+    exchange TEXT NOT NULL DEFAULT '',
+    delivery_routing_key TEXT NOT NULL DEFAULT '',
     message_id TEXT,
     replay_count INTEGER NOT NULL DEFAULT 0,
     -- the headers as JSON (times as RFC 3339, bytes as text), the AMQP properties set, the body (at most the
