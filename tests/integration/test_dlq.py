@@ -31,6 +31,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.factories import event_body
+from tests.support.keeping import keep_copies
 from worker.broker.headers import ORIGINAL_ROUTING_KEY, REPLAY_COUNT, REPLAYED_AT, Sender, rfc3339
 from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared, declare_topology, retry_queue_name
@@ -346,7 +347,10 @@ async def replay_until(broker: Broker, moved: int, *, stderr: int = DEVNULL) -> 
 
 
 async def cli(*args: str, url: str, timeout: float = 60.0) -> Ran:
-    """``python -m worker dlq ARGS --rabbitmq-url URL`` with no terminal on stdin."""
+    """``python -m worker dlq ARGS --rabbitmq-url URL`` with no terminal on stdin; the copies of the dead
+    letters the test made are kept first, as a running worker would have kept them."""
+    if "dsn" in _AUDIT:
+        await keep_copies(url, _AUDIT["dsn"])
     process = await start_dlq(*args, "--rabbitmq-url", url, stdout=PIPE, stderr=PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
@@ -763,10 +767,19 @@ async def test_a_replay_reaches_the_common_key_as_the_operator_with_the_recorded
 
 
 async def test_show_says_reads_are_not_attempts_and_what_to_do(broker: Broker, seeded: Seeded) -> None:
-    """Newcomer review F13: every read raises x-delivery-count; F12: what a replay can do, per kind."""
+    """Newcomer review F13: every read of the queue raises x-delivery-count; list and show read the kept
+    letters instead and leave it as it was; F12: what a replay can do, per kind."""
     for _ in range(2):
         assert (await cli("list", url=broker.url)).code == 0
-    shown = await cli("show", seeded.ids["B"], url=broker.url)
+    kept = await cli("show", seeded.ids["B"], url=broker.url)
+    assert kept.code == 0, kept.err
+    assert "state: waiting in the DLQ; kept in Postgres since " in kept.out
+    assert "x-delivery-count" not in kept.out  # two lists and a show took nothing from the queue
+    assert "  redelivered: false" in kept.out
+
+    for _ in range(2):
+        assert (await cli("list", "--from-queue", url=broker.url)).code == 0
+    shown = await cli("show", seeded.ids["B"], "--from-queue", url=broker.url)
 
     assert shown.code == 0, shown.err
     assert "schema, 1 attempt(s)" in shown.out  # the processing attempts, from x-ltm-attempts

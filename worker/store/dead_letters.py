@@ -42,7 +42,7 @@ class KeptLetter:
     properties: dict[str, object]
     body: bytes
     body_size: int
-    #: the exchange and routing key of the delivery (``tomori.dead_letter``, the key it was dead-lettered with)
+    #: the delivery's exchange and routing key (``tomori.dead_letter``, the key it was dead-lettered with)
     exchange: str = ""
     delivery_routing_key: str = ""
 

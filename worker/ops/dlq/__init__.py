@@ -1,22 +1,24 @@
 """``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``.
 
 ``worker.broker.dead_letters`` reads a dead letter (and keys it) and the key and headers its replay sends,
-``worker.broker.published_by`` who published it,
-``selection`` which letters a command acts on and their groups (the three pure), ``kinds`` says what each kind
-means and whether a replay can help, ``sweep`` connects and takes the queue's messages once, putting back what
-it does not remove, ``reading`` is the read-only pass and what it keeps of each letter (``Seen``),
-``operations`` browses and purges, ``replaying`` replays, ``render`` prints, ``groups`` counts by kind, error
-or shard, ``audit`` records replays and purges in Postgres and ``audited`` is how the commands use it,
-``answer`` rebuilds the failure result a shard got, ``history`` is ``worker dlq history``, ``page`` is
-``worker dlq ui``, ``commands`` are the other actions, ``console`` where they write and their exit codes,
-``options`` the actions' options (data), ``cli`` what each action runs and a Ctrl-C.
+``worker.broker.published_by`` who published it, ``selection`` which letters a command acts on and their
+groups (the three pure), ``kinds`` says what each kind means and whether a replay can help, ``sweep`` connects
+and takes the queue's messages once, putting back what it does not remove, ``reading`` is the read-only pass
+and what it keeps of each letter (``Seen``), ``kept`` reads the letters the workers keep in Postgres,
+``listing`` is ``list`` and ``show`` (from the table, or the queue), ``operations`` browses and purges,
+``replaying`` replays, ``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays
+and purges in Postgres and ``audited`` is how the commands use it, ``answer`` rebuilds the failure result a
+shard got, ``history`` is ``worker dlq history``, ``page`` is ``worker dlq ui``, ``commands`` are the other
+actions, ``console`` where they write and their exit codes, ``options`` the actions' options (data), ``cli``
+what each action runs and a Ctrl-C.
 """
 
 from worker.broker.dead_letters import Letter, describe_dead_letter, replay_headers
 from worker.broker.published_by import PublishedBy, published_by
-from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
+from worker.ops.dlq.commands import purge_command, replay_command
 from worker.ops.dlq.console import EXIT_CODES_HELP, EXIT_INTERRUPTED, Console
 from worker.ops.dlq.history import history_command
+from worker.ops.dlq.listing import list_command, show_command
 from worker.ops.dlq.operations import browse, purge
 from worker.ops.dlq.render import format_age
 from worker.ops.dlq.replaying import replay

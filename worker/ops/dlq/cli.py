@@ -16,9 +16,10 @@ from typing import Any
 from worker.config import Settings
 from worker.ops.dlq.audit import Operation, default_actor
 from worker.ops.dlq.audited import Audited
-from worker.ops.dlq.commands import list_command, purge_command, replay_command, show_command
+from worker.ops.dlq.commands import purge_command, replay_command
 from worker.ops.dlq.console import EXIT_INTERRUPTED
 from worker.ops.dlq.history import history_command
+from worker.ops.dlq.listing import list_command, show_command
 from worker.ops.dlq.live import cancel_command, operations_command
 from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.options import DLQ, epilog
@@ -155,6 +156,11 @@ def _selection(args: argparse.Namespace) -> Selection:
         event_ids=frozenset(args.event_id or ()),
         older_than=args.older_than,
         groups=frozenset(args.group or ()),
+        shards=frozenset(args.shard or ()),
+        guilds=frozenset(args.guild or ()),
+        error=args.error,
+        since=args.since,
+        until=args.until,
     )
 
 
@@ -165,7 +171,7 @@ def _audited(args: argparse.Namespace, settings: Settings) -> Audited:
 async def _list(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
     return await list_command(
         settings.rabbitmq_url, settings.topology, _selection(args), batch=args.batch, as_json=args.json,
-        group_by=args.group_by,
+        group_by=args.group_by, dsn=None if args.from_queue else settings.postgres_dsn,
     )  # fmt: skip
 
 
@@ -176,8 +182,9 @@ def _trusted(settings: Settings) -> frozenset[str]:
 
 async def _show(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
     return await show_command(
-        settings.rabbitmq_url, settings.topology, args.event_id, batch=args.batch, trusted=_trusted(settings)
-    )
+        settings.rabbitmq_url, settings.topology, args.event_id, batch=args.batch, trusted=_trusted(settings),
+        dsn=None if args.from_queue else settings.postgres_dsn,
+    )  # fmt: skip
 
 
 async def _replay(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:

@@ -11,16 +11,19 @@ from datetime import datetime
 from worker.config import Topology
 from worker.ops.dlq.audit import Operation
 from worker.ops.dlq.audited import Audited, Ending
-from worker.ops.dlq.console import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Console, guarded
-from worker.ops.dlq.groups import Grouping, group_header, group_json_line, group_line
+from worker.ops.dlq.console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Console,
+    guarded,
+)
 from worker.ops.dlq.history import pairs_in
 from worker.ops.dlq.kinds import replay_helps
-from worker.ops.dlq.operations import StopFn, Totals, browse, purge
-from worker.ops.dlq.reading import Seen
+from worker.ops.dlq.operations import StopFn, Totals, purge
 from worker.ops.dlq.render import (
     Progress,
-    format_message,
-    json_line,
     list_header,
     list_line,
     terminal_safe,
@@ -28,109 +31,6 @@ from worker.ops.dlq.render import (
 from worker.ops.dlq.replaying import AS_RECORDED, Pace, Senders, replay
 from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, Found, open_dead_letters
-
-
-async def list_command(
-    url: str,
-    topology: Topology,
-    selection: Selection,
-    *,
-    batch: int = DEFAULT_BATCH,
-    as_json: bool = False,
-    group_by: str | None = None,
-    console: Console | None = None,
-    trusted: frozenset[str] = frozenset(),
-) -> int:
-    console = console or Console()
-    if group_by is not None:
-        return await guarded(
-            _list_groups(url, topology, selection, group_by, batch, as_json, console), url, console
-        )
-
-    async def run() -> int:
-        async with open_dead_letters(url, topology, trusted=trusted) as dlq:
-            headed = as_json  # JSON lines have no header; the table's comes with its first row
-
-            def emit(found: Seen, now: datetime) -> None:
-                nonlocal headed
-                if not headed:
-                    console.out.write(list_header() + "\n")
-                    headed = True
-                line = json_line(found.letter) if as_json else list_line(found.letter, now)
-                console.out.write(line + "\n")
-
-            totals = await browse(dlq, selection, emit, batch=batch)
-            console.out.flush()
-            console.err.write(f"{totals.selected} of {totals.scanned} dead letters in {dlq.name}\n")
-        return EXIT_OK
-
-    return await guarded(run(), url, console)
-
-
-async def _list_groups(
-    url: str,
-    topology: Topology,
-    selection: Selection,
-    group_by: str,
-    batch: int,
-    as_json: bool,
-    console: Console,
-) -> int:
-    """``list --group-by``: one line per group, largest first."""
-    async with open_dead_letters(url, topology) as dlq:
-        grouping = Grouping(group_by)
-        totals = await browse(dlq, selection, lambda found, _now: grouping.add(found.letter), batch=batch)
-        groups = grouping.groups
-        if groups and not as_json:
-            console.out.write(group_header() + "\n")
-        for group in groups:
-            console.out.write((group_json_line(group) if as_json else group_line(group)) + "\n")
-        console.out.flush()
-        console.err.write(
-            f"{totals.selected} of {totals.scanned} dead letters in {dlq.name}, "
-            f"{len(groups)} group(s) by {group_by}\n"
-        )
-        if not as_json and any(group.replay_helps != "yes" for group in groups):
-            console.err.write(
-                "REPLAY_HELPS no: a replay of the group fails again (some: of some of its letters); "
-                "`worker dlq show EVENT_ID` says what to do\n"
-            )
-    return EXIT_OK
-
-
-async def show_command(
-    url: str,
-    topology: Topology,
-    event_id: str,
-    *,
-    batch: int = DEFAULT_BATCH,
-    console: Console | None = None,
-    trusted: frozenset[str] = frozenset(),
-) -> int:
-    """``trusted``: LTM_TRUSTED_PUBLISHERS, by which "published by" is read (worker/broker/published_by.py
-    ``published_by``)."""
-    console = console or Console()
-
-    async def run() -> int:
-        async with open_dead_letters(url, topology, trusted=trusted) as dlq:
-            shown: list[str] = []
-            await browse(
-                dlq,
-                Selection(event_ids=frozenset({event_id})),
-                lambda found, now: shown.append(format_message(found, now)),
-                batch=batch,
-                details=True,
-            )
-            if not shown:
-                console.err.write(f"no dead letter with event id {event_id} in {dlq.name}\n")
-                return EXIT_FAILED
-            for n, text in enumerate(shown, 1):
-                if len(shown) > 1:
-                    console.out.write(f"--- dead letter {n} of {len(shown)} ---\n")
-                console.out.write(text + "\n")
-        return EXIT_OK
-
-    return await guarded(run(), url, console)
 
 
 async def replay_command(

@@ -4,7 +4,7 @@ from shared groups (the connection, the database, the filters, who runs it)."""
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from worker.config import environment_help
 from worker.ops.dlq.console import EXIT_CODES_HELP
@@ -12,7 +12,7 @@ from worker.ops.dlq.kinds import WORKER_KINDS
 from worker.ops.dlq.live import DEFAULT_WAIT
 from worker.ops.dlq.page.auth import MIN_DISTINCT, MIN_TOKEN
 from worker.ops.dlq.replaying import DEFAULT_RATE
-from worker.ops.dlq.selection import GROUP_FIELDS, parse_duration, parse_group
+from worker.ops.dlq.selection import GROUP_FIELDS, parse_duration, parse_group, parse_moment
 from worker.ops.dlq.sweep import DEFAULT_BATCH
 from worker.ops.subcommands import Action, Command, Setting, option
 
@@ -52,6 +52,23 @@ def _duration(text: str) -> timedelta:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _moment(text: str) -> datetime:
+    try:
+        return parse_moment(text, datetime.now(UTC))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shard(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a shard id: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a shard id is 0 or more: {text!r}")
+    return value
 
 
 def _group(text: str) -> tuple[str, str]:
@@ -107,6 +124,40 @@ _FILTERS = (
         "shard_id in the body), error='unknown schema_version <n>' (the error with ids as <id> and numbers "
         "as <n>); repeat for several (same field: either, different fields: both)",
     ),
+    option(
+        "--shard",
+        action="append",
+        type=_shard,
+        metavar="N",
+        help="only letters whose body names this shard_id; repeat for several",
+    ),
+    option(
+        "--guild",
+        action="append",
+        metavar="ID",
+        help="only letters whose body names this guild (context.guild_disc_id); repeat for several",
+    ),
+    option(
+        "--error",
+        metavar="TEXT",
+        help="only letters whose error (or first attempt's error) contains TEXT, in any case",
+    ),
+    option(
+        "--since",
+        type=_moment,
+        metavar="WHEN",
+        help="only letters that failed at or after WHEN: 2026-12-06, 2026-12-06T08:00:00Z, or a duration "
+        "ago (2h)",
+    ),
+    option("--until", type=_moment, metavar="WHEN", help="only letters that failed before WHEN (as --since)"),
+)
+#: list and show read the kept letters in Postgres unless told to read the queue
+_FROM_QUEUE = option(
+    "--from-queue",
+    action="store_true",
+    help="read the DLQ itself instead of the letters kept in Postgres: every letter is taken and put back "
+    "(its x-delivery-count rises); for a DLQ whose letters are not kept (`worker dlq check` says so) or "
+    "while Postgres is down",
 )
 _PROGRESS = option(
     "--progress", action="store_true", help="print progress to stderr even when it is not a terminal"
@@ -115,10 +166,11 @@ _PROGRESS = option(
 DLQ = Command(
     "dlq",
     help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
-    description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. Every command "
-    "reads the queue in one pass, holding each message unacked until it is settled, so a crash loses "
-    "nothing: what was not settled returns to the queue. Every replay and purge is recorded in Postgres "
-    "(`worker dlq history`).",
+    description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. The workers keep a "
+    "copy of every dead letter in Postgres (ltm_dead_letters): list and show read those, without taking "
+    "anything from the queue. Replay and purge read the queue in one pass, holding each message unacked "
+    "until it is settled, so a crash loses nothing: what was not settled returns to the queue. Every "
+    "replay and purge is recorded in Postgres (`worker dlq history`).",
     dest="dlq_command",
     metavar="ACTION",
     actions=(
@@ -127,10 +179,16 @@ DLQ = Command(
             "one line per dead letter, or per group",
             "One line per dead letter: event id, kind, attempts, failed at, shard, age, error; or with "
             "--group-by, one line per group: count, oldest and newest failure, a sample event id, and the "
-            "FIELD=VALUE that --group takes. A count goes to stderr. The queue is left as it was.",
+            "FIELD=VALUE that --group takes. A count goes to stderr. Reads the letters kept in Postgres "
+            "(ltm_dead_letters, the ones waiting in the DLQ): the broker delivers nothing, the queue is not "
+            "touched; a DLQ that holds more or fewer letters than the table says so on stderr. The filters "
+            "search them: --kind, --event-id, --shard, --guild, --error, --since, --until, --older-than, "
+            "--group.",
             (
                 *_CONNECTION,
+                *_DATABASE,
                 *_FILTERS,
+                _FROM_QUEUE,
                 option(
                     "--json",
                     action="store_true",
@@ -151,8 +209,10 @@ DLQ = Command(
             "print a dead letter in full",
             "Print every dead letter with this event id in full: properties, headers, body (as JSON "
             "when it parses), and who published it and how that is known (recorded by the worker, the "
-            "message's user_id as RabbitMQ checked it, or unknown). The queue is left as it was.",
-            (*_CONNECTION, *_SENDERS, option("event_id", metavar="EVENT_ID")),
+            "message's user_id as RabbitMQ checked it, or unknown), and its state: waiting in the DLQ, "
+            "replayed (answered, or came back), purged or expired, by which operation. Reads the letters "
+            "kept in Postgres, those that left the DLQ too; the queue is not touched.",
+            (*_CONNECTION, *_DATABASE, *_SENDERS, option("event_id", metavar="EVENT_ID"), _FROM_QUEUE),
         ),
         Action(
             "replay",

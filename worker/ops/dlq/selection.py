@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from worker.broker.dead_letters import Letter
 
@@ -13,6 +13,22 @@ from worker.broker.dead_letters import Letter
 
 _DURATION_PART = re.compile(r"(\d+)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_moment(text: str, now: datetime) -> datetime:
+    """A point in time: RFC 3339 (``2026-12-06T08:00:00Z``), a date (``2026-12-06``, midnight UTC), or a
+    duration ago (``2h``: two hours before ``now``); ValueError otherwise."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"not a time: {text!r} (use 2026-12-06, 2026-12-06T08:00:00Z, or a duration ago such as 2h)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -108,9 +124,19 @@ class Selection:
     #: only the dead letters in these groups, (field, value) as :func:`parse_group` reads them; several
     #: groups of one field are OR-ed, of different fields AND-ed, like the other filters
     groups: frozenset[tuple[str, str]] = frozenset()
+    #: only the letters whose body names one of these shards / guilds (``context.guild_disc_id``)
+    shards: frozenset[int] = frozenset()
+    guilds: frozenset[str] = frozenset()
+    #: only the letters whose error (or first attempt's error) holds this text, in any case
+    error: str | None = None
+    #: only the letters that failed at or after ``since`` and before ``until`` (unknown failure time: never)
+    since: datetime | None = None
+    until: datetime | None = None
 
     def matches(self, letter: Letter, now: datetime) -> bool:
         if self.kinds and letter.kind not in self.kinds:
+            return False
+        if not self._found_by_search(letter):
             return False
         if self.groups and not self._in_groups(letter):
             return False
@@ -120,6 +146,22 @@ class Selection:
         if self.older_than is not None:
             age = letter.age(now)
             if age is None or age < self.older_than:
+                return False
+        return True
+
+    def _found_by_search(self, letter: Letter) -> bool:
+        if self.shards and letter.shard_id not in self.shards:
+            return False
+        if self.guilds and letter.guild_id not in self.guilds:
+            return False
+        if self.error is not None and self.error.casefold() not in letter.errors.casefold():
+            return False
+        if self.since is not None or self.until is not None:
+            if letter.failed_at is None:
+                return False
+            if self.since is not None and letter.failed_at < self.since:
+                return False
+            if self.until is not None and letter.failed_at >= self.until:
                 return False
         return True
 
@@ -141,4 +183,14 @@ class Selection:
             filters["older_than_seconds"] = int(self.older_than.total_seconds())
         if self.groups:
             filters["group"] = [f"{field}={value}" for field, value in sorted(self.groups)]
+        if self.shards:
+            filters["shard"] = sorted(self.shards)
+        if self.guilds:
+            filters["guild"] = sorted(self.guilds)
+        if self.error is not None:
+            filters["error"] = self.error
+        if self.since is not None:
+            filters["since"] = self.since.isoformat()
+        if self.until is not None:
+            filters["until"] = self.until.isoformat()
         return filters

@@ -5,6 +5,8 @@
 -- broker gave both queues alike (body, headers but the broker's delivery counts, message id).
 CREATE TABLE IF NOT EXISTS public.ltm_dead_letters (
     letter_key TEXT PRIMARY KEY,
+    -- the order the letters were kept in: the copies queue's, which is the DLQ's
+    kept_seq BIGINT GENERATED ALWAYS AS IDENTITY,
     -- the body's event_id (else the message_id); NULL when neither can be read
     event_id TEXT,
     -- malformed, schema, transient_exhausted, ..., or the broker's reason (delivery_limit)
@@ -44,8 +46,8 @@ CREATE TABLE IF NOT EXISTS public.ltm_dead_letters (
     state_detail TEXT
 );
 
--- what `worker dlq list` reads: the waiting letters, oldest first
-CREATE INDEX IF NOT EXISTS ltm_dead_letters_waiting ON public.ltm_dead_letters (failed_at, kept_at)
+-- what `worker dlq list` reads: the waiting letters, in the DLQ's order
+CREATE INDEX IF NOT EXISTS ltm_dead_letters_waiting ON public.ltm_dead_letters (kept_seq)
     WHERE state = 'waiting';
 CREATE INDEX IF NOT EXISTS ltm_dead_letters_event_id ON public.ltm_dead_letters (event_id, replay_count);
 -- what the retention removes
