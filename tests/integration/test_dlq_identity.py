@@ -30,6 +30,7 @@ from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body
 from tests.services import Services
 from tests.support.harness import queue_depth
+from tests.support.keeping import keep_copies
 from tests.support.users import Grants, Users, rabbitmq_users
 from tests.support.wait import eventually
 from worker.broker.headers import USER_ID
@@ -69,7 +70,9 @@ class Ran:
 
 
 async def dlq(*args: str, url: str, dsn: str, users: Users) -> Ran:
-    """``python -m worker dlq ARGS`` as the operator, with the workers' identity settings."""
+    """``python -m worker dlq ARGS`` as the operator, with the workers' identity settings; the dead letters'
+    copies kept first, as a running worker keeps them."""
+    await keep_copies(url, dsn)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LTM_", "MAX_"))}
     env.update(
         LTM_RABBITMQ_URL=url,

@@ -476,8 +476,8 @@ async def test_each_help_names_only_the_settings_it_reads() -> None:
     identity = {"LTM_SHARD_IDENTITY", "LTM_TRUSTED_PUBLISHERS"}
     reads = {
         (): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | identity | logs,
-        ("list",): {"LTM_RABBITMQ_URL"} | logs,
-        ("show",): {"LTM_RABBITMQ_URL", "LTM_TRUSTED_PUBLISHERS"} | logs,
+        ("list",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
+        ("show",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN", "LTM_TRUSTED_PUBLISHERS"} | logs,
         ("replay",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | identity | logs,
         ("purge",): {"LTM_RABBITMQ_URL", "LTM_POSTGRES_DSN"} | logs,
         ("history",): {"LTM_POSTGRES_DSN", "LTM_RABBITMQ_URL"} | logs,  # the DLQ: which replays came back

@@ -41,6 +41,7 @@ from tests.integration.test_dlq import (
     shard_message,
     start_dlq,
 )
+from tests.support.keeping import keeping
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +100,14 @@ class Page:
 
 @contextlib.asynccontextmanager
 async def ui(url: str, *args: str, token: str | None = None) -> AsyncIterator[Page]:
-    """``worker dlq ui --port 0 ARGS`` running (stderr, its access log, to a pipe read at the end)."""
+    """``worker dlq ui --port 0 ARGS`` running (stderr, its access log, to a pipe read at the end), beside a
+    keeper that keeps the dead letters in the test's database as the workers would."""
+    async with keeping(url, base._AUDIT["dsn"]), _ui(url, *args, token=token) as shown:
+        yield shown
+
+
+@contextlib.asynccontextmanager
+async def _ui(url: str, *args: str, token: str | None = None) -> AsyncIterator[Page]:
     process = await start_dlq(
         *("ui", "--port", "0", "--rabbitmq-url", url, *args),
         stdout=asyncio.subprocess.PIPE,

@@ -14,6 +14,7 @@ import aio_pika
 from tests.integration.test_dlq import (
     MAIN_KEY,
     Broker,
+    audit_database,  # noqa: F401  (the fixture: list and show read the letters kept there)
     broker,  # noqa: F401  (the fixture)
     cli,
     dead_letter_copy,

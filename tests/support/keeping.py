@@ -4,6 +4,9 @@ worker keeps them (worker/runtime/keeper.py, the same code), so `worker dlq list
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import aio_pika
 import aio_pika.exceptions
 
@@ -38,5 +41,22 @@ async def keep_copies(url: str, dsn: str, topology: Topology = TOPOLOGY) -> int:
         await keeper.stop()
         return waiting
     finally:
+        await connection.close()
+        await pool.close()
+
+
+@contextlib.asynccontextmanager
+async def keeping(url: str, dsn: str, topology: Topology = TOPOLOGY) -> AsyncIterator[None]:
+    """The copies waiting now kept before the block starts, and a keeper running through it for the letters
+    dead-lettered meanwhile (as the workers of a deployment run theirs)."""
+    await keep_copies(url, dsn, topology)
+    connection = await aio_pika.connect(url)
+    pool = await create_pool(dsn, size=2)
+    keeper = Keeper(await connection.channel(), pool, topology)
+    try:
+        await keeper.start()
+        yield
+    finally:
+        await keeper.stop()
         await connection.close()
         await pool.close()

@@ -54,13 +54,15 @@ ShardSource = Callable[[], Awaitable[Sequence[int]]]
 
 
 def sampled_queues(settings: Settings) -> list[str]:
-    """The queues whose depth /metrics reports: the work queue, every retry tier, the DLQ."""
+    """The queues whose depth /metrics reports: the work queue, every retry tier, the DLQ and its copies
+    (the dead letters not yet kept in Postgres)."""
     topology = settings.topology
     delays = RetryPolicy.of(settings).tiers()
     return [
         topology.work_queue,
         *[retry_queue_name(topology, delay) for delay in delays],
         topology.dead_letter_queue,
+        topology.dead_letter_copies_queue,
     ]
 
 

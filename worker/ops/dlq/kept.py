@@ -123,10 +123,12 @@ class KeptLetters:
     async def count_waiting(self) -> int:
         return int(await self.conn.fetchval(f"SELECT count(*) FROM {TABLE} WHERE state = 'waiting'"))
 
-    async def whole(self, event_id: str) -> list[tuple[Seen, LetterState]]:
-        """Every kept letter with this event id (waiting ones first, then the newest), in full."""
+    async def whole(self, event_id: str, *, waiting_only: bool = False) -> list[Seen]:
+        """Every kept letter with this event id (waiting ones first, then the newest), in full, each with its
+        state; ``waiting_only``: those in the DLQ now."""
+        only = " AND state = 'waiting'" if waiting_only else ""
         rows = await self.conn.fetch(
-            f"SELECT * FROM {TABLE} WHERE event_id = $1 ORDER BY state <> 'waiting', "
+            f"SELECT * FROM {TABLE} WHERE event_id = $1{only} ORDER BY state <> 'waiting', "
             "CASE WHEN state = 'waiting' THEN kept_seq ELSE -kept_seq END",
             event_id,
         )
@@ -138,9 +140,9 @@ class KeptLetters:
                     event_id,
                 )
             )
-        return [(self._seen(row), _state(row, answered)) for row in rows]
+        return [self._seen(row, _state(row, answered).describe()) for row in rows]
 
-    def _seen(self, row: Mapping[str, Any]) -> Seen:
+    def _seen(self, row: Mapping[str, Any], state: str) -> Seen:
         """A row as ``show`` prints a letter: described again from its headers, properties and body, so who
         published it is read by the same rule as from the queue."""
         headers = _json(row["headers"])
@@ -164,6 +166,7 @@ class KeptLetters:
             row["delivery_routing_key"],
             False,
             body,
+            state,
         )
 
 

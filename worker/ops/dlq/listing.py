@@ -176,9 +176,7 @@ async def _show_kept(
 
     async def show(kept: KeptLetters) -> int:
         now = datetime.now(UTC)
-        shown = [
-            format_message(seen, now, state=state.describe()) for seen, state in await kept.whole(event_id)
-        ]
+        shown = [format_message(seen, now) for seen in await kept.whole(event_id)]
         return _print_shown(
             shown, f"no dead letter with event id {event_id} in {topology.dead_letter_queue}", console
         )

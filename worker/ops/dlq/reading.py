@@ -73,6 +73,9 @@ class Seen:
     routing_key: str = ""
     redelivered: bool = False
     body: bytes = b""
+    #: a letter read from the table the workers keep: its state in words (kept.py ``LetterState``), shown
+    #: where a letter read from the queue shows how often it was read
+    state: str | None = None
 
     @property
     def body_cut(self) -> bool:

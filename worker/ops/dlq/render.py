@@ -116,10 +116,10 @@ def json_line(letter: Letter) -> str:
     return orjson.dumps(letter.as_json()).decode()
 
 
-def format_message(seen: Seen, now: datetime, *, state: str | None = None) -> str:
+def format_message(seen: Seen, now: datetime) -> str:
     """The whole dead letter for ``worker dlq show``: summary, what to do, delivery, properties, headers,
-    body; every piece of the message's own text made :func:`terminal_safe`. ``state``: a kept letter's
-    state, in place of how often the DLQ was read (reading the table reads nothing from the queue)."""
+    body; every piece of the message's own text made :func:`terminal_safe`. A kept letter says its state
+    where one read from the queue says how often the DLQ was read (the table reads nothing from it)."""
     letter = seen.letter
     attempts = "?" if letter.attempts is None else letter.attempts
     failed_at = "?" if letter.failed_at is None else rfc3339(letter.failed_at)
@@ -135,7 +135,7 @@ def format_message(seen: Seen, now: datetime, *, state: str | None = None) -> st
     ]
     lines.append(f"published by: {safe(letter.published_by.describe())}")
     lines += [
-        f"state: {state}" if state is not None else f"read from the DLQ: {read_count(seen)}",
+        f"state: {seen.state}" if seen.state is not None else f"read from the DLQ: {read_count(seen)}",
         "delivery:",
         f"  exchange: {safe(repr(seen.exchange))}",
         f"  routing_key: {safe(repr(seen.routing_key))}",

@@ -1,5 +1,5 @@
-"""What a view of the page reads: one pass over the DLQ (:class:`Snapshot`), a letter in full, the audit
-history."""
+"""What a view of the page reads: the letters waiting in the DLQ (:class:`Snapshot`), a letter in full, both
+from the table the workers keep, and the audit history."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit
 from worker.ops.dlq.history import Record, life, read_record, returned
-from worker.ops.dlq.operations import browse
+from worker.ops.dlq.kept import KeptLetters
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.running import ask_to_stop, live
 from worker.ops.dlq.selection import Selection
@@ -46,38 +46,31 @@ class Reader:
     trusted: frozenset[str] = frozenset()
 
     async def snapshot(self, selection: Selection = Selection(), limit: int | None = None) -> Snapshot:
+        """The letters waiting in the DLQ, from the table the workers keep (the broker delivers nothing; a
+        passive declare checks the DLQ exists, as a read of the queue would)."""
         started = time.monotonic()
-        letters: list[Letter] = []
-        async with open_dead_letters(self.url, self.topology, trusted=self.trusted) as dlq:
-            totals = await browse(
-                dlq,
-                selection,
-                lambda found, _now: letters.append(found.letter),
-                batch=self.batch,
-                limit=limit,
-            )
+        async with (
+            open_dead_letters(self.url, self.topology, trusted=self.trusted) as dlq,
+            KeptLetters.opened(self.dsn, self.topology, self.trusted) as kept,
+        ):
+            now = datetime.now(UTC)
+            letters = (await kept.waiting(selection, now))[:limit]
             return Snapshot(
-                datetime.now(UTC),
+                now,
                 letters,
-                totals.scanned,
+                await kept.count_waiting(),
                 dlq.name,
                 vhost_of(dlq.url),
                 time.monotonic() - started,
             )
 
     async def letter(self, event_id: str) -> tuple[list[tuple[Seen, datetime]], int]:
-        """Every dead letter with this event id, as ``show`` finds them (headers and body kept), and how many
-        were scanned."""
-        found: list[tuple[Seen, datetime]] = []
-        async with open_dead_letters(self.url, self.topology, trusted=self.trusted) as dlq:
-            totals = await browse(
-                dlq,
-                Selection(event_ids=frozenset({event_id})),
-                lambda item, now: found.append((item, now)),
-                batch=self.batch,
-                details=True,
-            )
-        return found, totals.scanned
+        """Every dead letter with this event id waiting in the DLQ, as ``show`` finds them (headers and body
+        kept), and how many letters wait."""
+        async with KeptLetters.opened(self.dsn, self.topology, self.trusted) as kept:
+            now = datetime.now(UTC)
+            found = await kept.whole(event_id, waiting_only=True)
+            return [(seen, now) for seen in found], await kept.count_waiting()
 
     async def history(
         self, limit: int, operation: str | None = None, letters: Collection[Letter] | None = None

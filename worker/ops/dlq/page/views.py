@@ -294,7 +294,7 @@ def _letter(seen: Seen, now: datetime, event_id: str) -> str:
     summary.append(("published by", letter.published_by.describe()))
     summary += [
         ("replays to", f"{letter.replay_key or '?'} (replayed {letter.replay_count} time(s) so far)"),
-        ("read from the DLQ", read_count(seen)),
+        ("state", seen.state) if seen.state is not None else ("read from the DLQ", read_count(seen)),
         ("delivery", f"exchange {seen.exchange!r}, routing key {seen.routing_key!r}"),
     ]
     shown_body = body_lines(seen.body, seen.body_size)
