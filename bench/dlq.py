@@ -5,8 +5,13 @@ In a vhost and database of its own (:class:`bench.sandbox.Sandbox`, removed afte
 ``internal``, ``event_conflict``; errors that differ by ids and numbers, eight shards, failures spread over
 a day) the way the worker writes them, then times, ``--runs`` times each:
 
-- ``list``: ``worker dlq list`` (one line per letter, to a buffer) in this process;
-- ``group by kind / error / shard``: ``worker dlq list --group-by ...``;
+- ``keep``: once, the workers' keeper taking every copy into ``ltm_dead_letters`` (letters a second);
+- ``list``: ``worker dlq list`` (one line per letter, to a buffer) in this process, from the kept letters;
+- ``group by kind / error / shard``: ``worker dlq list --group-by ...``, likewise;
+- ``list (shell)``, ``group by kind (shell)``: the same as a ``python -m worker dlq`` process, start to end;
+- then whether the broker delivered any letter meanwhile (the head letter's ``x-delivery-count``, read once
+  at the end: absent when no one took it before);
+- ``list --from-queue``, ``group by kind --from-queue``: a pass over the queue instead, for comparison;
 - ``replay --dry-run``: the other way through the queue, the sweep ``replay`` and ``purge`` make
   (``basic.get`` per message), for comparison;
 - ``page``: one GET of ``worker dlq ui``'s overview (a real ``worker dlq ui`` process; the server's whole
@@ -48,6 +53,7 @@ from worker.broker.topology import declare_topology
 from worker.config import env_of, load_settings, overridden_env
 from worker.ops.dlq import Console, Selection, list_command, replay_command
 from worker.store.migrate import apply_migrations
+from worker.testing.dead_letters import keep_copies
 
 KINDS = ("schema", "transient_exhausted", "internal", "event_conflict")
 REPO = Path(__file__).resolve().parents[1]
@@ -175,6 +181,33 @@ async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]
     return process, found.group(1)
 
 
+async def shell(env: dict[str, str], *args: str) -> None:
+    """``python -m worker dlq ARGS`` as a person runs it (its output to nowhere); fails unless it exits 0."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "dlq", *args,
+        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"worker dlq {' '.join(args)} exited {process.returncode}: {err.decode()}")
+
+
+async def head_deliveries(url: str, queue: str) -> int:
+    """How often the broker delivered the letter at the head of ``queue`` before now (its
+    ``x-delivery-count``; absent: never). Takes it once and puts it back."""
+    connection = await aio_pika.connect(url, timeout=10)
+    try:
+        channel = await connection.channel()
+        dlq = await channel.get_queue(queue, ensure=False)
+        message = await dlq.get(no_ack=False, fail=True)
+        assert message is not None
+        count = (message.headers or {}).get("x-delivery-count", 0)
+        await message.nack(requeue=True)
+        return int(count) if isinstance(count, int) else 0
+    finally:
+        await connection.close()
+
+
 def fetch(url: str) -> str:
     """GET the page at ``url`` (``...?token=...``): the token as a bearer, since urllib keeps no cookie."""
     base, _, token = url.partition("?token=")
@@ -200,15 +233,32 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
         def quiet() -> Console:
             return Console(out=io.StringIO(), err=io.StringIO())
 
+        started = time.perf_counter()
+        kept = await keep_copies(url, dsn, topology)
+        keeping = time.perf_counter() - started
+        print(f"kept {kept} letters in {keeping:.1f} s ({kept / keeping:.0f} a second)", file=sys.stderr)
         results["list"] = await timed(
-            args.runs, lambda: list_command(url, topology, Selection(), console=quiet())
+            args.runs, lambda: list_command(url, topology, Selection(), console=quiet(), dsn=dsn)
         )
         for by in ("kind", "error", "shard"):
 
             def grouped(by: str = by) -> Awaitable[int]:
-                return list_command(url, topology, Selection(), group_by=by, console=quiet())
+                return list_command(url, topology, Selection(), group_by=by, console=quiet(), dsn=dsn)
 
             results[f"group by {by}"] = await timed(args.runs, grouped)
+        env = _dlq_environment(url, dsn)
+        results["list (shell)"] = await timed(args.runs, lambda: shell(env, "list"))
+        results["group by kind (shell)"] = await timed(
+            args.runs, lambda: shell(env, "list", "--group-by", "kind")
+        )
+        delivered = await head_deliveries(url, topology.dead_letter_queue)
+        print(f"the DLQ's head letter was delivered {delivered} time(s) before the check", file=sys.stderr)
+        results["list --from-queue"] = await timed(
+            args.runs, lambda: list_command(url, topology, Selection(), console=quiet())
+        )
+        results["group by kind --from-queue"] = await timed(
+            args.runs, lambda: list_command(url, topology, Selection(), group_by="kind", console=quiet())
+        )
         # the pass replay and purge make (basic.get per message; --dry-run moves nothing)
         results["replay --dry-run"] = await timed(
             args.runs, lambda: replay_command(url, topology, Selection(), dry_run=True, console=quiet())

@@ -31,13 +31,13 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.factories import event_body
-from tests.support.keeping import keep_copies
 from worker.broker.headers import ORIGINAL_ROUTING_KEY, REPLAY_COUNT, REPLAYED_AT, Sender, rfc3339
 from worker.broker.publisher import Publisher
 from worker.broker.topology import Declared, declare_topology, retry_queue_name
 from worker.broker.urls import vhost_of
 from worker.config import Topology
 from worker.ops import dlq
+from worker.testing.dead_letters import keep_copies
 
 pytestmark = pytest.mark.integration
 

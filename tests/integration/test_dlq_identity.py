@@ -30,7 +30,6 @@ from contracts.models import DeadLetterKind, Status
 from tests.factories import BotRows, event_body
 from tests.services import Services
 from tests.support.harness import queue_depth
-from tests.support.keeping import keep_copies
 from tests.support.users import Grants, Users, rabbitmq_users
 from tests.support.wait import eventually
 from worker.broker.headers import USER_ID
@@ -38,6 +37,7 @@ from worker.broker.topology import DEFAULT_DELIVERY_LIMIT, declare_topology
 from worker.config import Settings, Topology
 from worker.runner import Worker
 from worker.service.policy import RetryPolicy
+from worker.testing.dead_letters import keep_copies
 
 pytestmark = pytest.mark.integration
 

@@ -41,7 +41,7 @@ from tests.integration.test_dlq import (
     shard_message,
     start_dlq,
 )
-from tests.support.keeping import keeping
+from worker.testing.dead_letters import keeping
 
 pytestmark = pytest.mark.integration
 

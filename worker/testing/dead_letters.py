@@ -1,16 +1,17 @@
-"""The workers' keeper run by a test that fills the DLQ without a worker: the dead letters' copies it
-published (they went to ``ltm.create_memory.dlq.copies`` as to the DLQ) kept in Postgres the way a running
-worker keeps them (worker/runtime/keeper.py, the same code), so `worker dlq list` and `show` find them."""
+"""The workers' keeper run without a worker, for a test or a bench that fills the DLQ itself: the dead
+letters' copies (they went to ``ltm.create_memory.dlq.copies`` as to the DLQ) kept in Postgres the way a
+running worker keeps them (worker/runtime/keeper.py, the same code), so ``worker dlq list`` and ``show`` find
+them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 import aio_pika
 import aio_pika.exceptions
 
-from tests.support.wait import eventually
 from worker.config import Topology
 from worker.runtime.keeper import Keeper
 from worker.store.pool import create_pool
@@ -18,7 +19,7 @@ from worker.store.pool import create_pool
 TOPOLOGY = Topology()
 
 
-async def keep_copies(url: str, dsn: str, topology: Topology = TOPOLOGY) -> int:
+async def keep_copies(url: str, dsn: str, topology: Topology = TOPOLOGY, *, timeout: float = 120.0) -> int:
     """Keep every copy waiting now; how many there were (0 also when the broker or the queue is not there:
     the tests of those cases run `worker dlq` against them)."""
     try:
@@ -37,7 +38,11 @@ async def keep_copies(url: str, dsn: str, topology: Topology = TOPOLOGY) -> int:
             return 0
         keeper = Keeper(await connection.channel(), pool, topology)
         await keeper.start()
-        await eventually(lambda: keeper.kept >= waiting, f"the keeper keeps the {waiting} copies")
+        deadline = asyncio.get_running_loop().time() + timeout
+        while keeper.kept < waiting:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the keeper kept {keeper.kept} of {waiting} copies in {timeout:g} s")
+            await asyncio.sleep(0.02)
         await keeper.stop()
         return waiting
     finally:
