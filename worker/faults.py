@@ -19,6 +19,7 @@ import asyncio
 import re
 import shlex
 import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -27,7 +28,6 @@ from urllib.parse import unquote
 import aio_pika.exceptions
 import aiormq.exceptions
 import asyncpg
-import redis.exceptions
 
 from worker.redact import certificate_failure, describe, message_of
 
@@ -87,7 +87,7 @@ def _is_transient_one(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.InterfaceError | asyncpg.exceptions.InternalClientError):
         # "connection is closed", "cannot perform operation: another operation is in progress" after a cut
         return True
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if _redis_error(exc, "ConnectionError", "TimeoutError"):
         return True
     # a channel closed under an event (connection lost) is not an AMQPError in aiormq, but it is the
     # broker's fault, not the event's
@@ -149,10 +149,15 @@ class FailedEverywhere(ConnectionError):
 #: SQLSTATE class 28, invalid authorization: a wrong password, an unknown role, no pg_hba.conf line
 _POSTGRES_LOGIN_REFUSED = "28"
 _MISSING_DATABASE = re.compile(r'database "(.+)" does not exist')
-_REDIS_LOGIN_REFUSED = (
-    redis.exceptions.AuthenticationError,
-    redis.exceptions.AuthenticationWrongNumberOfArgsError,
-)
+_REDIS_LOGIN_REFUSED = ("AuthenticationError", "AuthenticationWrongNumberOfArgsError")
+
+
+def _redis_error(exc: BaseException, *names: str) -> bool:
+    """Whether ``exc`` is one of redis's exceptions ``names``. redis is not imported for the question (it
+    costs a command such as ``worker dlq list`` a tenth of a second): an exception of redis's was raised by
+    redis, which is imported by then."""
+    module = sys.modules.get("redis.exceptions")
+    return module is not None and isinstance(exc, tuple(getattr(module, name) for name in names))
 
 
 def needs_a_person(problem: Problem) -> Refusal | None:
@@ -287,15 +292,13 @@ def _refusal_one(exc: BaseException, url: str | None) -> Refusal | None:
             f"{POSTGRES_REFUSED} the login: {message_of(exc)} (check the user and password in the DSN, and "
             "that the server's pg_hba.conf admits this host, user and database)",
         )
-    if isinstance(
-        exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError
-    ):
+    if _redis_error(exc, *_REDIS_LOGIN_REFUSED):
         return Refusal(
             "Redis",
             "login",
             f"{REDIS_REFUSED} the login: {message_of(exc)} (check the user and password in the URL)",
         )
-    if isinstance(exc, redis.exceptions.NoPermissionError):
+    if _redis_error(exc, "NoPermissionError"):
         return Refusal(
             "Redis",
             "permission",
