@@ -27,11 +27,11 @@ __all__ = [
 # The worker's grants in deploy/rabbitmq/definitions.json (tests/unit keeps the two in step).
 WORKER_PERMISSIONS = {
     "configure": r"^(tomori\.(tool_calls|tool_results|notifications|dead_letter)"
-    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
+    r"|ltm\.create_memory(\.dlq(\.copies)?|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
     "write": r"^(tomori\.(tool_results|notifications|dead_letter)|amq\.default"
-    r"|ltm\.create_memory(\.dlq|\.shard\.[0-9]+)?)$",
+    r"|ltm\.create_memory(\.dlq(\.copies)?|\.shard\.[0-9]+)?)$",
     "read": r"^(tomori\.(tool_calls|dead_letter)"
-    r"|ltm\.create_memory(\.dlq|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
+    r"|ltm\.create_memory(\.dlq(\.copies)?|\.retry\.[0-9]+|\.shard\.[0-9]+)?)$",
 }
 WORKER_TOPIC_PERMISSIONS = (
     {
