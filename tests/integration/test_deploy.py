@@ -74,6 +74,7 @@ from worker.observability.sampler import Sampler
 from worker.pipeline.outcome import internal_error
 from worker.service.policy import RetryPolicy
 from worker.store.migrate import apply_migrations
+from worker.testing.dead_letters import keep_copies
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +172,8 @@ def test_the_file_holds_exactly_the_contract_topology() -> None:
     definitions = load_definitions()
     queues = by_name(definitions["queues"])
     assert queues[TOPOLOGY.dead_letter_queue]["arguments"] == dead_letter_queue_arguments()
-    assert len(queues) == 2 + len(DEFAULT_DELAYS)
+    assert queues[TOPOLOGY.dead_letter_copies_queue]["arguments"] == dead_letter_queue_arguments()
+    assert len(queues) == 3 + len(DEFAULT_DELAYS)
     exchanges = by_name(definitions["exchanges"])
     assert sorted(exchanges) == sorted(
         [
@@ -243,7 +245,8 @@ def binding_set(definitions: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def expected_bindings() -> set[tuple[str, str, str]]:
     work = {(TOPOLOGY.tool_calls_exchange, TOPOLOGY.work_queue, key) for key in TOPOLOGY.routing_keys}
-    return work | {(TOPOLOGY.dead_letter_exchange, TOPOLOGY.dead_letter_queue, "#")}
+    dead = {TOPOLOGY.dead_letter_queue, TOPOLOGY.dead_letter_copies_queue}
+    return work | {(TOPOLOGY.dead_letter_exchange, queue, "#") for queue in dead}
 
 
 # --- importing into a throw-away vhost ------------------------------------------------------------------
@@ -723,8 +726,9 @@ async def worker_dlq(deployed: Deployed, user: str, *args: str, audit: str | Non
 
 @pytest.mark.slow
 async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services: Services) -> None:
-    """`worker dlq list` works as worker or operator; `replay` and `purge` as the operator. The worker user
-    cannot replay (it may not publish to tomori.tool_calls): the dead letter stays in the DLQ."""
+    """`worker dlq list` works as worker or operator (the letters kept by a keeper that runs as the worker
+    user); `replay` and `purge` as the operator. The worker user cannot replay (it may not publish to
+    tomori.tool_calls): the dead letter stays in the DLQ."""
     with imported(test_services, with_topology=True) as deployed:
         event_ids = [f"dlq-{secrets.token_hex(4)}" for _ in range(2)]
         async with test_services.fresh_database() as audit, deployed.connect("worker") as worker:
@@ -741,8 +745,10 @@ async def test_worker_dlq_runs_as_the_operator_and_replay_needs_it(test_services
                 message = aio_pika.Message(body, message_id=event_id, headers=headers)
                 await dead_letter.publish(message, TOPOLOGY.routing_keys[0], mandatory=True)
 
+            # kept as a worker keeps them, as the worker user: its grants let it drain the copies queue
+            assert await keep_copies(deployed.urls["worker"], audit) == 2
             for user in ("worker", "operator"):
-                code, output = await worker_dlq(deployed, user, "list", "--json")
+                code, output = await worker_dlq(deployed, user, "list", "--json", audit=audit)
                 assert code == 0, output
                 listed = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
                 assert sorted(item["event_id"] for item in listed) == sorted(event_ids), user
