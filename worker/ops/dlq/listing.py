@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -15,7 +17,11 @@ from worker.ops.dlq.operations import Totals, browse
 from worker.ops.dlq.reading import Seen
 from worker.ops.dlq.render import format_message, json_line, list_header, list_line
 from worker.ops.dlq.selection import Selection
-from worker.ops.dlq.sweep import DEFAULT_BATCH, open_dead_letters
+from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, open_dead_letters
+
+#: how long a read of the table waits for the keepers to keep what the DLQ holds, and how often it looks
+CATCH_UP_SECONDS = 3.0
+CATCH_UP_POLL = 0.05
 
 #: where a list reads its letters: it calls ``on_found`` for each selected one and says how many it saw
 Source = Callable[[Selection, Callable[[Seen, datetime], None]], Awaitable[Totals]]
@@ -94,11 +100,10 @@ async def _from_table(
 
     async def work() -> int:
         async with open_dead_letters(url, topology, trusted=trusted) as dlq:
-            copies = await copies_waiting(dlq)
             try:
                 async with KeptLetters.opened(dsn, topology, trusted) as kept:
+                    copies, waiting = await _caught_up(dlq, kept)
                     code = await use(kept)
-                    waiting = await kept.count_waiting()
             except AuditUnavailable as exc:
                 return unavailable(exc, console)
             note = disagreement(dlq, copies, waiting)
@@ -107,6 +112,21 @@ async def _from_table(
             return code
 
     return await guarded(work(), url, console)
+
+
+async def _caught_up(dlq: DeadLetterQueue, kept: KeptLetters) -> tuple[int | None, int]:
+    """Wait, at most :data:`CATCH_UP_SECONDS`, for the keepers to keep what was dead-lettered a moment ago
+    (copies waiting, or fewer letters kept as waiting than the DLQ holds); then the copies waiting and the
+    letters kept as waiting. A disagreement that lasts (letters dead-lettered before the copies queue
+    existed) costs a list that long, and says so."""
+    deadline = time.monotonic() + CATCH_UP_SECONDS
+    while True:
+        copies = await copies_waiting(dlq)
+        waiting = await kept.count_waiting()
+        if copies is None or (copies == 0 and waiting == dlq.depth) or time.monotonic() > deadline:
+            return copies, waiting
+        await asyncio.sleep(CATCH_UP_POLL)
+        await dlq.recount()
 
 
 async def _list_groups(

@@ -83,6 +83,15 @@ class DeadLetterQueue:
     def name(self) -> str:
         return self.topology.dead_letter_queue
 
+    async def recount(self) -> int:
+        """Count the messages ready in the DLQ again (a passive declare): :attr:`depth` now."""
+        channel = await self.connection.channel(publisher_confirms=False)
+        try:
+            self.depth = await queue_depth(channel, self.name)
+        finally:
+            await close_quietly(channel)
+        return self.depth
+
     async def sweep(
         self,
         selection: Selection = Selection(),
