@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from worker.broker.dead_letters import letter_key
 from worker.ops.dlq.audit import Taken
 from worker.ops.dlq.reading import Seen, read
 from worker.ops.dlq.selection import Selection
@@ -68,8 +69,15 @@ class Journal(Protocol):
 
 
 def taken(found: Sequence[Found]) -> list[Taken]:
+    """What the record keeps of each letter: its delivery tag, what it says, and its kept row's key."""
     return [
-        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind, item.letter.replay_count)
+        Taken(
+            item.message.delivery_tag,
+            item.letter.event_id,
+            item.letter.kind,
+            item.letter.replay_count,
+            letter_key(item.message.body, dict(item.message.headers or {}), item.message.message_id),
+        )
         for item in found
         if item.message.delivery_tag is not None
     ]

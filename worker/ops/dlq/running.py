@@ -64,7 +64,7 @@ async def begin(
     The check for a running replay and the row are one transaction under a lock of that DLQ (a
     transaction-scoped advisory lock: it holds through PgBouncer), so two replays started at once cannot both
     pass. :class:`Busy` when another replay of the DLQ runs; :class:`AuditUnavailable` when Postgres fails."""
-    operation = Operation(audit, uuid.uuid4(), action)
+    operation = Operation(audit, uuid.uuid4(), action, actor, rate)
     try:
         async with audit.transaction() as conn:
             await conn.execute(
