@@ -7,9 +7,11 @@ in the test's event loop, and every ``worker dlq`` command runs as its own proce
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import aio_pika
 import asyncpg
@@ -23,15 +25,20 @@ from tests.integration.test_dlq import (
     TOPOLOGY,
     Broker,
     cli,
+    cli_env,
     dead_letter_copy,
     event_ids,
     shard_message,
 )
 from tests.integration.test_dlq_oncall import history
+from tests.support.harness import WorkerProcess, queue_depth
 from tests.support.wait import eventually
-from worker.broker.headers import Sender
+from worker.broker.headers import Sender, rfc3339
 from worker.broker.publisher import Publisher
+from worker.broker.urls import vhost_of
+from worker.config import Settings
 from worker.ops.dlq.audit import Audit, Taken
+from worker.ops.dlq.retention import RetentionSweeps
 from worker.ops.dlq.running import begin
 from worker.runtime.keeper import Keeper
 from worker.store.pool import create_pool
@@ -177,3 +184,143 @@ async def test_a_replay_settled_after_its_copy_came_back_makes_the_origin_came_b
         == "replayed by carol at 20/s; its replay had already failed again"
     )
     assert rows[(event_id, 1)]["state"] == "waiting"
+
+
+# --- the retention ------------------------------------------------------------------------------------------
+
+
+async def test_expire_removes_what_is_older_than_the_retention_from_queue_and_table_on_record(
+    broker: Broker, conn: asyncpg.Connection, keeper: Keeper, audit_database: str
+) -> None:
+    old, old_replayed = await dead_letters(broker, kind="transient_exhausted", ages=[timedelta(days=5)] * 2)
+    young, young_purged = await dead_letters(broker, kind="schema", ages=[timedelta(hours=1)] * 2)
+    await kept(conn, 4)
+    replayed = await cli("replay", "--rate", "0", "--event-id", old_replayed, url=broker.url)
+    assert replayed.code == 0, replayed.err
+    purged = await cli("purge", "--yes", "--event-id", young_purged, url=broker.url)
+    assert purged.code == 0, purged.err
+
+    ran = await cli("expire", "--retention", "2d", "--by", "ops", url=broker.url)
+    assert ran.code == 0, ran.err
+    said = (
+        "expired 1 dead letter(s) older than 2d; removed 2 kept row(s) from public.ltm_dead_letters "
+        "(expired 1, replayed 1)"
+    )
+    assert ran.out == f"{said}; kept 1 in {DLQ}\n"
+    # gone from the queue and from the table; the younger ones untouched, whatever their state
+    assert await event_ids(broker.url) == [young]
+    rows = await states(conn)
+    assert set(rows) == {(young, 0), (young_purged, 0)}
+    assert (rows[(young, 0)]["state"], rows[(young_purged, 0)]["state"]) == ("waiting", "purged")
+    # on record: the letter it expired, by whom, and what it removed from the table
+    latest = (await history(audit_database))[0]
+    assert (latest["action"], latest["actor"], latest["state"]) == ("expire", "ops", "done")
+    assert latest["letters"] == {"expired": 1}
+    assert latest["detail"] == said
+    assert latest["filters"] == {"older_than_seconds": 2 * 86400}
+    [letter] = (await history(audit_database, latest["operation_id"]))[0]["letter_outcomes"]
+    assert (letter["event_id"], letter["outcome"]) == (old, "expired")
+
+
+async def test_expire_runs_alone_on_its_dlq(broker: Broker, audit_database: str) -> None:
+    await dead_letters(broker, kind="schema", ages=[timedelta(days=30)])
+    async with Audit.opened(audit_database) as audit:
+        replay = await begin(audit, "replay", "alice", {}, vhost=vhost_of(broker.url), queue=DLQ)
+        refused = await cli("expire", url=broker.url)
+        assert refused.code == 6, refused.err
+        assert f"refusing to expire: operation {replay.id} by alice is replaying {DLQ}" in refused.err
+        await replay.finish("done")
+        expire = await begin(audit, "expire", "retention", {}, vhost=vhost_of(broker.url), queue=DLQ)
+        for args in (("replay",), ("purge", "--yes")):
+            ran = await cli(*args, url=broker.url)
+            assert ran.code == 6, ran.err
+            assert f"is expiring letters of {DLQ}" in ran.err
+            assert "an expire or repair runs alone on its DLQ: wait for it (it ends on its own)" in ran.err
+        await expire.finish("done")
+    assert await broker.depth(DLQ) == 1
+
+
+async def test_the_workers_sweep_expires_once_due_and_skips_while_a_recent_sweep_is_on_record(
+    broker: Broker, conn: asyncpg.Connection, audit_database: str
+) -> None:
+    await dead_letters(broker, kind="internal", ages=[timedelta(days=3)])
+    [young] = await dead_letters(broker, kind="internal", ages=[timedelta(minutes=1)])
+    settings = Settings(
+        postgres_dsn=audit_database, rabbitmq_url=broker.url, dlq_retention="1d", dlq_retention_sweep="1s"
+    )
+    # two workers' sweeps side by side: the letter goes once, on record as the retention's
+    fleet = [RetentionSweeps(settings), RetentionSweeps(settings)]
+    for sweeps in fleet:
+        sweeps.start()
+    try:
+
+        async def expired_and_done() -> bool:
+            done = await conn.fetchval(
+                "SELECT count(*) FROM ltm_dlq_operations WHERE action = 'expire' AND state = 'done'"
+            )
+            expired = await conn.fetchval(
+                "SELECT count(*) FROM ltm_dlq_operation_letters WHERE outcome = 'expired'"
+            )
+            return done > 0 and expired > 0
+
+        await eventually(expired_and_done, "a retention sweep done, and the old letter expired")
+    finally:
+        for sweeps in fleet:
+            await sweeps.stop()
+    assert await event_ids(broker.url) == [young]
+    sweeps_on_record = [op for op in await history(audit_database) if op["action"] == "expire"]
+    assert {op["actor"] for op in sweeps_on_record} == {"retention"}
+    assert sum(op["letters"].get("expired", 0) for op in sweeps_on_record) == 1
+    assert {op["state"] for op in sweeps_on_record} <= {"done", "interrupted"}
+
+    # an hourly sweep that finds one on record a moment ago waits out the hour without sweeping
+    hourly = RetentionSweeps(settings.model_copy(update={"dlq_retention_sweep": "1h"}))
+    wait = await hourly._look()
+    assert 3500 < wait <= 3600 + 60
+    assert len([op for op in await history(audit_database) if op["action"] == "expire"]) == len(
+        sweeps_on_record
+    )
+
+
+async def test_worker_run_sweeps_beside_the_worker(
+    rabbitmq_url: str, redis_url: str, audit_database: str, tmp_path: Path
+) -> None:
+    env = {
+        **cli_env(),
+        "LTM_RABBITMQ_URL": rabbitmq_url,
+        "LTM_REDIS_URL": redis_url,
+        "LTM_DLQ_RETENTION": "1d",
+        "LTM_DLQ_RETENTION_SWEEP": "1s",
+    }
+    process = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        await process.wait_for_log("consuming")
+        connection = await aio_pika.connect(rabbitmq_url)
+        try:
+            channel = await connection.channel()
+            exchange = await channel.get_exchange(TOPOLOGY.dead_letter_exchange)
+            for age in (timedelta(days=2), timedelta(hours=1)):
+                headers = {
+                    "x-ltm-error": "database unavailable",
+                    "x-ltm-error-kind": "transient_exhausted",
+                    "x-ltm-attempts": 5,
+                    "x-ltm-failed-at": rfc3339(datetime.now(UTC) - age),
+                }
+                await exchange.publish(aio_pika.Message(b"{}", headers=headers), routing_key=MAIN_KEY)
+        finally:
+            await connection.close()
+
+        def swept() -> bool:
+            return any(
+                line.get("event") == "retention sweep" and "expired 1 " in line.get("result", "")
+                for line in process.lines()
+            )
+
+        await eventually(swept, "the worker's retention sweep expires the old letter", timeout=90)
+        process.signal(signal.SIGTERM)
+        assert await process.wait_exit() == 0
+    finally:
+        process.kill()
+    assert await queue_depth(rabbitmq_url, DLQ) == 1
+    swept_on_record = [op for op in await history(audit_database) if op["letters"].get("expired")]
+    assert [(op["action"], op["actor"]) for op in swept_on_record] == [("expire", "retention")]

@@ -23,6 +23,7 @@ from worker.ops.dlq.live import cancel_command, operations_command
 from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.options import DLQ, epilog
 from worker.ops.dlq.replaying import Senders
+from worker.ops.dlq.retention import expire_command
 from worker.ops.dlq.selection import Selection
 from worker.ops.subcommands import AddSettings, add_command
 from worker.service.identity import IdentityRule
@@ -211,6 +212,13 @@ async def _purge(args: argparse.Namespace, settings: Settings, stop: StopFn | No
     )  # fmt: skip
 
 
+async def _expire(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
+    return await expire_command(
+        settings.rabbitmq_url, settings.topology, settings.dlq_retention, audit=_audited(args, settings),
+        batch=args.batch, progress=args.progress, stop=stop,
+    )  # fmt: skip
+
+
 async def _history(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
     return await history_command(
         settings.postgres_dsn, url=settings.rabbitmq_url, topology=settings.topology, as_json=args.json,
@@ -234,6 +242,7 @@ _RUNS: dict[str, Callable[[argparse.Namespace, Settings, StopFn | None], Awaitab
     "show": _show,
     "replay": _replay,
     "purge": _purge,
+    "expire": _expire,
     "history": _history,
     "operations": _operations,
     "cancel": _cancel,

@@ -110,8 +110,10 @@ async def purge(
     progress: ProgressFn | None = None,
     journal: Journal | None = None,
     stop: StopFn | None = None,
+    outcome: str = "deleted",
 ) -> Totals:
-    """Delete the selected dead letters (``stop``: asked before each batch is taken and before any goes).
+    """Delete the selected dead letters (``stop``: asked before each batch is taken and before any goes;
+    ``outcome``: what the journal records, ``expired`` for the retention's sweep).
 
     Without ``confirm`` they are acked batch by batch. With it, the whole queue is scanned first and the
     selected ones stay held (invisible to anyone else) while ``confirm(count)`` decides: exactly the
@@ -126,7 +128,7 @@ async def purge(
                 break
             stop_here(stop)
             if confirm is None:
-                await _delete(sweep, taken(found), journal)
+                await _delete(sweep, taken(found), journal, outcome)
             else:  # hold the selection by delivery tag (and what the audit records): the bodies can go
                 chosen.extend(taken(found))
             if progress is not None:
@@ -134,17 +136,19 @@ async def purge(
         if confirm is not None and chosen:
             if await confirm(len(chosen)):
                 stop_here(stop)
-                await _delete(sweep, chosen, journal)
+                await _delete(sweep, chosen, journal, outcome)
             elif journal is not None:  # declined: on record as kept
                 await journal.taking(chosen)
                 await journal.settled(chosen, "kept")
         return Totals.of(sweep)
 
 
-async def _delete(sweep: Sweep[Found], letters: Sequence[Taken], journal: Journal | None) -> None:
-    """Ack ``letters``: on record as pending first, deleted once acked."""
+async def _delete(
+    sweep: Sweep[Found], letters: Sequence[Taken], journal: Journal | None, outcome: str = "deleted"
+) -> None:
+    """Ack ``letters``: on record as pending first, ``outcome`` (deleted, expired) once acked."""
     if journal is not None:
         await journal.taking(letters)
     await sweep.remove_tags([letter.tag for letter in letters])
     if journal is not None:
-        await journal.settled(letters, "deleted")
+        await journal.settled(letters, outcome)

@@ -219,6 +219,24 @@ DLQ = Command(
             ),
         ),
         Action(
+            "expire",
+            "remove the dead letters older than the retention (LTM_DLQ_RETENTION), on record",
+            "Remove from the DLQ every dead letter that failed longer ago than the retention (--retention, "
+            "else LTM_DLQ_RETENTION, 14d by default), as `purge --older-than` would but on record as "
+            "`expired`, then delete from ltm_dead_letters the rows of letters that failed longer ago and "
+            "are no longer waiting (replayed, came back, purged, expired). What the workers' retention sweep "
+            "runs every LTM_DLQ_RETENTION_SWEEP (as --by retention). Runs alone on its DLQ: refused (exit 6) "
+            "while a replay, purge or repair runs, and they while it does. A letter whose failure time is "
+            "unknown is never expired. Recorded in the audit tables before anything is deleted.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                Setting("dlq_retention"),
+                *_AUDITED,
+                _PROGRESS,
+            ),
+        ),
+        Action(
             "history",
             "who replayed or purged what, newest first",
             "The audit record of replays and purges, newest first: operation id, when, who, what, its state "

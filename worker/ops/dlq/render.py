@@ -241,4 +241,4 @@ class Progress:
             self._stream.flush()
 
 
-_PAST = {"replay": "moved", "purge": "deleted"}
+_PAST = {"replay": "moved", "purge": "deleted", "expire": "expired"}
