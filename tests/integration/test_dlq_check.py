@@ -5,6 +5,7 @@ fresh migrated database), the worker's own keeper where letters are kept, every 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 import aio_pika
@@ -17,7 +18,9 @@ from tests.integration.test_dlq import TOPOLOGY, Broker, Ran, cli, event_ids
 from tests.integration.test_dlq_oncall import history
 from tests.integration.test_dlq_states import dead_letters, kept, states
 from worker.broker.urls import vhost_of
-from worker.ops.dlq.audit import Audit
+from worker.ops import dlq
+from worker.ops.dlq.audit import Audit, Operation, Taken
+from worker.ops.dlq.operations import purge
 from worker.ops.dlq.running import begin
 from worker.runtime.keeper import Keeper
 
@@ -141,3 +144,51 @@ async def test_repair_is_refused_while_an_operation_runs_and_check_says_it_may_b
         assert f"operation {replay.id} (replay by alice) runs on the DLQ" in checked.out
         await replay.finish("done")
     assert await broker.depth(DLQ) == 1
+
+
+class KilledBeforeTheRecord:
+    """An operation's journal whose process dies after the broker removed the letters and before their
+    outcome is written: they stay ``pending`` on record."""
+
+    def __init__(self, operation: Operation) -> None:
+        self.operation = operation
+
+    async def taking(self, letters: Sequence[Taken]) -> None:
+        await self.operation.taking(letters)
+
+    async def settled(
+        self, letters: Sequence[Taken], outcome: str, details: Mapping[int, str] | None = None
+    ) -> None:
+        raise RuntimeError("killed")
+
+
+async def test_a_letter_an_expire_left_pending_is_marked_expired_by_repair(
+    broker: Broker, conn: asyncpg.Connection, keeper: Keeper, audit_database: str
+) -> None:
+    [old] = await dead_letters(broker, kind="schema", ages=[timedelta(days=20)])
+    [young] = await dead_letters(broker, kind="schema", ages=[timedelta(minutes=1)])
+    await kept(conn, 2)
+    async with Audit.opened(audit_database) as audit:
+        expire = await begin(audit, "expire", "retention", {}, vhost=vhost_of(broker.url), queue=DLQ)
+        async with dlq.open_dead_letters(broker.url, TOPOLOGY) as queue:
+            with pytest.raises(RuntimeError, match="killed"):
+                await purge(
+                    queue,
+                    dlq.Selection(older_than=timedelta(days=14)),
+                    journal=KilledBeforeTheRecord(expire),
+                    outcome="expired",
+                )
+        await expire.finish("interrupted", "killed")
+    assert await event_ids(broker.url) == [young]
+    assert (await states(conn))[(old, 0)]["state"] == "waiting"
+
+    repaired = await cli("repair", url=broker.url)
+    assert repaired.code == 0, repaired.err
+    assert "marked 1 purged (gone from the DLQ); 1 of them as the purge or expire" in repaired.out
+    row = (await states(conn))[(old, 0)]
+    assert (row["state"], row["operation_id"]) == ("expired", expire.id)
+    assert row["state_detail"] == (
+        "expire by retention, stopped at once between its removal and its record: "
+        "found by `worker dlq repair`"
+    )
+    assert (await check(broker.url))[0] == 0

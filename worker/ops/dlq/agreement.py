@@ -36,7 +36,7 @@ from worker.ops.dlq.audited import Audited, Ending
 from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, Console, guarded, unavailable
 from worker.ops.dlq.operations import Totals
 from worker.ops.dlq.reading import MAX_PREFETCH, Reading, Seen
-from worker.ops.dlq.record import KEPT
+from worker.ops.dlq.record import KEPT, LETTERS, OPERATIONS
 from worker.ops.dlq.render import terminal_safe
 from worker.ops.dlq.running import live
 from worker.ops.dlq.selection import Selection
@@ -170,10 +170,10 @@ async def _copies_waiting(dlq: DeadLetterQueue) -> int | None:
         await close_quietly(channel)
 
 
-async def repair(comparison: Comparison, operation: Operation) -> tuple[int, int, int]:
+async def repair(comparison: Comparison, operation: Operation) -> tuple[int, int, int, int]:
     """Make the table agree with what the pass found, in one transaction: keep the letters not kept, set the
-    rows of letters still in the DLQ back to waiting, mark the rows of letters gone ``purged`` (not when the
-    pass missed letters). How many of each."""
+    rows of letters still in the DLQ back to waiting, mark the rows of letters gone ``purged`` (``expired``,
+    when an expire left them pending; not when the pass missed letters). How many of each."""
     gone = [key for key, _ in comparison.gone] if comparison.complete else []
     back = [key for key, _, _ in comparison.not_waiting]
     try:
@@ -192,6 +192,20 @@ async def repair(comparison: Comparison, operation: Operation) -> tuple[int, int
                 operation.id,
                 back,
             )
+            # a purge or expire stopped at once between the broker's removal and its record left the letter
+            # pending there: its row takes that operation's state
+            pending = await conn.execute(
+                f"UPDATE {KEPT} k SET state = CASE p.action WHEN 'expire' THEN 'expired' ELSE 'purged' END,"
+                " state_at = now(), operation_id = p.operation_id,"
+                " state_detail = p.action || ' by ' || p.actor || ', stopped at once between its removal and"
+                " its record: found by `worker dlq repair`'"
+                f" FROM (SELECT DISTINCT ON (l.letter_key) l.letter_key, o.action, o.actor, o.operation_id"
+                f" FROM {LETTERS} l JOIN {OPERATIONS} o USING (operation_id)"
+                " WHERE l.letter_key = ANY($1::text[]) AND l.outcome = 'pending'"
+                " AND o.action IN ('purge', 'expire') ORDER BY l.letter_key, o.started_at DESC) p"
+                " WHERE k.letter_key = p.letter_key AND k.state = 'waiting'",
+                gone,
+            )
             await conn.execute(
                 f"UPDATE {KEPT} SET state = 'purged', state_at = now(), operation_id = $1, state_detail = "
                 "'gone from the DLQ outside the worker''s tools (a queue purged in RabbitMQ, another "
@@ -202,7 +216,7 @@ async def repair(comparison: Comparison, operation: Operation) -> tuple[int, int
             )
     except Exception as exc:
         raise AuditUnavailable(f"cannot repair {KEPT}: {type(exc).__name__}: {exc}") from None
-    return len(comparison.not_kept), len(back), len(gone)
+    return len(comparison.not_kept), len(back), len(gone), int(pending.split()[-1])
 
 
 def report(comparison: Comparison) -> str:
@@ -298,11 +312,13 @@ async def repair_command(
             found = await compare(dlq, operation.audit, batch=batch)
         totals = Totals(found.expected, found.scanned)
         console.out.write(report(found) + "\n")
-        kept, back, purged = await repair(found, operation)
+        kept, back, gone, pending = await repair(found, operation)
         note = (
-            f"kept {kept} letter(s) not kept, set {back} back to waiting, marked {purged} purged (gone "
+            f"kept {kept} letter(s) not kept, set {back} back to waiting, marked {gone} purged (gone "
             "from the DLQ)"
         )
+        if pending:
+            note += f"; {pending} of them as the purge or expire that had left them pending"
         if found.gone and not found.complete:
             note += f"; left {len(found.gone)} waiting: the pass did not see every letter"
         console.out.write(note + "\n")
