@@ -296,7 +296,7 @@ DLQ = Command(
         ),
         Action(
             "operations",
-            "the replays and purges running now, from any machine",
+            "the replays, purges, expires and repairs running now, from any machine",
             "Every replay and purge whose audit record is open, oldest first: operation id, action, state "
             "(running: its command wrote a heartbeat in the last 15 s; lost: it stopped without closing its "
             "record, killed or cut off from Postgres, and its letters in doubt are what `history --operation "
