@@ -82,7 +82,9 @@ COMMANDS: tuple[Action, ...] = (
         "publish results, notices and cache invalidations. Any number of processes may run at once. "
         "Waits for RabbitMQ, Postgres (migrated) and Redis at start-up. "
         "SIGTERM/SIGINT: stop taking events, finish the "
-        "ones in flight within the grace period, exit 0; a second signal exits at once.",
+        "ones in flight within the grace period, exit 0; a second signal exits at once. Beside it, every "
+        "LTM_DLQ_RETENTION_SWEEP, one worker of the fleet runs `worker dlq expire` "
+        '(docs/dead-letters.md "Retention").',
         options=(AllSettings(),),
     ),
     Action(
@@ -278,13 +280,26 @@ def _run_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _run_worker(args: argparse.Namespace, settings: Settings) -> int:
     from worker.observability.http_server import ListenError
-    from worker.runner import Worker
 
     try:
-        return _run_fast(Worker(settings).run())
+        return _run_fast(_serve(settings))
     except ListenError as exc:
         structlog.get_logger("worker").error("probe endpoint cannot start", error=str(exc))
         return 1
+
+
+async def _serve(settings: Settings) -> int:
+    """The worker, and beside it the retention sweep of the dead letters (LTM_DLQ_RETENTION_SWEEP; an
+    operator's tool, which the composition root may not import, so it starts here)."""
+    from worker.ops.dlq.retention import RetentionSweeps
+    from worker.runner import Worker
+
+    sweeps = RetentionSweeps(settings)
+    sweeps.start()
+    try:
+        return await Worker(settings).run()
+    finally:
+        await sweeps.stop()
 
 
 def _run_check(args: argparse.Namespace, settings: Settings) -> int:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from worker.config import (
     DEFAULT_HTTP_HOST,
@@ -324,3 +325,37 @@ def test_worker_dlq_refuses_a_mistyped_trusted_publishers_list() -> None:
 
     assert done.returncode == 2
     assert done.stderr.startswith("worker dlq: LTM_TRUSTED_PUBLISHERS='operator,' is not RabbitMQ user names")
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "value", "fell_back"),
+    [
+        ("LTM_DLQ_RETENTION", "7d", "7d", False),
+        ("LTM_DLQ_RETENTION", " 1H30m ", "1h30m", False),
+        ("LTM_DLQ_RETENTION", "", "14d", False),
+        ("LTM_DLQ_RETENTION", "0", "14d", True),
+        ("LTM_DLQ_RETENTION", "14 days", "14d", True),
+        ("LTM_DLQ_RETENTION", "3600", "14d", True),
+        ("LTM_DLQ_RETENTION_SWEEP", "15m", "15m", False),
+        ("LTM_DLQ_RETENTION_SWEEP", "0", "0", False),
+        ("LTM_DLQ_RETENTION_SWEEP", "OFF", "0", False),
+        ("LTM_DLQ_RETENTION_SWEEP", "hourly", "1h", True),
+    ],
+)
+def test_a_retention_is_a_duration_and_its_sweep_may_be_off(
+    var: str, raw: str, value: str, fell_back: bool
+) -> None:
+    settings = load_settings({var: raw})
+
+    field = "dlq_retention" if var == "LTM_DLQ_RETENTION" else "dlq_retention_sweep"
+    assert getattr(settings, field) == value
+    assert [fallback[0] for fallback in settings.fallbacks] == ([var] if fell_back else [])
+
+
+def test_a_retention_reads_as_seconds_and_a_wrong_one_in_code_fails() -> None:
+    settings = Settings(dlq_retention="1d12h", dlq_retention_sweep="0")
+    assert (settings.dlq_retention_seconds, settings.dlq_retention_sweep_seconds) == (129600, 0)
+    assert (Settings().dlq_retention_seconds, Settings().dlq_retention_sweep_seconds) == (1209600, 3600)
+    for wrong in ({"dlq_retention": "0"}, {"dlq_retention": "two weeks"}, {"dlq_retention_sweep": "soon"}):
+        with pytest.raises(ValidationError):
+            Settings.model_validate(wrong)

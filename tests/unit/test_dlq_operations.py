@@ -18,7 +18,7 @@ from worker.ops.dlq.cli import Interruption, _in_doubt
 from worker.ops.dlq.live import operations_header, operations_line
 from worker.ops.dlq.render import Progress
 from worker.ops.dlq.replaying import DEFAULT_RATE, Pace
-from worker.ops.dlq.running import Busy
+from worker.ops.dlq.running import Busy, in_the_way
 
 
 def test_a_pace_takes_a_tenth_of_a_second_of_its_rate_a_round() -> None:
@@ -150,3 +150,32 @@ async def test_a_first_ctrl_c_of_a_replay_lets_the_command_run_on_to_its_next_ro
     assert rounds == [0, 1]
     with pytest.raises(KeyboardInterrupt):
         interruption.interrupt()  # the second stops at once
+
+
+@pytest.mark.parametrize(
+    ("action", "running", "refused"),
+    [
+        ("replay", ["replay"], True),
+        ("replay", ["purge"], False),
+        ("purge", ["purge", "replay"], False),
+        ("expire", ["purge"], True),
+        ("repair", ["replay"], True),
+        ("replay", ["expire"], True),
+        ("purge", ["repair"], True),
+        ("expire", ["expire"], True),
+        ("expire", [], False),
+    ],
+)
+def test_one_replay_at_a_time_and_an_expire_or_repair_alone(
+    action: str, running: list[str], refused: bool
+) -> None:
+    rows = [_holder(action=held) for held in running]
+    assert (in_the_way(action, rows) is not None) == refused
+
+
+def test_a_busy_dlq_says_what_runs_and_that_an_expire_ends_on_its_own() -> None:
+    text = str(Busy(_holder(action="expire", actor="retention", rate=None), "replay"))
+    assert text.startswith(
+        "operation 00000000-0000-4000-8000-000000000001 by retention is expiring letters of "
+    )
+    assert text.endswith("an expire or repair runs alone on its DLQ: wait for it (it ends on its own)")

@@ -32,6 +32,7 @@ from worker.config.env import (
 from worker.config.render import configuration_table, environment_help
 from worker.config.rules import (
     Env,
+    duration_seconds,
     parse_port,
     parse_positive_int,
     url_problem,
@@ -83,6 +84,7 @@ __all__ = [
     "configuration_table",
     "connection_problems",
     "declared",
+    "duration_seconds",
     "env_of",
     "env_with",
     "environment_help",

@@ -319,6 +319,46 @@ class ShardUserFormat(Rule):
         return text
 
 
+_DURATION_PART = re.compile(r"(\d+)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration_seconds(text: str) -> int:
+    """``30s``, ``10m``, ``2h``, ``14d``, ``1w`` or a sum such as ``1h30m`` in seconds (``0``: 0); ValueError
+    otherwise (the same words as ``worker dlq --older-than``)."""
+    compact = text.strip().lower()
+    if compact == "0":
+        return 0
+    parts = _DURATION_PART.findall(compact)
+    if not parts or "".join(n + unit for n, unit in parts) != compact:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 2h, 14d or 1h30m)")
+    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in parts)
+
+
+class Duration(Rule):
+    """A duration as ``--older-than`` takes it (``14d``, ``1h30m``), kept as written (lower case, blanks
+    dropped); ``off``: ``0`` (or ``off``) is taken too, as 0, where it turns something off. Empty is the
+    default."""
+
+    def __init__(self, *, off: bool = False) -> None:
+        self.off = off
+        self.expected = "a duration such as 30s, 10m, 2h, 14d or 1h30m" + (" (0: off)" if off else " (> 0)")
+
+    def read(self, raw: str) -> Any:
+        text = raw.strip().lower()
+        if not text:
+            return UNSET
+        if self.off and text == "off":
+            return "0"
+        try:
+            seconds = duration_seconds(text)
+        except ValueError:
+            raise Invalid(raw) from None
+        if seconds == 0 and not self.off:
+            raise Invalid(raw)
+        return text
+
+
 #: the most bytes an AMQP ``user_id`` (a short string) holds: a longer name is never a message's sender
 MAX_USER_NAME_BYTES = 255
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from contracts import names
 from contracts.models import TOOL_NAMES
 from worker.config.rules import (
     Choice,
+    Duration,
     Env,
     NonNegativeInt,
     Port,
@@ -25,6 +26,7 @@ from worker.config.rules import (
     Text,
     Url,
     UserNames,
+    duration_seconds,
 )
 
 TracingMode = Literal["off", "otlp", "console"]
@@ -244,6 +246,19 @@ class Settings(BaseModel):
         "OpenTelemetry span per event (needs the `tracing` extra, from the worker's checkout: "
         "`pip install -e '/path/to/checkout[tracing]'`)",
     )
+    dlq_retention: Annotated[str, Env("LTM_DLQ_RETENTION", Duration(), "--retention")] = Field(
+        "14d",
+        description="how long dead letters are kept (`14d`, `36h`, `1h30m`): `worker dlq expire`, and the "
+        "workers' retention sweep, remove from the DLQ the letters that failed longer ago and from "
+        "`ltm_dead_letters` the rows of such letters, on record; 14 days is SQS's longest "
+        '(docs/dead-letters.md "Retention")',
+    )
+    dlq_retention_sweep: Annotated[str, Env("LTM_DLQ_RETENTION_SWEEP", Duration(off=True))] = Field(
+        "1h",
+        description="how often the workers run the retention sweep (`worker dlq expire --by retention`): one "
+        "worker of the fleet at a time, the others skip it; `0` or `off`: never, run `worker dlq expire` "
+        "yourself",
+    )
     topology: Topology = Field(default_factory=Topology)
     #: settings that were given but invalid, as (variable, raw value, default used); those of a ``strict``
     #: setting are refused (worker/config/env.py ``refused_settings``), the default only stands in
@@ -252,3 +267,21 @@ class Settings(BaseModel):
     notes: tuple[Note, ...] = ()
     #: the variables whose value was read from the file their ``_FILE`` variable names
     from_files: tuple[str, ...] = ()
+
+    @field_validator("dlq_retention", "dlq_retention_sweep")
+    @classmethod
+    def _a_duration(cls, value: str, info: ValidationInfo) -> str:
+        """A duration given in code is checked (the variables' text is read by :class:`Duration`)."""
+        if duration_seconds(value) == 0 and info.field_name == "dlq_retention":
+            raise ValueError("the retention must be longer than 0")
+        return value
+
+    @property
+    def dlq_retention_seconds(self) -> int:
+        """``LTM_DLQ_RETENTION`` in seconds."""
+        return duration_seconds(self.dlq_retention)
+
+    @property
+    def dlq_retention_sweep_seconds(self) -> int:
+        """``LTM_DLQ_RETENTION_SWEEP`` in seconds (0: off)."""
+        return duration_seconds(self.dlq_retention_sweep)

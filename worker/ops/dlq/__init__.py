@@ -1,4 +1,4 @@
-"""``worker dlq``: list, show, replay and purge the dead letters in ``ltm.create_memory.dlq``.
+"""``worker dlq``: list, show, replay, purge and expire the dead letters in ``ltm.create_memory.dlq``.
 
 ``worker.broker.dead_letters`` reads a dead letter (and keys it) and the key and headers its replay sends,
 ``worker.broker.published_by`` who published it, ``selection`` which letters a command acts on and their
@@ -8,9 +8,10 @@ and what it keeps of each letter (``Seen``), ``kept`` reads the letters the work
 ``listing`` is ``list`` and ``show`` (from the table, or the queue), ``operations`` browses and purges,
 ``replaying`` replays, ``render`` prints, ``groups`` counts by kind, error or shard, ``audit`` records replays
 and purges in Postgres and ``audited`` is how the commands use it, ``answer`` rebuilds the failure result a
-shard got, ``history`` is ``worker dlq history``, ``page`` is ``worker dlq ui``, ``commands`` are the other
-actions, ``console`` where they write and their exit codes, ``options`` the actions' options (data), ``cli``
-what each action runs and a Ctrl-C.
+shard got, ``retention`` is ``worker dlq expire`` and the workers' retention sweep, ``agreement`` is ``check``
+and ``repair``, ``history`` is ``worker dlq history``, ``page`` is ``worker dlq ui``, ``commands`` are the
+other actions, ``console`` where they write and their exit codes, ``options`` the actions' options (data),
+``cli`` what each action runs and a Ctrl-C.
 """
 
 from worker.broker.dead_letters import Letter, describe_dead_letter, replay_headers

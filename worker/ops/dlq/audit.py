@@ -30,9 +30,12 @@ from worker.ops.dlq.record import (
     LEASE_SECONDS,
     LETTERS,
     OPERATIONS,
+    STATE_OF,
     came_back,
     pairs,
     replayed,
+    settle_sql,
+    state_detail,
     taken_again,
     twice,
 )
@@ -67,6 +70,8 @@ class Taken:
     kind: str
     #: its ``x-ltm-replay-count`` (0: never replayed); a replayed copy carries one more
     replay_count: int = 0
+    #: its row's key in ``ltm_dead_letters`` (dead_letters.py ``letter_key``): the outcome sets its state
+    key: str = ""
 
 
 class Audit:
@@ -80,7 +85,7 @@ class Audit:
 
     @classmethod
     async def open(cls, dsn: str) -> Audit:
-        """Connect and check that migration 0007 is applied; :class:`AuditUnavailable` otherwise."""
+        """Connect and check that migrations 0007 to 0012 are applied; :class:`AuditUnavailable` otherwise."""
         try:
             conn = await connect_once(dsn, timeout=CONNECT_TIMEOUT)
         except Exception as exc:
@@ -90,7 +95,9 @@ class Audit:
                 "SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute"
                 " WHERE attrelid = to_regclass($2) AND attname = 'replay_count' AND NOT attisdropped)"
                 " AND EXISTS (SELECT 1 FROM pg_attribute"
-                " WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_at' AND NOT attisdropped)",
+                " WHERE attrelid = to_regclass($1) AND attname = 'heartbeat_at' AND NOT attisdropped)"
+                " AND EXISTS (SELECT 1 FROM pg_attribute"
+                " WHERE attrelid = to_regclass($2) AND attname = 'letter_key' AND NOT attisdropped)",
                 OPERATIONS,
                 LETTERS,
             )
@@ -100,7 +107,7 @@ class Audit:
         if not exists:
             await conn.close()
             raise AuditUnavailable(
-                f"the audit tables ({OPERATIONS}, migrations 0007, 0008 and 0011) do not exist in "
+                f"the audit tables ({OPERATIONS}, migrations 0007, 0008, 0011 and 0012) do not exist in "
                 f"{redact(dsn)}: run `worker migrate` first"
             )
         return cls(conn, dsn)
@@ -235,6 +242,9 @@ class Operation:
     audit: Audit
     id: uuid.UUID
     action: str
+    #: who runs it, and at what rate (None: as fast as the broker confirms), as the kept letters' state says
+    actor: str = ""
+    rate: float | None = None
     #: delivery tag -> the letter's position in the operation
     _positions: dict[int, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -295,30 +305,34 @@ class Operation:
                 position = self._positions[letter.tag] = len(self._positions) + 1
                 positions.append(position)
             await self.audit._write(
-                f"INSERT INTO {LETTERS} (operation_id, position, event_id, kind, replay_count) SELECT $1,"
-                " p, e, k, r FROM unnest($2::int[], $3::text[], $4::text[], $5::int[]) AS t(p, e, k, r)",
+                f"INSERT INTO {LETTERS} (operation_id, position, event_id, kind, replay_count, letter_key)"
+                " SELECT $1, p, e, k, r, nullif(lk, '')"
+                " FROM unnest($2::int[], $3::text[], $4::text[], $5::int[], $6::text[]) AS t(p, e, k, r, lk)",
                 self.id,
                 positions,
                 [letter.event_id for letter in chunk],
                 [letter.kind for letter in chunk],
                 [letter.replay_count for letter in chunk],
+                [letter.key for letter in chunk],
             )
             self.outcomes["pending"] = self.outcomes.get("pending", 0) + len(chunk)
 
     async def settled(
         self, letters: Sequence[Taken], outcome: str, details: Mapping[int, str] | None = None
     ) -> None:
-        """Record how ``letters`` (taken before) ended; ``details`` by delivery tag (why one failed)."""
+        """Record how ``letters`` (taken before) ended, ``details`` by delivery tag (why one failed), and in
+        the same statement the state of their kept rows (record.py ``settle_sql``)."""
+        state = STATE_OF.get(outcome)
         for start in range(0, len(letters), CHUNK):
             chunk = letters[start : start + CHUNK]
             await self.audit._write(
-                f"UPDATE {LETTERS} l SET outcome = $2, detail = d.detail, recorded_at = now()"
-                " FROM unnest($3::int[], $4::text[]) AS d(position, detail)"
-                " WHERE l.operation_id = $1 AND l.position = d.position",
+                settle_sql(),
                 self.id,
                 outcome,
                 [self._positions[letter.tag] for letter in chunk],
                 [(details or {}).get(letter.tag) for letter in chunk],
+                state,
+                None if state is None else state_detail(outcome, self.actor, self.rate),
             )
             self.outcomes["pending"] -= len(chunk)
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + len(chunk)

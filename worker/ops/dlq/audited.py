@@ -17,7 +17,7 @@ from worker.ops.dlq.running import Busy, Heartbeat, begin
 from worker.ops.dlq.selection import Selection
 
 #: what an operation does to a letter, as "nothing was ..." says it
-_DONE = {"replay": "replayed", "purge": "deleted"}
+_DONE = {"replay": "replayed", "purge": "deleted", "expire": "expired", "repair": "repaired"}
 #: how an operation ended, as :meth:`Audited.perform` records it: its totals, a note, a state (None: by the
 #: exit code)
 Ending = tuple[Totals | None, str | None, str | None]

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from worker.config import Settings
+from worker.ops.dlq.agreement import check_command, repair_command
 from worker.ops.dlq.audit import Operation, default_actor
 from worker.ops.dlq.audited import Audited
 from worker.ops.dlq.commands import purge_command, replay_command
@@ -24,6 +25,7 @@ from worker.ops.dlq.live import cancel_command, operations_command
 from worker.ops.dlq.operations import StopFn
 from worker.ops.dlq.options import DLQ, epilog
 from worker.ops.dlq.replaying import Senders
+from worker.ops.dlq.retention import expire_command
 from worker.ops.dlq.selection import Selection
 from worker.ops.subcommands import AddSettings, add_command
 from worker.service.identity import IdentityRule
@@ -218,6 +220,27 @@ async def _purge(args: argparse.Namespace, settings: Settings, stop: StopFn | No
     )  # fmt: skip
 
 
+async def _expire(args: argparse.Namespace, settings: Settings, stop: StopFn | None) -> int:
+    return await expire_command(
+        settings.rabbitmq_url, settings.topology, settings.dlq_retention, audit=_audited(args, settings),
+        batch=args.batch, progress=args.progress, stop=stop,
+    )  # fmt: skip
+
+
+async def _check(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await check_command(
+        settings.rabbitmq_url, settings.postgres_dsn, settings.topology, batch=args.batch, as_json=args.json,
+        trusted=_trusted(settings),
+    )  # fmt: skip
+
+
+async def _repair(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
+    return await repair_command(
+        settings.rabbitmq_url, settings.topology, audit=_audited(args, settings), batch=args.batch,
+        trusted=_trusted(settings),
+    )  # fmt: skip
+
+
 async def _history(args: argparse.Namespace, settings: Settings, _stop: StopFn | None) -> int:
     return await history_command(
         settings.postgres_dsn, url=settings.rabbitmq_url, topology=settings.topology, as_json=args.json,
@@ -241,6 +264,9 @@ _RUNS: dict[str, Callable[[argparse.Namespace, Settings, StopFn | None], Awaitab
     "show": _show,
     "replay": _replay,
     "purge": _purge,
+    "expire": _expire,
+    "check": _check,
+    "repair": _repair,
     "history": _history,
     "operations": _operations,
     "cancel": _cancel,

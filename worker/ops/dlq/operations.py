@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from worker.broker.dead_letters import letter_key
 from worker.ops.dlq.audit import Taken
 from worker.ops.dlq.reading import Seen, read
 from worker.ops.dlq.selection import Selection
@@ -68,8 +69,15 @@ class Journal(Protocol):
 
 
 def taken(found: Sequence[Found]) -> list[Taken]:
+    """What the record keeps of each letter: its delivery tag, what it says, and its kept row's key."""
     return [
-        Taken(item.message.delivery_tag, item.letter.event_id, item.letter.kind, item.letter.replay_count)
+        Taken(
+            item.message.delivery_tag,
+            item.letter.event_id,
+            item.letter.kind,
+            item.letter.replay_count,
+            letter_key(item.message.body, dict(item.message.headers or {}), item.message.message_id),
+        )
         for item in found
         if item.message.delivery_tag is not None
     ]
@@ -102,8 +110,10 @@ async def purge(
     progress: ProgressFn | None = None,
     journal: Journal | None = None,
     stop: StopFn | None = None,
+    outcome: str = "deleted",
 ) -> Totals:
-    """Delete the selected dead letters (``stop``: asked before each batch is taken and before any goes).
+    """Delete the selected dead letters (``stop``: asked before each batch is taken and before any goes;
+    ``outcome``: what the journal records, ``expired`` for the retention's sweep).
 
     Without ``confirm`` they are acked batch by batch. With it, the whole queue is scanned first and the
     selected ones stay held (invisible to anyone else) while ``confirm(count)`` decides: exactly the
@@ -118,7 +128,7 @@ async def purge(
                 break
             stop_here(stop)
             if confirm is None:
-                await _delete(sweep, taken(found), journal)
+                await _delete(sweep, taken(found), journal, outcome)
             else:  # hold the selection by delivery tag (and what the audit records): the bodies can go
                 chosen.extend(taken(found))
             if progress is not None:
@@ -126,17 +136,19 @@ async def purge(
         if confirm is not None and chosen:
             if await confirm(len(chosen)):
                 stop_here(stop)
-                await _delete(sweep, chosen, journal)
+                await _delete(sweep, chosen, journal, outcome)
             elif journal is not None:  # declined: on record as kept
                 await journal.taking(chosen)
                 await journal.settled(chosen, "kept")
         return Totals.of(sweep)
 
 
-async def _delete(sweep: Sweep[Found], letters: Sequence[Taken], journal: Journal | None) -> None:
-    """Ack ``letters``: on record as pending first, deleted once acked."""
+async def _delete(
+    sweep: Sweep[Found], letters: Sequence[Taken], journal: Journal | None, outcome: str = "deleted"
+) -> None:
+    """Ack ``letters``: on record as pending first, ``outcome`` (deleted, expired) once acked."""
     if journal is not None:
         await journal.taking(letters)
     await sweep.remove_tags([letter.tag for letter in letters])
     if journal is not None:
-        await journal.settled(letters, "deleted")
+        await journal.settled(letters, outcome)

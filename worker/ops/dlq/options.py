@@ -168,9 +168,9 @@ DLQ = Command(
     help="inspect, replay and purge dead letters (ltm.create_memory.dlq)",
     description="Inspect, replay and purge the dead letters in ltm.create_memory.dlq. The workers keep a "
     "copy of every dead letter in Postgres (ltm_dead_letters): list and show read those, without taking "
-    "anything from the queue. Replay and purge read the queue in one pass, holding each message unacked "
-    "until it is settled, so a crash loses nothing: what was not settled returns to the queue. Every "
-    "replay and purge is recorded in Postgres (`worker dlq history`).",
+    "anything from the queue. Replay, purge, expire and check read the queue in one pass, holding each "
+    "message unacked until it is settled, so a crash loses nothing: what was not settled returns to the "
+    "queue. Every replay, purge, expire and repair is recorded in Postgres (`worker dlq history`).",
     dest="dlq_command",
     metavar="ACTION",
     actions=(
@@ -279,6 +279,57 @@ DLQ = Command(
             ),
         ),
         Action(
+            "expire",
+            "remove the dead letters older than the retention (LTM_DLQ_RETENTION), on record",
+            "Remove from the DLQ every dead letter that failed longer ago than the retention (--retention, "
+            "else LTM_DLQ_RETENTION, 14d by default), as `purge --older-than` would but on record as "
+            "`expired`, then delete from ltm_dead_letters the rows of letters that failed longer ago and "
+            "are no longer waiting (replayed, came back, purged, expired). What the workers' retention sweep "
+            "runs every LTM_DLQ_RETENTION_SWEEP (as --by retention). Runs alone on its DLQ: refused (exit 6) "
+            "while a replay, purge or repair runs, and they while it does. A letter whose failure time is "
+            "unknown is never expired. Recorded in the audit tables before anything is deleted.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                Setting("dlq_retention"),
+                *_AUDITED,
+                _PROGRESS,
+            ),
+        ),
+        Action(
+            "check",
+            "whether the DLQ and the kept letters (ltm_dead_letters) agree",
+            "Read the DLQ once (as `list` does: every letter put back, in order) and compare it with the "
+            "kept letters' waiting rows: letters in the DLQ not kept (their copy never reached the table: "
+            "dead-lettered before the copies queue existed, or the copies queue purged), letters in the DLQ "
+            "kept as another state (replayed, purged, expired: a removal the broker lost), and rows waiting "
+            "whose letter is gone from the DLQ (taken outside the worker's tools: a queue purged in "
+            "RabbitMQ's UI). Says how many copies the keepers have not kept yet (then the difference may "
+            "pass on its own) and which operation runs on the DLQ (then it may be transient). Exit 0 when "
+            "they agree, 1 when not; `worker dlq repair` makes them agree. Reads only.",
+            (
+                *_CONNECTION,
+                *_DATABASE,
+                option(
+                    "--json",
+                    action="store_true",
+                    help="one JSON object: agree, dlq, in_dlq, scanned, waiting, not_kept, not_waiting, gone "
+                    "(event ids), copies_waiting, running (operation ids)",
+                ),
+            ),
+        ),
+        Action(
+            "repair",
+            "make the kept letters agree with the DLQ, on record",
+            "Compare as `check` does, then, in one transaction: keep the letters in the DLQ that have no "
+            "row, set the rows of letters still in the DLQ back to waiting, and mark the waiting rows whose "
+            "letter is gone from the DLQ purged (`gone from the DLQ outside the worker's tools`; not when "
+            "the pass saw fewer letters than the DLQ held: another client held some). Recorded in the audit "
+            "tables (action repair, what it changed in its detail); runs alone on its DLQ: refused (exit 6) "
+            "while a replay, purge or expire runs, and they while it does. Changes nothing in the DLQ.",
+            (*_CONNECTION, *_DATABASE, *_AUDITED),
+        ),
+        Action(
             "history",
             "who replayed or purged what, newest first",
             "The audit record of replays and purges, newest first: operation id, when, who, what, its state "
@@ -305,7 +356,7 @@ DLQ = Command(
         ),
         Action(
             "operations",
-            "the replays and purges running now, from any machine",
+            "the replays, purges, expires and repairs running now, from any machine",
             "Every replay and purge whose audit record is open, oldest first: operation id, action, state "
             "(running: its command wrote a heartbeat in the last 15 s; lost: it stopped without closing its "
             "record, killed or cut off from Postgres, and its letters in doubt are what `history --operation "

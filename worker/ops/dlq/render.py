@@ -242,4 +242,4 @@ class Progress:
             self._stream.flush()
 
 
-_PAST = {"replay": "moved", "purge": "deleted"}
+_PAST = {"replay": "moved", "purge": "deleted", "expire": "expired"}

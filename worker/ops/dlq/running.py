@@ -1,7 +1,8 @@
 """A replay or purge as an operation others can see and stop (migration 0011).
 
-- :func:`begin` writes its row: for a replay, only when no other replay of the same DLQ runs (:class:`Busy`
-  names the one that does), and it closes the record of any operation of that DLQ that stopped without closing
+- :func:`begin` writes its row: for a replay, only when no other replay of the same DLQ runs, and for an
+  expire or a repair (or anything while one of those runs) only when nothing else does (:class:`Busy` names
+  the one in the way), and it closes the record of any operation of that DLQ that stopped without closing
   its own (killed, or cut off from Postgres: its heartbeat is older than the lease, or it ran on this machine
   in a process that is gone).
 - :class:`Heartbeat` writes the running operation's progress every :data:`BEAT_SECONDS` and reads whether
@@ -18,7 +19,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -34,17 +35,45 @@ from worker.redact import describe
 BEAT_SECONDS = 1.0
 
 
-class Busy(Exception):
-    """Another replay of the same DLQ is running; the message names it, who runs it and how to stop it."""
+#: the operations that run alone on their DLQ: the retention's sweep and a repair read every letter and must
+#: not race a replay or purge for them (nor each other)
+ALONE = frozenset({"expire", "repair"})
+#: what an operation is doing, as :class:`Busy` says it
+_DOING = {"replay": "replaying", "purge": "purging", "expire": "expiring letters of", "repair": "repairing"}
 
-    def __init__(self, holder: Mapping[str, Any]) -> None:
+
+def in_the_way(action: str, running: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The running operation that keeps ``action`` from starting on the same DLQ, or None: one replay at a
+    time, and an expire or repair runs alone."""
+    for row in running:
+        if action in ALONE or row["action"] in ALONE or action == row["action"] == "replay":
+            return row
+    return None
+
+
+class Busy(Exception):
+    """Another operation that must not run beside this one is running on the same DLQ (a replay beside a
+    replay; anything beside an expire or repair); the message names it, who runs it and how to stop it."""
+
+    def __init__(self, holder: Mapping[str, Any], action: str = "replay") -> None:
         moved, selected = holder["moved"] or 0, holder["selected"] or 0
         rate = "as fast as the broker confirms" if holder["rate"] is None else f"at {holder['rate']:g}/s"
+        held = holder.get("action", "replay")
+        doing = _DOING.get(held, "replaying")
+        rule = (
+            "one replay per DLQ at a time"
+            if action == held == "replay"
+            else "an expire or repair runs alone on its DLQ"
+        )
         super().__init__(
-            f"operation {holder['operation_id']} by {holder['actor']} is replaying {holder['queue']} "
+            f"operation {holder['operation_id']} by {holder['actor']} is {doing} {holder['queue']} "
             f"since {rfc3339(holder['started_at'])} ({moved} moved of {selected} selected so far, {rate}); "
-            f"one replay per DLQ at a time: wait for it, or stop it with `worker dlq cancel "
-            f"{holder['operation_id']}`"
+            f"{rule}: wait for it"
+            + (
+                f", or stop it with `worker dlq cancel {holder['operation_id']}`"
+                if held == "replay"
+                else " (it ends on its own)"
+            )
         )
         self.operation_id = str(holder["operation_id"])
 
@@ -63,8 +92,9 @@ async def begin(
 
     The check for a running replay and the row are one transaction under a lock of that DLQ (a
     transaction-scoped advisory lock: it holds through PgBouncer), so two replays started at once cannot both
-    pass. :class:`Busy` when another replay of the DLQ runs; :class:`AuditUnavailable` when Postgres fails."""
-    operation = Operation(audit, uuid.uuid4(), action)
+    pass. :class:`Busy` when an operation in the way runs (:func:`in_the_way`); :class:`AuditUnavailable`
+    when Postgres fails."""
+    operation = Operation(audit, uuid.uuid4(), action, actor, rate)
     try:
         async with audit.transaction() as conn:
             await conn.execute(
@@ -88,8 +118,8 @@ async def begin(
                 gone,
             )
             running = [row for row in holders if row["operation_id"] not in gone]
-            if action == "replay" and (holder := next((r for r in running if r["action"] == "replay"), None)):
-                raise Busy(holder)
+            if (holder := in_the_way(action, running)) is not None:
+                raise Busy(holder, action)
             await conn.execute(
                 f"INSERT INTO {OPERATIONS} (operation_id, action, actor, filters, vhost, queue, rate,"
                 " heartbeat_at, host, pid) VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, now(), $8, $9)",
