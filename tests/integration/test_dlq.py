@@ -347,9 +347,10 @@ async def replay_until(broker: Broker, moved: int, *, stderr: int = DEVNULL) -> 
 
 
 async def cli(*args: str, url: str, timeout: float = 60.0) -> Ran:
-    """``python -m worker dlq ARGS --rabbitmq-url URL`` with no terminal on stdin; the copies of the dead
-    letters the test made are kept first, as a running worker would have kept them."""
-    if "dsn" in _AUDIT:
+    """``python -m worker dlq ARGS --rabbitmq-url URL`` with no terminal on stdin; before a list or a show
+    (which read the kept letters), the copies of the dead letters the test made are kept, as a running
+    worker would have kept them."""
+    if "dsn" in _AUDIT and args[:1] in (("list",), ("show",)):
         await keep_copies(url, _AUDIT["dsn"])
     process = await start_dlq(*args, "--rabbitmq-url", url, stdout=PIPE, stderr=PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout)
