@@ -137,7 +137,7 @@ class Shard:
             headers=headers,
         )
 
-    async def publish_many(self, bodies: Iterable[dict[str, Any]], window: int = 200) -> None:
+    async def publish_many(self, bodies: Iterable[dict[str, Any] | bytes], window: int = 200) -> None:
         pending: set[asyncio.Task[None]] = set()
         for body in bodies:
             pending.add(asyncio.create_task(self.publish(body)))
