@@ -14,6 +14,9 @@ a day) the way the worker writes them, then times, ``--runs`` times each:
 - ``list --from-queue``, ``group by kind --from-queue``: a pass over the queue instead, for comparison;
 - ``replay --dry-run``: the other way through the queue, the sweep ``replay`` and ``purge`` make
   (``basic.get`` per message), for comparison;
+- ``expire``: once, at the end, ``worker dlq expire --retention 12h`` from the shell (the failures are
+  spread over a day: about half are older), then what is left older than 12 h, in the queue (a pass over
+  it) and in the table;
 - ``page``: one GET of ``worker dlq ui``'s overview (a real ``worker dlq ui`` process; the server's whole
   work: a pass over the queue, the groups, the charts, the audit query) and, when chromium is installed,
   the page loaded in headless chromium (``--dump-dom``, the browser's start included).
@@ -44,13 +47,14 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import asyncpg
 import orjson
 
 from bench.sandbox import Sandbox
 from worker.broker.events import tool_call_message
 from worker.broker.headers import rfc3339
 from worker.broker.topology import declare_topology
-from worker.config import env_of, load_settings, overridden_env
+from worker.config import Topology, env_of, load_settings, overridden_env
 from worker.ops.dlq import Console, Selection, list_command, replay_command
 from worker.store.migrate import apply_migrations
 from worker.testing.dead_letters import keep_copies
@@ -181,15 +185,35 @@ async def start_ui(url: str, dsn: str) -> tuple[asyncio.subprocess.Process, str]
     return process, found.group(1)
 
 
-async def shell(env: dict[str, str], *args: str) -> None:
-    """``python -m worker dlq ARGS`` as a person runs it (its output to nowhere); fails unless it exits 0."""
+async def shell(env: dict[str, str], *args: str, show: bool = False) -> str:
+    """``python -m worker dlq ARGS`` as a person runs it (its output kept, printed to stderr with ``show``);
+    fails unless it exits 0. Its stderr."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "worker", "dlq", *args,
-        cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    _, err = await process.communicate()
+    out, err = await process.communicate()
     if process.returncode != 0:
         raise RuntimeError(f"worker dlq {' '.join(args)} exited {process.returncode}: {err.decode()}")
+    if show:
+        print(out.decode().strip(), file=sys.stderr)
+    return err.decode()
+
+
+async def left_after_expire(url: str, dsn: str, topology: Topology, env: dict[str, str]) -> None:
+    """Print what is left older than the 12 h retention: in the DLQ (a pass over it) and in the table."""
+    in_queue = await shell(env, "list", "--from-queue", "--older-than", "12h")
+    print(f"after the expire, older than 12h in the queue: {in_queue.strip()}", file=sys.stderr)
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT state, count(*) AS n, count(*) FILTER (WHERE least(failed_at, kept_at) < now() - interval"
+            " '12 hours') AS old FROM ltm_dead_letters GROUP BY state ORDER BY state"
+        )
+    finally:
+        await conn.close()
+    table = ", ".join(f"{row['state']} {row['n']} ({row['old']} older than 12h)" for row in rows)
+    print(f"after the expire, in {topology.dead_letter_queue}'s table: {table or 'nothing'}", file=sys.stderr)
 
 
 async def head_deliveries(url: str, queue: str) -> int:
@@ -274,6 +298,10 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
         finally:
             process.terminate()
             await process.wait()
+        results["expire --retention 12h (shell)"] = await timed(
+            1, lambda: shell(env, "expire", "--retention", "12h", "--by", "bench", show=True)
+        )
+        await left_after_expire(url, dsn, topology, env)
     finally:
         for line in await sandbox.close():
             print(line, file=sys.stderr)
