@@ -42,6 +42,7 @@ from worker.ops.dlq.retention import RetentionSweeps
 from worker.ops.dlq.running import begin
 from worker.runtime.keeper import Keeper
 from worker.store.pool import create_pool
+from worker.testing.dead_letters import keep_copies
 
 pytestmark = pytest.mark.integration
 
@@ -156,6 +157,32 @@ async def test_a_purge_makes_its_letters_purged_and_leaves_the_others_waiting(
     assert rows[(transient, 0)]["state"] == "waiting"
     assert rows[(transient, 0)]["operation_id"] is None
     assert await event_ids(broker.url) == [transient]
+
+
+async def test_letters_taken_before_their_copies_are_kept_are_kept_in_the_state_the_operation_left(
+    broker: Broker, conn: asyncpg.Connection, audit_database: str
+) -> None:
+    """The keepers behind (no worker ran, Postgres was down): a replay and a purge take letters whose copies
+    wait. Kept later, each letter is kept as the operation left it (by its key in the operation's record),
+    not as waiting: the table and the DLQ agree without a repair."""
+    replayed, purged, left = await dead_letters(
+        broker, kind="transient_exhausted", ages=[timedelta(minutes=5)] * 3
+    )
+    assert (
+        await cli("replay", "--event-id", replayed, "--rate", "0", "--by", "alice", url=broker.url)
+    ).code == 0
+    assert (await cli("purge", "--yes", "--event-id", purged, "--by", "bob", url=broker.url)).code == 0
+    assert await states(conn) == {}
+
+    assert await keep_copies(broker.url, audit_database) == 3
+    rows = await states(conn)
+    assert rows[(replayed, 0)]["state"] == "replayed"
+    assert rows[(replayed, 0)]["state_detail"] == "kept after replay by alice had taken it"
+    assert rows[(purged, 0)]["state"] == "purged"
+    assert rows[(purged, 0)]["state_detail"] == "kept after purge by bob had taken it"
+    assert rows[(left, 0)]["state"] == "waiting"
+    checked = await cli("check", url=broker.url)
+    assert checked.code == 0, checked.out + checked.err
 
 
 async def test_a_replay_settled_after_its_copy_came_back_makes_the_origin_came_back(

@@ -47,15 +47,44 @@ class KeptLetter:
     delivery_routing_key: str = ""
 
 
+#: an operation's outcome for a letter, as the state of the letter's row
+_OUTCOME_STATE = (
+    "CASE l.outcome WHEN 'replayed' THEN 'replayed' WHEN 'replayed_before' THEN 'replayed'"
+    " WHEN 'deleted' THEN 'purged' WHEN 'expired' THEN 'expired' END"
+)
+
 _KEEP = f"""
-WITH kept AS (
-    INSERT INTO {TABLE} (letter_key, event_id, kind, error, first_error, attempts, failed_at,
-                         shard_id, guild_id, routing_key, message_id, replay_count, headers, properties,
-                         body, body_size, exchange, delivery_routing_key)
+WITH given AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
                          $7::timestamptz[], $8::bigint[], $9::text[], $10::text[], $11::text[], $12::int[],
                          $13::text[]::jsonb[], $14::text[]::jsonb[], $15::bytea[], $16::int[],
                          $17::text[], $18::text[])
+        AS g(letter_key, event_id, kind, error, first_error, attempts, failed_at, shard_id, guild_id,
+             routing_key, message_id, replay_count, headers, properties, body, body_size, exchange,
+             delivery_routing_key)
+), kept AS (
+    -- a letter an operation took before its copy was kept (the keepers behind) is kept in the state the
+    -- operation left it in, by the operation's record of its key
+    INSERT INTO {TABLE} (letter_key, event_id, kind, error, first_error, attempts, failed_at,
+                         shard_id, guild_id, routing_key, message_id, replay_count, headers, properties,
+                         body, body_size, exchange, delivery_routing_key, state, operation_id, state_detail)
+    SELECT g.*,
+           CASE WHEN taken.state = 'replayed' AND EXISTS (
+                    SELECT 1 FROM {TABLE} back
+                    WHERE back.event_id = g.event_id AND back.replay_count = g.replay_count + 1)
+                THEN 'came_back' ELSE coalesce(taken.state, 'waiting') END,
+           taken.operation_id, taken.detail
+    FROM given g
+    LEFT JOIN LATERAL (
+        SELECT {_OUTCOME_STATE} AS state, l.operation_id,
+               'kept after ' || o.action || ' by ' || o.actor || ' had taken it' AS detail
+        FROM public.ltm_dlq_operation_letters l
+        JOIN public.ltm_dlq_operations o ON o.operation_id = l.operation_id
+        WHERE l.letter_key = g.letter_key
+          AND l.outcome IN ('replayed', 'replayed_before', 'deleted', 'expired')
+        ORDER BY l.recorded_at DESC
+        LIMIT 1
+    ) taken ON true
     ON CONFLICT (letter_key) DO NOTHING
     RETURNING letter_key, event_id, replay_count
 )

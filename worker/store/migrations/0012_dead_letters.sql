@@ -53,8 +53,11 @@ CREATE INDEX IF NOT EXISTS ltm_dead_letters_event_id ON public.ltm_dead_letters 
 -- what the retention removes
 CREATE INDEX IF NOT EXISTS ltm_dead_letters_kept_at ON public.ltm_dead_letters (kept_at);
 
--- each letter an operation took, by the same key: the operation's outcome is the letter's new state
+-- each letter an operation took, by the same key: the operation's outcome is the letter's new state (also
+-- for a letter whose copy is kept after the operation took it: the keeper looks it up)
 ALTER TABLE public.ltm_dlq_operation_letters ADD COLUMN IF NOT EXISTS letter_key TEXT;
+CREATE INDEX IF NOT EXISTS ltm_dlq_operation_letters_letter_key ON public.ltm_dlq_operation_letters (letter_key)
+    WHERE letter_key IS NOT NULL;
 
 -- 'expire': the retention's own sweep, its letters' outcome 'expired'
 ALTER TABLE public.ltm_dlq_operations DROP CONSTRAINT IF EXISTS ltm_dlq_operations_action_check;
