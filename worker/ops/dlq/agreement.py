@@ -24,23 +24,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import aiormq.exceptions
 import orjson
 from aio_pika.abc import AbstractIncomingMessage
 
-from worker.aio import close_quietly
 from worker.broker.dead_letters import Letter, letter_key
 from worker.config import Topology
 from worker.ops.dlq.audit import Audit, AuditUnavailable, Operation
 from worker.ops.dlq.audited import Audited, Ending
 from worker.ops.dlq.console import EXIT_FAILED, EXIT_OK, Console, guarded, unavailable
+from worker.ops.dlq.kept import copies_waiting
 from worker.ops.dlq.operations import Totals
 from worker.ops.dlq.reading import MAX_PREFETCH, Reading, Seen
 from worker.ops.dlq.record import KEPT, LETTERS, OPERATIONS
 from worker.ops.dlq.render import terminal_safe
 from worker.ops.dlq.running import live
 from worker.ops.dlq.selection import Selection
-from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Sweep, open_dead_letters, queue_depth
+from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, Sweep, open_dead_letters
 from worker.runtime.keeper import kept_letter
 from worker.store.dead_letters import KeptLetter, keep
 
@@ -140,7 +139,7 @@ async def compare(dlq: DeadLetterQueue, audit: Audit, *, batch: int = DEFAULT_BA
         if key in states and states[key] != "waiting"
     ]
     found.gone = [(key, event_id) for key, event_id in waiting.items() if key not in seen]
-    found.copies = await _copies_waiting(dlq)
+    found.copies = await copies_waiting(dlq)
     return found
 
 
@@ -157,17 +156,6 @@ async def _read(
     if isinstance(reading, Reading):
         await reading.start()
     return reading
-
-
-async def _copies_waiting(dlq: DeadLetterQueue) -> int | None:
-    """How many copies wait in the copies queue (None: it does not exist, an older worker's topology)."""
-    channel = await dlq.connection.channel(publisher_confirms=False)
-    try:
-        return await queue_depth(channel, dlq.topology.dead_letter_copies_queue)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return None
-    finally:
-        await close_quietly(channel)
 
 
 async def repair(comparison: Comparison, operation: Operation) -> tuple[int, int, int, int]:
