@@ -19,8 +19,10 @@ from worker.ops.dlq.render import format_message, json_line, list_header, list_l
 from worker.ops.dlq.selection import Selection
 from worker.ops.dlq.sweep import DEFAULT_BATCH, DeadLetterQueue, open_dead_letters
 
-#: how long a read of the table waits for the keepers to keep what the DLQ holds, and how often it looks
+#: how long a read of the table waits for the keepers to keep what the DLQ holds: while copies wait, and
+#: while none waits but the table and the DLQ differ; and how often it looks
 CATCH_UP_SECONDS = 3.0
+SETTLE_SECONDS = 0.5
 CATCH_UP_POLL = 0.05
 
 #: where a list reads its letters: it calls ``on_found`` for each selected one and says how many it saw
@@ -115,15 +117,18 @@ async def _from_table(
 
 
 async def _caught_up(dlq: DeadLetterQueue, kept: KeptLetters) -> tuple[int | None, int]:
-    """Wait, at most :data:`CATCH_UP_SECONDS`, for the keepers to keep what was dead-lettered a moment ago
-    (copies waiting, or fewer letters kept as waiting than the DLQ holds); then the copies waiting and the
-    letters kept as waiting. A disagreement that lasts (letters dead-lettered before the copies queue
-    existed) costs a list that long, and says so."""
-    deadline = time.monotonic() + CATCH_UP_SECONDS
+    """Wait for the keepers to keep what was dead-lettered a moment ago; then the copies waiting and the
+    letters kept as waiting. While copies wait, at most :data:`CATCH_UP_SECONDS`; with none waiting but fewer
+    or more letters kept than the DLQ holds, at most :data:`SETTLE_SECONDS` (a keeper's batch in hand: taken
+    from the copies queue, not written yet). A disagreement that lasts (letters dead-lettered before the
+    copies queue existed, a queue purged by other means) costs a list that, and is said."""
+    started = time.monotonic()
     while True:
         copies = await copies_waiting(dlq)
         waiting = await kept.count_waiting()
-        if copies is None or (copies == 0 and waiting == dlq.depth) or time.monotonic() > deadline:
+        if copies is None or (copies == 0 and waiting == dlq.depth):
+            return copies, waiting
+        if time.monotonic() - started > (CATCH_UP_SECONDS if copies else SETTLE_SECONDS):
             return copies, waiting
         await asyncio.sleep(CATCH_UP_POLL)
         await dlq.recount()
