@@ -135,10 +135,12 @@ class Consumer:
         (await wiring.shard_channel.get_underlay_channel()).on_consumer_cancel_callbacks.add(
             lambda frame: wiring.shards.cancelled(frame.consumer_tag)
         )
+        # the keeper first: once events flow, their results may get the connection blocked (a memory or disk
+        # alarm), and a blocked connection's later frames are not read
+        await wiring.keeper.start()
         await wiring.common.start(self._fair.window())
         self._spawn(wiring.shards.follow())
         self._spawn(self._keep_window(wiring.common, wiring.shards))
-        await wiring.keeper.start()
         self._services.readiness.set_consuming(True)
         settings = self._services.settings
         log.info(

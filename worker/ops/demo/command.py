@@ -48,7 +48,12 @@ async def clean(
     if topology:
         t = settings.topology
         delays = RetryPolicy.of(settings).tiers()
-        names += [t.work_queue, *(retry_queue_name(t, d) for d in delays), t.dead_letter_queue]
+        names += [
+            t.work_queue,
+            *(retry_queue_name(t, d) for d in delays),
+            t.dead_letter_queue,
+            t.dead_letter_copies_queue,
+        ]
         # the shards' own queues the worker declared (docs/fair-shares.md): the demo's shard's, and any other
         # recorded in Postgres; each only when empty and unused, like the rest
         own = sorted({shard, *await recorded_shards(settings.postgres_dsn)})
