@@ -338,7 +338,7 @@ def _run_dlq(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from worker.ops.demo import run_demo
+    from worker.ops.demo.command import run_demo
 
     return run_demo(args, settings)
 

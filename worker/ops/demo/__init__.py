@@ -21,7 +21,9 @@ example.py: the event and its ids; rows.py: seed and the rows' clean-up (Postgre
 
 from __future__ import annotations
 
-from worker.ops.demo.command import clean, run_demo
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from worker.ops.demo.example import (
     AUTHOR,
     BOT,
@@ -34,8 +36,22 @@ from worker.ops.demo.example import (
     TOOL_CALL_PREFIX,
     example_event,
 )
-from worker.ops.demo.rows import seed
-from worker.ops.demo.send import send, user_of
+
+if TYPE_CHECKING:
+    from worker.ops.demo.command import clean, run_demo
+    from worker.ops.demo.rows import seed
+    from worker.ops.demo.send import send, user_of
+
+#: the steps, imported when first asked for: they bring Postgres, RabbitMQ and the shard kit (redis), which
+#: every other command of ``worker`` (whose parser imports this package for the demo's options) would pay for
+_STEPS = {"clean": "command", "run_demo": "command", "seed": "rows", "send": "send", "user_of": "send"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STEPS:
+        return getattr(importlib.import_module(f"worker.ops.demo.{_STEPS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AUTHOR",
