@@ -401,8 +401,8 @@ DLQ = Command(
             "a web page: counts, groups, letters, the audit history, and buttons that replay, purge, cancel",
             "Serve the dead-letter page: dead letters per kind and per error over time, the groups with "
             "what to do about each, any letter in full with its life, the audit history, and what runs now."
-            " Every view reads the DLQ the way `list` does (each message held only while the page is built,"
-            " then put back in order). Its buttons (replay a letter, replay or purge a group, cancel a "
+            " Every view reads the letters the workers keep in Postgres, as `list` does: the broker delivers"
+            " nothing to the page. Its buttons (replay a letter, replay or purge a group, cancel a "
             "running replay) each open a confirmation that says how many letters and what a replay can do "
             "for their kinds; what they confirm runs as `worker dlq replay` or `purge` in a process of its "
             "own, on record in the audit as --by, with this command's settings. A form acts only with the "
