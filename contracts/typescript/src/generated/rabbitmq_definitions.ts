@@ -81,15 +81,15 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
     {
       "user": "worker",
       "vhost": "/",
-      "configure": "^(tomori\\.(tool_calls|tool_results|notifications|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+|\\.shard\\.[0-9]+)?)$",
-      "write": "^(tomori\\.(tool_results|notifications|dead_letter)|amq\\.default|ltm\\.create_memory(\\.dlq|\\.shard\\.[0-9]+)?)$",
-      "read": "^(tomori\\.(tool_calls|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+|\\.shard\\.[0-9]+)?)$"
+      "configure": "^(tomori\\.(tool_calls|tool_results|notifications|dead_letter)|ltm\\.create_memory(\\.dlq(\\.copies)?|\\.retry\\.[0-9]+|\\.shard\\.[0-9]+)?)$",
+      "write": "^(tomori\\.(tool_results|notifications|dead_letter)|amq\\.default|ltm\\.create_memory(\\.dlq(\\.copies)?|\\.shard\\.[0-9]+)?)$",
+      "read": "^(tomori\\.(tool_calls|dead_letter)|ltm\\.create_memory(\\.dlq(\\.copies)?|\\.retry\\.[0-9]+|\\.shard\\.[0-9]+)?)$"
     },
     {
       "user": "operator",
       "vhost": "/",
-      "configure": "^(tomori\\.(tool_calls|tool_results|notifications|dead_letter)|ltm\\.create_memory(\\.dlq|\\.retry\\.[0-9]+)?)$",
-      "write": "^(tomori\\.tool_calls|ltm\\.create_memory(\\.dlq)?)$",
+      "configure": "^(tomori\\.(tool_calls|tool_results|notifications|dead_letter)|ltm\\.create_memory(\\.dlq(\\.copies)?|\\.retry\\.[0-9]+)?)$",
+      "write": "^(tomori\\.tool_calls|ltm\\.create_memory(\\.dlq(\\.copies)?)?)$",
       "read": "^(tomori\\.(tool_calls|dead_letter)|ltm\\.create_memory\\.dlq)$"
     },
     {
@@ -261,6 +261,16 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       }
     },
     {
+      "name": "ltm.create_memory.dlq.copies",
+      "vhost": "/",
+      "durable": true,
+      "auto_delete": false,
+      "arguments": {
+        "x-delivery-limit": 1000000,
+        "x-queue-type": "quorum"
+      }
+    },
+    {
       "name": "ltm.create_memory.retry.1000",
       "vhost": "/",
       "durable": true,
@@ -334,6 +344,14 @@ export const RABBITMQ_DEFINITIONS: RabbitMqDefinitions = {
       "source": "tomori.dead_letter",
       "vhost": "/",
       "destination": "ltm.create_memory.dlq",
+      "destination_type": "queue",
+      "routing_key": "#",
+      "arguments": {}
+    },
+    {
+      "source": "tomori.dead_letter",
+      "vhost": "/",
+      "destination": "ltm.create_memory.dlq.copies",
       "destination_type": "queue",
       "routing_key": "#",
       "arguments": {}
