@@ -156,8 +156,9 @@ class Consumer:
         """A stop: take nothing more, then let what is in flight finish within the grace period."""
         await wiring.common.close()
         await wiring.shards.cancel_all()
-        await wiring.keeper.stop()
         await self._drain()
+        # after the drain: the copies of what the events in flight dead-lettered are kept by this worker too
+        await wiring.keeper.stop()
 
     async def _channel(
         self,

@@ -30,12 +30,15 @@ log = structlog.get_logger("worker.keeper")
 
 #: the most copies written in one statement, and the consumer's prefetch
 BATCH = 200
-#: how long a batch waits for more copies after its first
+#: how long a batch waits for more copies after its first, and how often it looks
 GATHER_SECONDS = 0.05
+GATHER_POLL = 0.005
 #: the pauses between attempts to write a batch while Postgres fails, the last one repeated
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 #: how long a stop waits for the batch being written
 STOP_SECONDS = 5.0
+#: what Postgres being down or cut off raises: a warning; anything else is a bug, logged as an error
+_OUTAGES = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 #: the most body bytes a row keeps: the contract's bound on an event (a longer body is dead-lettered unread)
 MAX_KEPT_BODY = 256 * 1024
 
@@ -116,39 +119,45 @@ class Keeper:
     async def _drain(self) -> None:
         while True:
             batch = [await self._inbox.get()]
+            # more of what has arrived, for at most GATHER_SECONDS; never a get cancelled by a timeout (on
+            # Python 3.11 wait_for can drop the item such a get had just taken)
             deadline = asyncio.get_running_loop().time() + GATHER_SECONDS
             while len(batch) < BATCH:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._inbox.get(), remaining))
-                except TimeoutError:
-                    break
+                if self._inbox.empty():
+                    if asyncio.get_running_loop().time() >= deadline:
+                        break
+                    await asyncio.sleep(GATHER_POLL)
+                    continue
+                batch.append(self._inbox.get_nowait())
             # a stop waits for this batch: its copies are written and acked, or go back with the channel
             self._writing = asyncio.ensure_future(self._write(batch))
             await asyncio.shield(self._writing)
 
     async def _write(self, batch: list[AbstractIncomingMessage]) -> None:
-        rows = [kept_letter(message, self._topology, self._trusted) for message in batch]
         attempt = 0
         while True:
             try:
+                rows = [kept_letter(message, self._topology, self._trusted) for message in batch]
                 await keep(self._pool, rows)
                 break
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except Exception as exc:  # Postgres down, or a bug: either way the copies stay unacked, not lost
                 if self._channel.is_closed:
                     return  # the copies went back to the queue with the channel
                 pause = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
                 attempt += 1
-                log.warning(
+                expected = isinstance(
+                    exc, OSError | asyncpg.PostgresError | asyncpg.InterfaceError | TimeoutError
+                )
+                report = log.warning if expected else log.error
+                report(
                     "could not keep dead letters in postgres; they wait in their queue",
-                    letters=len(rows),
+                    letters=len(batch),
                     queue=self._topology.dead_letter_copies_queue,
                     error=f"{type(exc).__name__}: {exc}",
                     retry_in_s=pause,
+                    exc_info=not expected,
                 )
                 await asyncio.sleep(pause)
         with contextlib.suppress(Exception):  # a closed channel: the broker redelivers, the key dedups
             await batch[-1].ack(multiple=True)
-        self.kept += len(rows)
+        self.kept += len(batch)
