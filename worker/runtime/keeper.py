@@ -101,20 +101,22 @@ class Keeper:
         self._task = asyncio.create_task(self._drain(), name="keeper")
 
     async def stop(self) -> None:
-        """Take no more copies; finish writing the batch in hand (the rest go back to the queue with the
-        channel)."""
+        """Take no more copies; write what was taken, for at most :data:`STOP_SECONDS` (what is left then goes
+        back to the queue with the channel, for another worker)."""
         if self._consumer_tag is not None:
             with contextlib.suppress(Exception):
                 queue = await self._channel.get_queue(self._topology.dead_letter_copies_queue, ensure=False)
                 await queue.cancel(self._consumer_tag)
             self._consumer_tag = None
+        deadline = asyncio.get_running_loop().time() + STOP_SECONDS
+        while not self._inbox.empty() or (self._writing is not None and not self._writing.done()):
+            if asyncio.get_running_loop().time() > deadline or self._task is None or self._task.done():
+                break
+            await asyncio.sleep(GATHER_POLL)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._writing is not None and not self._writing.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._writing), STOP_SECONDS)
 
     async def _drain(self) -> None:
         while True:
