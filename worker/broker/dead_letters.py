@@ -38,7 +38,9 @@ from worker.broker.published_by import (
 from worker.config import Topology
 
 #: broker-owned headers a replayed message must not carry back into the work queue
-_BROKER_HEADERS = frozenset({"x-death", "x-delivery-count", "x-acquired-count"})
+#: headers the broker changes each time it delivers a message: never part of a letter's key or its kept row
+_DELIVERY_HEADERS = frozenset({"x-delivery-count", "x-acquired-count"})
+_BROKER_HEADERS = _DELIVERY_HEADERS | {"x-death"}
 _BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
 
 #: x-death reasons (the broker dead-lettered the message itself) and how they read
@@ -247,8 +249,6 @@ def _timestamp(value: Any) -> datetime | None:
 
 # --- keeping: a letter's key, and its parts as JSON -----------------------------------------------------
 
-#: headers the broker changes each time it delivers a message: never part of a letter's key
-_DELIVERY_HEADERS = frozenset({"x-delivery-count", "x-acquired-count"})
 
 #: the AMQP properties a letter may carry, in the order ``show`` and the page list them
 PROPERTY_NAMES = (
@@ -273,13 +273,18 @@ def message_properties(message: object) -> list[tuple[str, Any]]:
     return [(name, value) for name, value in properties if value is not None]
 
 
+def as_dead_lettered(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """A letter's headers as the broker dead-lettered it: without the counts each queue's deliveries add."""
+    return {name: value for name, value in headers.items() if name not in _DELIVERY_HEADERS}
+
+
 def letter_key(body: bytes, headers: Mapping[str, Any], message_id: str | None) -> str:
     """What identifies one dead letter in the DLQ and in the table that keeps it: a digest of what the broker
     gave every queue bound to the dead-letter exchange alike (the body, the message id, the headers but the
     broker's count of deliveries, which each queue keeps for itself). A copy delivered twice has one key; the
     same event dead-lettered again (a replay that came back) has another (its replay count, its failure
     time)."""
-    kept = {name: value for name, value in headers.items() if name not in _DELIVERY_HEADERS}
+    kept = as_dead_lettered(headers)
     digest = hashlib.sha256()
     digest.update((message_id or "").encode())
     digest.update(b"\0")

@@ -22,7 +22,13 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from worker.broker.dead_letters import json_safe, letter_key, message_properties, read_dead_letter
+from worker.broker.dead_letters import (
+    as_dead_lettered,
+    json_safe,
+    letter_key,
+    message_properties,
+    read_dead_letter,
+)
 from worker.config import Topology
 from worker.store.dead_letters import KeptLetter, keep
 
@@ -60,11 +66,7 @@ def kept_letter(message: AbstractIncomingMessage, topology: Topology, trusted: f
         routing_key=letter.routing_key,
         message_id=message.message_id,
         replay_count=letter.replay_count,
-        headers={
-            name: json_safe(value)
-            for name, value in headers.items()
-            if name not in ("x-delivery-count", "x-acquired-count")
-        },
+        headers=json_safe(as_dead_lettered(headers)),
         properties={name: json_safe(value) for name, value in message_properties(message)},
         body=message.body[:MAX_KEPT_BODY],
         body_size=len(message.body),
